@@ -1,0 +1,3 @@
+from blockir.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""The public entry points: parse, load, verify."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from blockir.diagnostics import BlockError, Diagnostic, Span, error
+from blockir.grammar.builder import build
+from blockir.grammar.parser import decode, parse_ast
+from blockir.ir.program import Program
+from blockir.passes.registry import run_verifiers
+
+
+def parse(text: str, filename: str = "<string>") -> Program:
+    """Parse and type one .block text (syntax, names, arguments, types).
+
+    Raises BlockError carrying every diagnostic found; the exception's text is
+    the rendered diagnostics with source lines.
+    """
+    try:
+        return build(parse_ast(text, filename))
+    except BlockError as exc:
+        raise BlockError(exc.diagnostics, {filename: text}) from None
+
+
+def read_source(path: str | Path) -> str:
+    """Read a file as UTF-8, turning I/O and encoding problems into BlockError."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise BlockError([error("E0006", f"cannot read file: {exc.strerror or exc}", Span(str(path), 1, 1))]) from None
+    return decode(data, str(path))
+
+
+def verify(program: Program) -> list[Diagnostic]:
+    """Run every registered verifier; returns errors and warnings sorted by position."""
+    return run_verifiers(program)
+
+
+def load(path: str | Path) -> Program:
+    """Read, parse and verify a file; raise BlockError if any verifier reports an error."""
+    text = read_source(path)
+    program = parse(text, str(path))
+    diags = verify(program)
+    if any(d.is_error for d in diags):
+        raise BlockError(diags, {str(path): text})
+    return program

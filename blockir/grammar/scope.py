@@ -1,0 +1,51 @@
+"""Name resolution shared by the builder: what a name means inside one block."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from blockir.diagnostics import Diagnostic, Note, Span, error
+from blockir.ir.consts import LAYER_NAMES
+from blockir.ir.decls import Decl
+from blockir.ir.types import Axis, TensorType
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str | None:
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean '{match[0]}'?" if match else None
+
+
+@dataclass
+class Scope:
+    """Names visible in one block: dims and constants of the file, then the block's own."""
+
+    dims: dict[str, Axis]
+    consts: dict[str, Span]
+    diags: list[Diagnostic]
+    decls: dict[str, Decl] = field(default_factory=dict)
+    values: dict[str, TensorType] = field(default_factory=dict)
+    where: dict[str, Span] = field(default_factory=dict)
+
+    def define(self, name: str, span: Span, what: str) -> bool:
+        """Reserve a name in this block; report a redefinition with a note at the first one."""
+        first = self.where.get(name) or (self.consts.get(name) if name in self.consts else None)
+        if name in self.dims:
+            first = self.dims[name].span
+        if first is not None or name in LAYER_NAMES:
+            notes = [Note("first defined here", first)] if first is not None else []
+            reason = "is reserved for the layer index and count" if name in LAYER_NAMES else "is already defined"
+            self.diags.append(error("E0102", f"{what} '{name}' {reason}", span, notes=notes,
+                                    hint="every name in a block is defined once; pick another name"))
+            return False
+        self.where[name] = span
+        return True
+
+    def is_constant(self, name: str) -> bool:
+        return name in self.consts or name in self.dims or name in LAYER_NAMES
+
+    def every_name(self) -> list[str]:
+        return [*self.values, *self.decls, *self.consts, *self.dims]
+
+    def undefined(self, name: str, span: Span, what: str = "name") -> None:
+        self.diags.append(error("E0101", f"undefined {what} '{name}'", span, hint=suggest(name, self.every_name())))

@@ -1,0 +1,71 @@
+"""Declarations: the named parameterised things a block owns (its state_dict entries)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from blockir.diagnostics import Span, UNKNOWN_SPAN
+from blockir.ir.consts import ConstExpr
+from blockir.ir.kinds import KINDS, KindSpec
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: TensorType
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class KindDecl:
+    """An instance of a built-in kind (norm, branch, linear, scale, activation)."""
+
+    name: str
+    kind: str
+    args: tuple[tuple[str, Any], ...]
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+    @property
+    def spec(self) -> KindSpec:
+        return KINDS[self.kind]
+
+    @property
+    def category(self) -> str:
+        return self.spec.category
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        return next((v for k, v in self.args if k == name), default)
+
+
+@dataclass(frozen=True)
+class ExternDecl:
+    """A branch bound from Python at compile time, with a declared signature."""
+
+    name: str
+    params: tuple[Param, ...]
+    result: TensorType
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+    kind = "extern"
+    category = "branch"
+
+
+@dataclass(frozen=True)
+class InstanceDecl:
+    """Another block used as a branch (count None) or stacked count times (keys name.i.…)."""
+
+    name: str
+    block: str
+    count: ConstExpr | None = None
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return "stack" if self.count is not None else "block"
+
+    @property
+    def category(self) -> str:
+        return self.kind
+
+
+Decl = Union[KindDecl, ExternDecl, InstanceDecl]

@@ -1,0 +1,103 @@
+"""The declaration kinds a block may instantiate, with their argument schemas.
+
+The builder checks every declaration against this table (unknown, missing and
+ill-typed arguments), fills in defaults, and stores the arguments in table
+order, so the printer shows the full contract of every declaration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from blockir.ir.consts import Num
+
+REQUIRED = object()
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity")
+CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
+MASKS = ("element", "row", "channel", "sample")
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    kind: str  # axes | dim | expr | bool | enum | dtype | int
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] = ()
+    positional: bool = False
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    name: str
+    category: str  # norm | branch | linear | scale | activation
+    args: tuple[ArgSpec, ...]
+    doc: str
+
+    def arg(self, name: str) -> ArgSpec | None:
+        return next((a for a in self.args if a.name == name), None)
+
+    @property
+    def positional(self) -> tuple[ArgSpec, ...]:
+        return tuple(a for a in self.args if a.positional)
+
+
+def _axes() -> ArgSpec:
+    return ArgSpec("axes", "axes", positional=True, doc="the axis (or [axes]) each statistic reduces over")
+
+
+def _eps(default: float) -> ArgSpec:
+    return ArgSpec("eps", "expr", Num(default), doc="added inside the square root; must be > 0")
+
+
+_TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
+_ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
+
+KINDS: dict[str, KindSpec] = {
+    k.name: k
+    for k in (
+        KindSpec("layernorm", "norm", (
+            _axes(), _eps(1e-5),
+            ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
+            _ACCUM, _TIED), "LayerNorm: biased variance, eps inside the square root"),
+        KindSpec("rmsnorm", "norm", (
+            _axes(), _eps(1e-6),
+            ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
+            ArgSpec("cast", "enum", "before_weight", choices=CAST_ORDERS),
+            _ACCUM, ArgSpec("bias", "bool", False), _TIED), "RMSNorm: no centering, per-channel scale"),
+        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),
+        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _TIED),
+                 "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
+        KindSpec("self_attention", "branch", (
+            ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
+            ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
+            ArgSpec("rope_theta", "expr", Num(10000.0)),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False)),
+            "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)"),
+        KindSpec("cross_attention", "branch", (
+            ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False)),
+            "queries from the state, keys and values from memory"),
+        KindSpec("mlp", "branch", (
+            ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "gelu", choices=ACTIVATIONS),
+            ArgSpec("bias", "bool", True)), "dense MLP fc2(act(fc1(x)))"),
+        KindSpec("gated_mlp", "branch", (
+            ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "silu", choices=ACTIVATIONS),
+            ArgSpec("bias", "bool", False)), "gated MLP down(act(gate(x)) * up(x))"),
+        KindSpec("linear", "linear", (
+            ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
+            ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),
+        KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)),), "a learned scalar gain (ReZero: init=0)"),
+        KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0))),
+                 "a learned per-channel gain (LayerScale)"),
+        KindSpec("activation", "activation", (ArgSpec("fn", "enum", choices=ACTIVATIONS, positional=True),),
+                 "a named activation function"),
+    )
+}
+
+# Functions usable inside equations (not declarations).
+FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS

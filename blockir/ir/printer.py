@@ -1,0 +1,133 @@
+"""Deterministic printer. Its output is valid .block text: parse(print(p)) == p.
+
+Every nested expression is printed as its own SSA line (temporaries are
+``%N``), every declaration with all of its arguments, and each value's
+inferred type as a trailing comment.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from blockir.ir import ops as O
+from blockir.ir.consts import ConstExpr, Num, format_expr
+from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
+from blockir.ir.program import Block, Program
+from blockir.ir.types import TensorType
+
+TYPE_COLUMN = 48
+INDENT = "  "
+
+
+def format_type(t: TensorType) -> str:
+    return str(t)
+
+
+def _value(kind: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if kind == "axes":
+        return v[0] if len(v) == 1 else "[" + ", ".join(v) + "]"
+    if isinstance(v, (Num,)) or hasattr(v, "op") or hasattr(v, "operand") or hasattr(v, "name") and not isinstance(v, str):
+        return format_expr(v)
+    return str(v)
+
+
+def format_decl(d: Decl) -> str:
+    if isinstance(d, ExternDecl):
+        params = ", ".join(f"{p.name}: {p.type}" for p in d.params)
+        return f"{d.name}: extern({params}) -> {d.result}"
+    if isinstance(d, InstanceDecl):
+        return f"{d.name}: {d.block}" + (f" * {format_expr(d.count, 3)}" if d.count is not None else "")
+    parts = []
+    for spec in d.spec.args:
+        value = d.arg(spec.name)
+        if value is None:
+            continue
+        text = _value(spec.kind, value)
+        parts.append(text if spec.positional else f"{spec.name}={text}")
+    return f"{d.name}: {d.kind}({', '.join(parts)})"
+
+
+def _factor(c: ConstExpr) -> str:
+    return format_expr(c, 2)
+
+
+def format_op(op: O.Op) -> str:
+    if isinstance(op, O.NormOp):
+        return f"{op.result} = {op.decl}({op.operand})"
+    if isinstance(op, O.CallOp):
+        return f"{op.result} = {op.decl}({', '.join(op.args)})"
+    if isinstance(op, O.ActivationOp):
+        return f"{op.result} = {op.fn}({op.operand})"
+    if isinstance(op, O.DropoutOp):
+        p = format_expr(op.p)
+        if op.mask == "sample":
+            return f"{op.result} = drop_path({op.operand}, p={p})"
+        mask = "" if op.mask == "element" else f", mask={op.mask}"
+        return f"{op.result} = dropout({op.operand}, p={p}{mask})"
+    if isinstance(op, O.ScaleOp):
+        factor = op.param if op.param is not None else _factor(op.factor)  # type: ignore[arg-type]
+        return f"{op.result} = {factor} * {op.operand}"
+    if isinstance(op, O.AddOp):
+        return f"{'@inplace ' if op.inplace else ''}{op.result} = {op.lhs} + {op.rhs}"
+    if isinstance(op, O.CastOp):
+        return f"{op.result} = cast({op.operand}, {op.dtype.value})"
+    if isinstance(op, O.ConcatOp):
+        return f"{op.result} = concat({', '.join(op.args)})"
+    if isinstance(op, O.FusedAddNormOp):
+        extra = []
+        if op.shortcut_factor is not None:
+            extra.append(f"shortcut_scale={_factor(op.shortcut_factor)}")
+        if op.branch_factor is not None:
+            extra.append(f"branch_scale={_factor(op.branch_factor)}")
+        if op.branch_param is not None:
+            extra.append(f"branch_scale={op.branch_param}")
+        if op.p is not None:
+            extra.append(f"p={format_expr(op.p)}")
+            if op.mask != "element":
+                extra.append(f"mask={op.mask}")
+        tail = "".join(", " + e for e in extra)
+        return (f"{op.normalized}, {op.residual} = fused_add_norm[{op.decl}]"
+                f"(branch={op.branch}, shortcut={op.shortcut}{tail})")
+    if isinstance(op, O.OutputOp):
+        return f"return {op.value}"
+    raise TypeError(f"cannot print {type(op).__name__}")
+
+
+def _with_type(line: str, t: TensorType | None) -> str:
+    if t is None:
+        return line
+    return f"{line.ljust(TYPE_COLUMN - len(INDENT))}  # {format_type(t)}"
+
+
+def _param(p: Param) -> str:
+    return f"{p.name}: {p.type}"
+
+
+def format_block(b: Block) -> str:
+    lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {b.result} {{"]
+    for c in b.consts:
+        lines.append(f"{INDENT}const {c.name} = {format_expr(c.value)}")
+    for d in b.decls:
+        lines.append(INDENT + format_decl(d))
+    if b.consts or b.decls:
+        lines.append("")
+    for op in b.ops:
+        if isinstance(op, O.InputOp):
+            continue
+        t = op.type if not isinstance(op, O.OutputOp) else None
+        lines.append(INDENT + _with_type(format_op(op), t))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def format_program(p: Program) -> str:
+    out = []
+    for d in p.dims:
+        size = f" = {format_expr(d.size)}" if d.size is not None else ""
+        out.append(f"dim {d.name}: {d.role.value}{size}")
+    for c in p.consts:
+        out.append(f"const {c.name} = {format_expr(c.value)}")
+    chunks = ["\n".join(out)] if out else []
+    chunks += [format_block(b) for b in p.blocks]
+    return "\n\n".join(chunks) + "\n"

@@ -1,0 +1,77 @@
+"""Programs: dims, constants and blocks. Immutable; lookups are derived, not stored."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from blockir.diagnostics import Span, UNKNOWN_SPAN
+from blockir.ir.consts import ConstExpr
+from blockir.ir.decls import Decl, Param
+from blockir.ir.ops import InputOp, Op, OutputOp, results_of
+from blockir.ir.types import Axis, TensorType
+
+
+@dataclass(frozen=True)
+class Const:
+    name: str
+    value: ConstExpr
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    kind: str  # "block" | "model"
+    params: tuple[Param, ...]
+    result: TensorType
+    consts: tuple[Const, ...]
+    decls: tuple[Decl, ...]
+    ops: tuple[Op, ...]
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+    @cached_property
+    def decl_map(self) -> dict[str, Decl]:
+        return {d.name: d for d in self.decls}
+
+    @cached_property
+    def producers(self) -> dict[str, Op]:
+        return {r: op for op in self.ops for r in results_of(op)}
+
+    def type_of(self, value: str) -> TensorType:
+        op = self.producers[value]
+        return getattr(op, "residual_type") if getattr(op, "residual", None) == value else op.type
+
+    @cached_property
+    def users(self) -> dict[str, tuple[Op, ...]]:
+        out: dict[str, list[Op]] = {r: [] for r in self.producers}
+        for op in self.ops:
+            for v in op.operands:
+                out.setdefault(v, []).append(op)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def inputs(self) -> tuple[InputOp, ...]:
+        return tuple(op for op in self.ops if isinstance(op, InputOp))
+
+    @property
+    def output(self) -> OutputOp | None:
+        return next((op for op in self.ops if isinstance(op, OutputOp)), None)
+
+
+@dataclass(frozen=True)
+class Program:
+    filename: str = field(compare=False)
+    dims: tuple[Axis, ...]
+    consts: tuple[Const, ...]
+    blocks: tuple[Block, ...]
+
+    @cached_property
+    def dim_map(self) -> dict[str, Axis]:
+        return {d.name: d for d in self.dims}
+
+    @cached_property
+    def block_map(self) -> dict[str, Block]:
+        return {b.name: b for b in self.blocks}
+
+    def block(self, name: str) -> Block:
+        return self.block_map[name]

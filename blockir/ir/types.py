@@ -1,0 +1,92 @@
+"""Axes, dtypes and tensor types. Types validate themselves when constructed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from blockir.diagnostics import Span, UNKNOWN_SPAN
+from blockir.ir.consts import ConstExpr
+
+
+class Role(str, Enum):
+    BATCH = "batch"
+    SEQ = "seq"
+    MODEL = "model"
+    HIDDEN = "hidden"
+    HEADS = "heads"
+    HEAD_DIM = "head_dim"
+
+
+class DType(str, Enum):
+    F64 = "f64"
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+
+    @property
+    def is_half(self) -> bool:
+        return self in (DType.F16, DType.BF16)
+
+    @property
+    def itemsize(self) -> int:
+        return {DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2}[self]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A named dimension. Two axes are the same only if their names are: S and T
+    are different row owners even when their sizes agree."""
+
+    name: str
+    role: Role
+    size: ConstExpr | None = None
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("an axis needs a name")
+        if not isinstance(self.role, Role):
+            raise TypeError(f"axis role must be a Role, got {self.role!r}")
+
+    @property
+    def owns_rows(self) -> bool:
+        """Batch and sequence axes index rows; the others index channels."""
+        return self.role in (Role.BATCH, Role.SEQ)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Ordered axes plus an element dtype (None: the activation dtype chosen at compile time)."""
+
+    axes: tuple[Axis, ...]
+    dtype: DType | None = None
+
+    def __post_init__(self) -> None:
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"repeated axis in tensor type {names}")
+        if self.dtype is not None and not isinstance(self.dtype, DType):
+            raise TypeError(f"dtype must be a DType, got {self.dtype!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """Row-owner axes (batch and sequence), in order."""
+        return tuple(a.name for a in self.axes if a.owns_rows)
+
+    @property
+    def last(self) -> Axis | None:
+        return self.axes[-1] if self.axes else None
+
+    def with_dtype(self, dtype: DType | None) -> "TensorType":
+        return TensorType(self.axes, dtype)
+
+    def with_last(self, axis: Axis) -> "TensorType":
+        return TensorType(self.axes[:-1] + (axis,), self.dtype)
+
+    def __str__(self) -> str:
+        body = "[" + ", ".join(self.names) + "]"
+        return f"{body} {self.dtype.value}" if self.dtype else body

@@ -1,0 +1,32 @@
+"""Unused declarations and values: legal, but usually a mistake worth a warning."""
+from __future__ import annotations
+
+from blockir.diagnostics import Diagnostic, warning
+from blockir.ir.ops import InputOp, OutputOp, ScaleOp, results_of
+from blockir.ir.program import Program
+from blockir.passes.registry import verifier
+
+
+@verifier("names")
+def verify_names(program: Program) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for block in program.blocks:
+        used_decls = {getattr(op, "decl", None) for op in block.ops}
+        used_decls |= {op.param for op in block.ops if isinstance(op, ScaleOp)}
+        used_decls |= {getattr(op, "branch_param", None) for op in block.ops}
+        for d in block.decls:
+            if d.name not in used_decls:
+                out.append(warning("W0103", f"declaration '{d.name}' is never used", d.span,
+                                   hint="remove it, or apply it in an equation; unused state still loads from checkpoints"))
+        used_values = {v for op in block.ops for v in op.operands}
+        for op in block.ops:
+            if isinstance(op, (InputOp, OutputOp)):
+                continue
+            for r in results_of(op):
+                if r not in used_values and not r.startswith("%"):
+                    out.append(warning("W0120", f"value '{r}' is never used", op.span,
+                                       hint="a computed state that is never read usually means a missing residual add"))
+        for op in block.inputs:
+            if op.result not in used_values:
+                out.append(warning("W0120", f"input '{op.result}' is never used", op.span))
+    return out
