@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import pkgutil
 import sys
 from typing import Callable, Sequence
 
-from blockir import __version__
+from blockir import __version__, commands
 from blockir.api import parse, read_source, verify
 from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.ir.program import Block, Program
@@ -14,17 +15,19 @@ from blockir.ir.program import Block, Program
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
 
 
-def _emit(diags: Sequence[Diagnostic], sources: dict[str, str]) -> None:
+def emit(diags: Sequence[Diagnostic], sources: dict[str, str]) -> None:
     for d in diags:
         print(render(d, sources), file=sys.stderr)
 
 
-def _load(path: str, sources: dict[str, str]) -> tuple[Program | None, list[Diagnostic], int]:
+def load_file(path: str, sources: dict[str, str]) -> tuple[Program | None, list[Diagnostic], int]:
     """Parse and verify one file. Returns (program, diagnostics, exit code for an I/O failure)."""
     try:
         text = read_source(path)
     except BlockError as exc:
-        return None, exc.diagnostics, EXIT_USAGE
+        # an unreadable file is a usage problem; undecodable content is a bad input
+        unreadable = any(d.code == "E0006" for d in exc.diagnostics)
+        return None, exc.diagnostics, EXIT_USAGE if unreadable else EXIT_OK
     sources[path] = text
     try:
         program = parse(text, path)
@@ -33,25 +36,11 @@ def _load(path: str, sources: dict[str, str]) -> tuple[Program | None, list[Diag
     return program, verify(program), EXIT_OK
 
 
-def _summary(diags: Sequence[Diagnostic], files: int) -> str:
+def summary(diags: Sequence[Diagnostic], files: int) -> str:
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
     return f"{files} file{'s' if files != 1 else ''} checked: {errors} error{'s' if errors != 1 else ''}, " \
            f"{warnings} warning{'s' if warnings != 1 else ''}"
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    sources: dict[str, str] = {}
-    all_diags: list[Diagnostic] = []
-    worst = EXIT_OK
-    for path in args.files:
-        _, diags, io_code = _load(path, sources)
-        _emit(diags, sources)
-        all_diags += diags
-        worst = max(worst, io_code)
-    failed = any(d.is_error for d in all_diags) or (args.werror and any(d.severity == "warning" for d in all_diags))
-    print(_summary(all_diags, len(args.files)), file=sys.stderr)
-    return worst if worst else (EXIT_ERRORS if failed else EXIT_OK)
 
 
 def select_blocks(program: Program, name: str | None) -> list[Block] | str:
@@ -65,14 +54,14 @@ def select_blocks(program: Program, name: str | None) -> list[Block] | str:
 
 
 def with_program(args: argparse.Namespace, fn: Callable[[Program, list[Block]], int]) -> int:
+    """Load args.file; on success call fn(program, selected blocks), else print diagnostics."""
     sources: dict[str, str] = {}
-    program, diags, io_code = _load(args.file, sources)
+    program, diags, io_code = load_file(args.file, sources)
     if io_code:
-        _emit(diags, sources)
+        emit(diags, sources)
         return io_code
-    errors = [d for d in diags if d.is_error]
-    if program is None or errors:
-        _emit(diags, sources)
+    if program is None or any(d.is_error for d in diags):
+        emit(diags, sources)
         return EXIT_ERRORS
     blocks = select_blocks(program, getattr(args, "block", None))
     if isinstance(blocks, str):
@@ -81,37 +70,13 @@ def with_program(args: argparse.Namespace, fn: Callable[[Program, list[Block]], 
     return fn(program, blocks)
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    def show(program: Program, blocks: list[Block]) -> int:
-        if args.format == "ir":
-            from blockir.ir.printer import format_block, format_program
-            print(format_program(program) if args.block is None else format_block(blocks[0]), end="" if args.block is None else "\n")
-        elif args.format == "dot":
-            from blockir.ir.dot import block_to_dot
-            print("".join(block_to_dot(b) for b in blocks), end="")
-        else:
-            from blockir.ir.serialize import program_to_data, to_data
-            data = program_to_data(program) if args.block is None else to_data(blocks[0])
-            print(json.dumps(data, indent=2))
-        return EXIT_OK
-    return with_program(args, show)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="blockir", description="Compile and check Transformer block topologies.")
     p.add_argument("--version", action="version", version=f"blockir {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    c = sub.add_parser("check", help="parse and verify files; print diagnostics")
-    c.add_argument("files", nargs="+", metavar="FILE")
-    c.add_argument("--werror", action="store_true", help="treat warnings as errors")
-    c.set_defaults(func=cmd_check)
-
-    s = sub.add_parser("show", help="print a program as IR, Graphviz dot or JSON")
-    s.add_argument("file", metavar="FILE")
-    s.add_argument("--block", help="only this block")
-    s.add_argument("--format", choices=("ir", "dot", "json"), default="ir")
-    s.set_defaults(func=cmd_show)
+    # every module in blockir.commands contributes one subcommand through register()
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"blockir.commands.{info.name}").register(sub)
     return p
 
 

@@ -1,6 +1,8 @@
 """Verifiers by name. Each is a pure function Program → diagnostics, run in registration order."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Callable, Iterable
 
 from blockir.diagnostics import Diagnostic, sort_key
@@ -27,5 +29,7 @@ def run_verifiers(program: Program, names: Iterable[str] | None = None) -> list[
 
 
 def _load_all() -> None:
-    # importing the modules registers their verifiers
-    from blockir.passes import names  # noqa: F401
+    # importing every module of the package registers its verifiers
+    import blockir.passes as package
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"blockir.passes.{info.name}")

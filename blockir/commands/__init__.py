@@ -1,0 +1,1 @@
+"""One module per `blockir` subcommand; each defines register(subparsers)."""
