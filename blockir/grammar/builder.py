@@ -231,10 +231,14 @@ class Builder:
         params: list[Param] = []
         inputs = []
         for p, t in zip(b.params, sig.params if sig else [None] * len(b.params)):
-            if scope.define(p.name, p.span, "input") and t is not None:
-                scope.values[p.name] = t
-                params.append(Param(p.name, t, p.span))
-                inputs.append(InputOp(p.name, t, p.span))
+            if not scope.define(p.name, p.span, "input"):
+                continue
+            if t is None:
+                scope.poisoned.add(p.name)
+                continue
+            scope.values[p.name] = t
+            params.append(Param(p.name, t, p.span))
+            inputs.append(InputOp(p.name, t, p.span))
         env = dict(self.env, **{C.LAYER: 0, C.NUM_LAYERS: 1})
         consts = []
         for s in b.body:
@@ -290,7 +294,9 @@ class Builder:
             return
         before = len(lower.ops)
         result = lower.tensor(s.value, s.target)
-        if result is not None and inplace and len(lower.ops) > before:
+        if result is None:
+            scope.poisoned.add(s.target)
+        elif inplace and len(lower.ops) > before:
             op = lower.ops[-1]
             if isinstance(op, AddOp):
                 lower.ops[-1] = AddOp(op.result, op.type, op.lhs, op.rhs, True, op.span)

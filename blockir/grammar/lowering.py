@@ -102,6 +102,8 @@ class Lowerer:
         return None
 
     def _ref(self, e: ast.Ref, name: str | None) -> str | None:
+        if e.name in self.scope.poisoned:
+            return None
         if e.name in self.scope.values:
             if name is None:
                 return e.name
@@ -264,12 +266,12 @@ class Lowerer:
                          suggest(word or "", MASKS))
                 return None
             mask = word
-        if args is None or p is None:
-            return None
-        value = self.env(p)
+        value = self.env(p) if p is not None else None
         if value is not None and not 0.0 <= value < 1.0:
             self.err("E0109", f"drop probability must lie in [0, 1), got {value}", p_kw.value.span,
                      "p is the probability of dropping; 1 would drop everything")
+            return None
+        if args is None or p is None:
             return None
         t = self.scope.values[args[0]]
         return self.emit(O.DropoutOp(name or self.fresh(), t, args[0], p, mask, span=e.span))

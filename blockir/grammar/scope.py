@@ -26,6 +26,8 @@ class Scope:
     decls: dict[str, Decl] = field(default_factory=dict)
     values: dict[str, TensorType] = field(default_factory=dict)
     where: dict[str, Span] = field(default_factory=dict)
+    # names whose definition failed: uses stay silent instead of cascading
+    poisoned: set[str] = field(default_factory=set)
 
     def define(self, name: str, span: Span, what: str) -> bool:
         """Reserve a name in this block; report a redefinition with a note at the first one."""
