@@ -1,0 +1,262 @@
+"""Reference numerics for the norm families, dropout and activations.
+
+These functions are the eager ground truth that compiled graphs and fused
+kernels are checked against, so each one pins down the exact order of
+casts and reductions of the implementation it stands for (PyTorch
+``nn.LayerNorm``; the RMSNorm variants in HF transformers). Two norms with
+the same formula but a different cast order give different bf16 results, and
+a checkpoint is only reproduced by the order it was trained with.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blockir.backends.rng import keep_mask
+
+ACCUM: dict[str, torch.dtype] = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+}
+
+RMS_CASTS = ("before_weight", "after_weight", "weight_dtype")
+DROPOUT_BROADCASTS = ("element", "row", "channel", "sample")
+_NATIVE_LAYER_NORM_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def layer_norm(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    accum: torch.dtype = torch.float32,
+) -> Tensor:
+    """LayerNorm over the last axis: biased variance, ``eps`` inside the square root.
+
+    With fp32 statistics on an fp32/bf16/fp16 input this is exactly the ATen
+    kernel behind ``nn.LayerNorm``, so checkpoints trained with it are
+    reproduced bit for bit. Any other accumulation dtype is spelled out so
+    that the declared dtype, not the kernel's, owns the statistics.
+    """
+    if accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    work = x.to(accum)
+    centered = work - work.mean(-1, keepdim=True)
+    variance = centered.pow(2).mean(-1, keepdim=True)
+    y = centered * torch.rsqrt(variance + eps)
+    if weight is not None:
+        y = y * weight.to(accum)
+    if bias is not None:
+        y = y + bias.to(accum)
+    return y.to(x.dtype)
+
+
+def _rms_normalize(work: Tensor, eps: float) -> Tensor:
+    """Divide each row by its root mean square; ``work`` is already in the accumulation dtype."""
+    return work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _offset_weight(weight: Tensor, offset: int) -> Tensor:
+    """The effective scale: ``weight`` itself, or ``offset + weight`` for zero-centred storage.
+
+    Offset 0 skips the addition so that the multiply sees the stored tensor
+    unchanged, as the reference classes do.
+    """
+    return weight if offset == 0 else offset + weight
+
+
+def rms_norm(
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    offset: int = 0,
+    cast: str = "before_weight",
+    accum: torch.dtype = torch.float32,
+) -> Tensor:
+    """RMSNorm over the last axis with one of three cast orders.
+
+    ``before_weight`` (LLaMA): normalize in ``accum``, cast back to the input
+    dtype, then multiply by the weight. ``after_weight`` (Gemma2, OLMo2):
+    multiply by the weight in ``accum``, then cast back. ``weight_dtype``
+    (T5): only the mean square is taken in ``accum``; the input itself is
+    scaled in its promoted dtype and cast to the weight's dtype when that is
+    a half type. ``offset=1`` scales by ``1 + weight`` (weights stored as a
+    deviation from one).
+    """
+    if cast == "before_weight":
+        normalized = _rms_normalize(x.to(accum), eps)
+        return _offset_weight(weight, offset) * normalized.to(x.dtype)
+    if cast == "after_weight":
+        normalized = _rms_normalize(x.to(accum), eps)
+        return (normalized * _offset_weight(weight.to(accum), offset)).type_as(x)
+    if cast == "weight_dtype":
+        variance = x.to(accum).pow(2).mean(-1, keepdim=True)
+        normalized = x * torch.rsqrt(variance + eps)
+        if weight.dtype in _HALF_DTYPES:
+            normalized = normalized.to(weight.dtype)
+        return _offset_weight(weight, offset) * normalized
+    raise ValueError(f"unknown RMSNorm cast order {cast!r}; expected one of {RMS_CASTS}")
+
+
+def scale_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """ScaleNorm: one learned scalar times the row divided by its L2 norm.
+
+    The norm is clamped at ``eps`` rather than offset by it, so rows far from
+    zero are normalized exactly and an all-zero row maps to zero.
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+    return scale * (x / norm)
+
+
+def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Dynamic Tanh: an elementwise ``weight * tanh(alpha * x) + bias`` with no row statistic."""
+    return weight * torch.tanh(alpha * x) + bias
+
+
+def dropout_mask_shape(shape: tuple[int, ...], broadcast: str) -> tuple[int, ...]:
+    """Shape of the keep mask for one broadcast policy; size-1 axes share one draw.
+
+    ``element`` draws per coordinate, ``row`` per token row (the last axis
+    shares it), ``channel`` per (sample, channel) across all rows, and
+    ``sample`` once per leading-axis entry (stochastic depth).
+    """
+    shape = tuple(shape)
+    if not shape:
+        raise ValueError("dropout needs a tensor with at least one axis")
+    if broadcast == "element":
+        return shape
+    if broadcast == "row":
+        return shape[:-1] + (1,)
+    if broadcast == "channel":
+        if len(shape) < 2:
+            raise ValueError("channel dropout needs a leading sample axis and a channel axis")
+        return (shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],)
+    if broadcast == "sample":
+        return (shape[0],) + (1,) * (len(shape) - 1)
+    raise ValueError(f"unknown dropout broadcast {broadcast!r}; expected one of {DROPOUT_BROADCASTS}")
+
+
+def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tensor | None) -> Tensor:
+    """Inverted dropout whose mask is a pure function of ``(key, row, col)`` of the mask.
+
+    Kept values are scaled by ``1 / (1 - p)`` so the expectation is
+    unchanged; dropped values are exactly zero. Because the mask is hashed
+    from coordinates rather than drawn from a stateful generator, recomputing
+    the forward with the same key replays the same mask, and a 0-d tensor
+    key stays inside a traced graph.
+    """
+    mask_shape = dropout_mask_shape(tuple(x.shape), broadcast)
+    if not training or p == 0.0:
+        return x
+    rows = math.prod(mask_shape[:-1])
+    keep = keep_mask(key, p, rows=rows, cols=mask_shape[-1], device=x.device).reshape(mask_shape)
+    return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+    "tanh": torch.tanh,
+    "identity": _identity,
+}
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm whose ``weight``/``bias`` keys match ``nn.LayerNorm`` checkpoints."""
+
+    def __init__(
+        self,
+        width: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        affine: bool = True,
+        accum: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.width = width
+        self.eps = eps
+        self.accum = accum
+        self.register_parameter("weight", nn.Parameter(torch.ones(width)) if affine else None)
+        self.register_parameter("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps, self.accum)
+
+    def extra_repr(self) -> str:
+        affine, bias = self.weight is not None, self.bias is not None
+        return f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}"
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a declared cast order; the zero init for ``offset=1`` keeps the initial scale at one."""
+
+    def __init__(
+        self,
+        width: int,
+        eps: float = 1e-6,
+        offset: int = 0,
+        cast: str = "before_weight",
+        accum: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if cast not in RMS_CASTS:
+            raise ValueError(f"unknown RMSNorm cast order {cast!r}; expected one of {RMS_CASTS}")
+        self.width = width
+        self.eps = eps
+        self.offset = offset
+        self.cast = cast
+        self.accum = accum
+        self.weight = nn.Parameter(torch.zeros(width) if offset else torch.ones(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps, self.offset, self.cast, self.accum)
+
+    def extra_repr(self) -> str:
+        return f"{self.width}, eps={self.eps}, offset={self.offset}, cast={self.cast}, accum={self.accum}"
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm; the scalar starts at ``sqrt(width)`` so outputs begin with unit RMS like RMSNorm."""
+
+    def __init__(self, width: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.width = width
+        self.eps = eps
+        self.scale = nn.Parameter(torch.tensor(math.sqrt(width)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return scale_norm(x, self.scale, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.width}, eps={self.eps}"
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh with the paper's init: ``weight`` ones, ``bias`` zeros, a one-element ``alpha``."""
+
+    def __init__(self, width: int, alpha_init: float = 0.5) -> None:
+        super().__init__()
+        self.width = width
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dyt(x, self.alpha, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.width}"
