@@ -54,6 +54,8 @@ def _eps(default: float) -> ArgSpec:
     return ArgSpec("eps", "expr", Num(default), doc="added inside the square root; must be > 0")
 
 
+_GAIN = ArgSpec("init_gain", "expr", None,
+                doc="Xavier init with this gain on value/output and MLP matrices (DeepNorm beta); q/k keep gain 1")
 _TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
 _ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
 
@@ -76,18 +78,18 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
             ArgSpec("rope_theta", "expr", Num(10000.0)),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False)),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)"),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False)),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),
             "queries from the state, keys and values from memory"),
         KindSpec("mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "gelu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", True)), "dense MLP fc2(act(fc1(x)))"),
+            ArgSpec("bias", "bool", True), _GAIN), "dense MLP fc2(act(fc1(x)))"),
         KindSpec("gated_mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "silu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", False)), "gated MLP down(act(gate(x)) * up(x))"),
+            ArgSpec("bias", "bool", False), _GAIN), "gated MLP down(act(gate(x)) * up(x))"),
         KindSpec("linear", "linear", (
             ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
             ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),

@@ -1,0 +1,52 @@
+"""blockir.compile: a verified program → a torch module."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+
+from blockir.api import load, verify
+from blockir.backends.fx import lower_block
+from blockir.backends.sizes import program_sizes
+from blockir.diagnostics import BlockError, Span, error
+from blockir.ir.program import Program
+
+BACKENDS = ("fx", "fused")
+
+
+def compile(program: Program | str | Path, name: str, backend: str = "fx", *, dims: Mapping[str, int] | None = None,
+            bind: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
+            device: torch.device | str | None = None, seed: int | None = None) -> fx.GraphModule:
+    """Compile block or model ``name`` to a GraphModule whose state_dict keys are the declared names.
+
+    ``bind`` maps extern declaration paths (``"self_attn"``, ``"layers.3.attn"``) to a module or
+    ``(module, adapter)``; ``seed`` makes parameter initialisation deterministic without touching
+    the global generator; ``backend="fused"`` replaces legal add+norm chains with fused custom ops.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if not isinstance(program, Program):
+        program = load(program)
+    else:
+        errors = [d for d in verify(program) if d.is_error]
+        if errors:
+            raise BlockError(errors)
+    if name not in program.block_map:
+        raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map)})",
+                                Span(program.filename, 1, 1))])
+    if backend == "fused":
+        from blockir.backends.fused.lowering import fuse_program
+        program = fuse_program(program)
+    sizes = program_sizes(program, dims)
+    rng = torch.random.fork_rng() if seed is not None else nullcontext()
+    place = torch.device(device) if device is not None else nullcontext()
+    with rng, place:
+        if seed is not None:
+            torch.manual_seed(seed)
+        module = lower_block(program, program.block(name), sizes, dict(bind or {}))
+    if dtype is not None:
+        module = module.to(dtype)
+    return module

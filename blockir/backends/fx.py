@@ -1,0 +1,208 @@
+"""IR → torch.fx.GraphModule, built node by node from the ops (no tracing).
+
+Declarations become submodules or parameters at their declared (dotted)
+names, so ``state_dict()`` keys are the declared names; stacks become
+``name.0 … name.N-1``. SSA names become node names; the mapping is kept on
+the module (``blockir_values``) so :func:`blockir.trace` can return every
+intermediate by its IR name.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from blockir.backends import numerics
+from blockir.backends.modules import bound_extern, make_kind
+from blockir.backends.rng import dropout_key
+from blockir.backends.sizes import Sizes
+from blockir.diagnostics import BlockError, error
+from blockir.ir import ops as O
+from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.program import Block, Program
+from blockir.ir.types import DType
+
+TORCH_DTYPES = {DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
+                DType.BF16: torch.bfloat16}
+SEED_HIGH = 1 << 62
+
+# Lowering of ops that need more than one node; registered by the fused backend.
+OpLowering = Callable[["GraphBuilder", Any], fx.Node]
+EXTRA_LOWERINGS: dict[type, OpLowering] = {}
+
+
+def invoke(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
+    """Call a branch or sub-block with the forward's extra keyword arguments."""
+    return module(*args, **ctx)
+
+
+def call_extern(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
+    """Call a bound module through its adapter (adapter(module, *inputs, **ctx))."""
+    return module.blockir_adapter(module, *args, **ctx)
+
+
+def draw_seed(training: bool) -> torch.Tensor:
+    """One draw from torch's generator per forward; replayed by checkpointing's RNG-state restore."""
+    if not training:
+        return torch.zeros((), dtype=torch.int64)
+    return torch.randint(0, SEED_HIGH, (), dtype=torch.int64)
+
+
+def dropout_site(x: torch.Tensor, p: float, mask: str, training: bool, seed: torch.Tensor,
+                 layer: int, site: int) -> torch.Tensor:
+    """Inverted dropout whose mask is a function of (seed, layer, site, row, col)."""
+    if not training or p == 0.0:
+        return x
+    return numerics.dropout(x, p, mask, training, dropout_key(seed, layer, site))
+
+
+def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) -> None:
+    """Install a module or parameter at a dotted path, creating plain containers on the way."""
+    *path, leaf = dotted.split(".")
+    owner = root
+    for part in path:
+        child = owner._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            owner.add_module(part, child)
+        owner = child
+    if isinstance(value, nn.Parameter):
+        owner.register_parameter(leaf, value)
+    else:
+        owner.add_module(leaf, value)
+
+
+def node_name(ssa: str) -> str:
+    return f"t{ssa[1:]}" if ssa.startswith("%") else ssa
+
+
+class GraphBuilder:
+    """Emits fx nodes for one block; ``env`` maps SSA names to nodes."""
+
+    def __init__(self, block: Block, sizes: Sizes, layer: int):
+        self.block = block
+        self.sizes = sizes
+        self.layer = layer
+        self.graph = fx.Graph()
+        self.env: dict[str, fx.Node] = {}
+        self.names: dict[str, str] = {}
+        self.ctx: fx.Node | None = None
+        self.seed: fx.Node | None = None
+        self.training: fx.Node | None = None
+        self.sites = 0
+
+    def bind(self, ssa: str, node: fx.Node) -> fx.Node:
+        self.env[ssa] = node
+        self.names[ssa] = node.name
+        return node
+
+    def fn(self, target: Callable[..., Any], args: tuple, ssa: str | None = None, kwargs: dict | None = None) -> fx.Node:
+        node = self.graph.create_node("call_function", target, args, kwargs or {},
+                                      name=node_name(ssa) if ssa else None)
+        return self.bind(ssa, node) if ssa else node
+
+    def attr(self, target: str) -> fx.Node:
+        return self.graph.get_attr(target)
+
+    def training_flag(self) -> fx.Node:
+        if self.training is None:
+            self.training = self.graph.create_node("get_attr", "training", name="training")
+        return self.training
+
+    def seed_node(self) -> fx.Node:
+        if self.seed is None:
+            self.seed = self.fn(draw_seed, (self.training_flag(),))
+        return self.seed
+
+    def dropout(self, x: fx.Node, p: float, mask: str, ssa: str | None) -> fx.Node:
+        site = self.sites
+        self.sites += 1
+        if p == 0.0:
+            return self.bind(ssa, x) if ssa else x
+        return self.fn(dropout_site, (x, p, mask, self.training_flag(), self.seed_node(), self.layer, site), ssa)
+
+
+def _lower_op(b: GraphBuilder, op: O.Op) -> None:
+    decls = b.block.decl_map
+    if isinstance(op, O.InputOp):
+        b.bind(op.result, b.graph.placeholder(op.result))
+    elif isinstance(op, O.NormOp):
+        b.bind(op.result, b.graph.create_node("call_module", op.decl, (b.env[op.operand],), {},
+                                              name=node_name(op.result)))
+    elif isinstance(op, O.CallOp):
+        args = tuple(b.env[a] for a in op.args)
+        decl = decls[op.decl]
+        if isinstance(decl, KindDecl) and decl.category in ("linear", "activation"):
+            b.bind(op.result, b.graph.create_node("call_module", op.decl, args, {}, name=node_name(op.result)))
+        elif isinstance(decl, InstanceDecl) and decl.count is not None:
+            x = args[0]
+            count = int(b.sizes.value(decl.count))
+            for i in range(count):
+                x = b.fn(invoke, (b.attr(f"{op.decl}.{i}"), b.ctx, x, *args[1:]),
+                         op.result if i == count - 1 else None)
+        else:
+            target = call_extern if isinstance(decl, ExternDecl) else invoke
+            b.fn(target, (b.attr(op.decl), b.ctx, *args), op.result)
+    elif isinstance(op, O.ActivationOp):
+        b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
+    elif isinstance(op, O.DropoutOp):
+        b.dropout(b.env[op.operand], float(b.sizes.value(op.p)), op.mask, op.result)
+    elif isinstance(op, O.ScaleOp):
+        factor = b.attr(op.param) if op.param is not None else float(b.sizes.value(op.factor))  # type: ignore[arg-type]
+        b.fn(operator.mul, (factor, b.env[op.operand]), op.result)
+    elif isinstance(op, O.AddOp):
+        b.fn(operator.add, (b.env[op.lhs], b.env[op.rhs]), op.result)
+    elif isinstance(op, O.CastOp):
+        node = b.graph.create_node("call_method", "to", (b.env[op.operand], TORCH_DTYPES[op.dtype]), {},
+                                   name=node_name(op.result))
+        b.bind(op.result, node)
+    elif isinstance(op, O.ConcatOp):
+        b.fn(torch.cat, (tuple(b.env[a] for a in op.args),), op.result, {"dim": -1})
+    elif isinstance(op, O.OutputOp):
+        b.graph.output(b.env[op.value])
+    elif type(op) in EXTRA_LOWERINGS:
+        EXTRA_LOWERINGS[type(op)](b, op)
+    else:
+        raise BlockError([error("E0705", f"the fx backend cannot lower {type(op).__name__}", op.span)])
+
+
+def _first_input_type(block: Block, decl: str):
+    for op in block.ops:
+        if getattr(op, "decl", None) == decl and op.operands:
+            return block.type_of(op.operands[0])
+    return None
+
+
+def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str, Any], *,
+                layer: int = 0, num_layers: int = 1, prefix: str = "") -> fx.GraphModule:
+    """Build the module tree and the graph of one block (recursing into sub-blocks and stacks)."""
+    s = sizes.for_block(block, layer, num_layers)
+    root = nn.Module()
+    for d in block.decls:
+        if isinstance(d, KindDecl):
+            set_nested(root, d.name, make_kind(d, _first_input_type(block, d.name), s))
+        elif isinstance(d, ExternDecl):
+            set_nested(root, d.name, bound_extern(d, {k[len(prefix):]: v for k, v in bind.items()
+                                                      if k.startswith(prefix)}))
+        elif d.count is None:
+            set_nested(root, d.name, lower_block(program, program.block(d.block), sizes, bind,
+                                                 prefix=f"{prefix}{d.name}."))
+        else:
+            n = int(s.value(d.count))
+            layers = nn.ModuleList(lower_block(program, program.block(d.block), sizes, bind, layer=i,
+                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.") for i in range(n))
+            set_nested(root, d.name, layers)
+    b = GraphBuilder(block, s, layer)
+    for op in block.inputs:
+        _lower_op(b, op)
+    b.ctx = b.graph.placeholder("**ctx")
+    for op in block.ops:
+        if not isinstance(op, O.InputOp):
+            _lower_op(b, op)
+    gm = fx.GraphModule(root, b.graph, class_name=block.name)
+    gm.blockir_values = dict(b.names)
+    gm.blockir_block = block.name
+    return gm
