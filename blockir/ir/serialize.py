@@ -20,7 +20,7 @@ def to_data(obj: Any) -> Any:
     if isinstance(obj, Enum):
         return obj.value
     if dataclasses.is_dataclass(obj):
-        out: dict[str, Any] = {"kind": type(obj).__name__}
+        out: dict[str, Any] = {"class": type(obj).__name__}
         for f in dataclasses.fields(obj):
             out[f.name] = to_data(getattr(obj, f.name))
         return out
