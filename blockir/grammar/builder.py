@@ -341,7 +341,13 @@ class Builder:
                 if isinstance(s, ast.DeclAst) and s.kind in self.block_asts:
                     g.add_edge(b.name, s.kind)
                     spans.setdefault((b.name, s.kind), s.kind_span)
+        order = {b.name: i for i, b in enumerate(blocks)}
+        # simple_cycles' starting node varies between runs; start each cycle at its first block in the file
+        cycles = []
         for cycle in nx.simple_cycles(g):
+            start = min(range(len(cycle)), key=lambda i: order[cycle[i]])
+            cycles.append(cycle[start:] + cycle[:start])
+        for cycle in sorted(cycles, key=lambda c: [order[n] for n in c]):
             edge = (cycle[0], cycle[1 % len(cycle)])
             path = " -> ".join(cycle + [cycle[0]])
             self.err("E0118", f"blocks instantiate each other in a cycle: {path}", spans[edge],
