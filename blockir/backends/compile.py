@@ -23,7 +23,8 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     """Compile block or model ``name`` to a GraphModule whose state_dict keys are the declared names.
 
     ``bind`` maps extern declaration paths (``"self_attn"``, ``"layers.3.attn"``) to a module or
-    ``(module, adapter)``; ``seed`` makes parameter initialisation deterministic without touching
+    ``(module, adapter)``; ``dtype`` is the parameter dtype of every declaration whose input the
+    IR leaves at the activation dtype (and of bound modules); ``seed`` makes parameter initialisation deterministic without touching
     the global generator; ``backend="fused"`` replaces legal add+norm chains with fused custom ops.
     """
     if backend not in BACKENDS:
@@ -38,15 +39,14 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map)})",
                                 Span(program.filename, 1, 1))])
     if backend == "fused":
-        from blockir.backends.fused.lowering import fuse_program
-        program = fuse_program(program)
+        import blockir.backends.fused.lowering  # noqa: F401  (registers the fused op lowering)
+        from blockir.passes.fuse import fuse_program
+        program, _ = fuse_program(program)
     sizes = program_sizes(program, dims)
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     place = torch.device(device) if device is not None else nullcontext()
     with rng, place:
         if seed is not None:
             torch.manual_seed(seed)
-        module = lower_block(program, program.block(name), sizes, dict(bind or {}))
-    if dtype is not None:
-        module = module.to(dtype)
+        module = lower_block(program, program.block(name), sizes, dict(bind or {}), act_dtype=dtype)
     return module

@@ -9,6 +9,7 @@ intermediate by its IR name.
 from __future__ import annotations
 
 import operator
+import zlib
 from typing import Any, Callable, Mapping
 
 import torch
@@ -34,14 +35,19 @@ OpLowering = Callable[["GraphBuilder", Any], fx.Node]
 EXTRA_LOWERINGS: dict[type, OpLowering] = {}
 
 
+def _kwargs(ctx: Any) -> dict[str, Any]:
+    # fx.Interpreter (used by non-strict torch.export) binds a `**ctx` placeholder to an empty list
+    return ctx if isinstance(ctx, dict) else {}
+
+
 def invoke(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
     """Call a branch or sub-block with the forward's extra keyword arguments."""
-    return module(*args, **ctx)
+    return module(*args, **_kwargs(ctx))
 
 
 def call_extern(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
     """Call a bound module through its adapter (adapter(module, *inputs, **ctx))."""
-    return module.blockir_adapter(module, *args, **ctx)
+    return module.blockir_adapter(module, *args, **_kwargs(ctx))
 
 
 def draw_seed(training: bool) -> torch.Tensor:
@@ -75,6 +81,11 @@ def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) ->
         owner.add_module(leaf, value)
 
 
+def site_id(ssa: str) -> int:
+    """A dropout site's RNG identity: a hash of its value name, stable under fusion and reordering."""
+    return zlib.crc32(ssa.encode())
+
+
 def node_name(ssa: str) -> str:
     return f"t{ssa[1:]}" if ssa.startswith("%") else ssa
 
@@ -92,7 +103,6 @@ class GraphBuilder:
         self.ctx: fx.Node | None = None
         self.seed: fx.Node | None = None
         self.training: fx.Node | None = None
-        self.sites = 0
 
     def bind(self, ssa: str, node: fx.Node) -> fx.Node:
         self.env[ssa] = node
@@ -117,12 +127,11 @@ class GraphBuilder:
             self.seed = self.fn(draw_seed, (self.training_flag(),))
         return self.seed
 
-    def dropout(self, x: fx.Node, p: float, mask: str, ssa: str | None) -> fx.Node:
-        site = self.sites
-        self.sites += 1
+    def dropout(self, x: fx.Node, p: float, mask: str, ssa: str) -> fx.Node:
         if p == 0.0:
-            return self.bind(ssa, x) if ssa else x
-        return self.fn(dropout_site, (x, p, mask, self.training_flag(), self.seed_node(), self.layer, site), ssa)
+            return self.bind(ssa, x)
+        return self.fn(dropout_site, (x, p, mask, self.training_flag(), self.seed_node(), self.layer, site_id(ssa)),
+                       ssa)
 
 
 def _lower_op(b: GraphBuilder, op: O.Op) -> None:
@@ -176,24 +185,41 @@ def _first_input_type(block: Block, decl: str):
     return None
 
 
+def _placed(value: nn.Module | nn.Parameter, dtype: torch.dtype | None) -> nn.Module | nn.Parameter:
+    if dtype is None:
+        return value
+    if isinstance(value, nn.Parameter):
+        return nn.Parameter(value.detach().to(dtype))
+    return value.to(dtype)
+
+
 def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str, Any], *,
-                layer: int = 0, num_layers: int = 1, prefix: str = "") -> fx.GraphModule:
-    """Build the module tree and the graph of one block (recursing into sub-blocks and stacks)."""
+                layer: int = 0, num_layers: int = 1, prefix: str = "",
+                act_dtype: torch.dtype | None = None) -> fx.GraphModule:
+    """Build the module tree and the graph of one block (recursing into sub-blocks and stacks).
+
+    A declaration's parameters take the dtype of the value it is applied to when the IR states
+    one (a bf16 branch inside an f32 residual stream), else ``act_dtype``.
+    """
     s = sizes.for_block(block, layer, num_layers)
     root = nn.Module()
+    sub = dict(act_dtype=act_dtype)
     for d in block.decls:
         if isinstance(d, KindDecl):
-            set_nested(root, d.name, make_kind(d, _first_input_type(block, d.name), s))
+            input_type = _first_input_type(block, d.name)
+            declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
+            set_nested(root, d.name, _placed(make_kind(d, input_type, s), declared or act_dtype))
         elif isinstance(d, ExternDecl):
-            set_nested(root, d.name, bound_extern(d, {k[len(prefix):]: v for k, v in bind.items()
-                                                      if k.startswith(prefix)}))
+            set_nested(root, d.name, _placed(bound_extern(d, {k[len(prefix):]: v for k, v in bind.items()
+                                                              if k.startswith(prefix)}), act_dtype))
         elif d.count is None:
             set_nested(root, d.name, lower_block(program, program.block(d.block), sizes, bind,
-                                                 prefix=f"{prefix}{d.name}."))
+                                                 prefix=f"{prefix}{d.name}.", **sub))
         else:
             n = int(s.value(d.count))
             layers = nn.ModuleList(lower_block(program, program.block(d.block), sizes, bind, layer=i,
-                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.") for i in range(n))
+                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.", **sub)
+                                   for i in range(n))
             set_nested(root, d.name, layers)
     b = GraphBuilder(block, s, layer)
     for op in block.inputs:

@@ -161,6 +161,7 @@ class FusedAddNormOp:
     branch_factor: ConstExpr | None = None
     branch_param: str | None = None
     shortcut_factor: ConstExpr | None = None
+    site: str | None = None  # name of the absorbed dropout: its RNG identity is kept
     span: Span = field(**_SPAN)
 
     @property

@@ -1,0 +1,106 @@
+"""Transform: residual boundaries → FusedAddNormOp.
+
+A boundary is the chain ``branch → [dropout] → [scale] → add(shortcut) → norm``,
+with an optional constant scale on the shortcut (DeepNorm). It covers Pre-LN
+(the sum is the next residual and its norm feeds the next branch), Post-LN (the
+norm of the sum is the next state) and scaled shortcuts. A chain is fused only
+when the fused op can reproduce it exactly and nothing else needs a value the
+fused op does not return:
+
+  dropout → keep only if element-wise (the kernel draws one bit per element)
+  every absorbed value (dropped branch, scaled branch, scaled shortcut) has one user
+  the norm is a LayerNorm or RMSNorm over the model axis, accumulating in fp32
+  no cast sits inside the chain (the op casts the update to the residual dtype itself)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from blockir.ir import ops as O
+from blockir.ir.decls import KindDecl
+from blockir.ir.program import Block, Program
+
+FUSABLE_NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True)
+class Chain:
+    add: O.AddOp
+    norm: O.NormOp
+    absorbed: tuple[O.Op, ...]
+    fused: O.FusedAddNormOp
+
+
+def _single_use(block: Block, value: str) -> bool:
+    return len(block.users.get(value, ())) == 1
+
+
+def _match(block: Block, add: O.AddOp) -> Chain | None:
+    norms = [u for u in block.users.get(add.result, ()) if isinstance(u, O.NormOp)]
+    if not norms:
+        return None
+    norm = norms[0]
+    decl = block.decl_map[norm.decl]
+    if not isinstance(decl, KindDecl) or decl.kind not in FUSABLE_NORMS or len(decl.arg("axes")) != 1:
+        return None
+    if decl.arg("accum") != "f32":  # the kernels accumulate in fp32 only
+        return None
+    if block.type_of(add.result).last is None or decl.arg("axes")[0] != block.type_of(add.result).last.name:
+        return None
+    absorbed: list[O.Op] = [add, norm]
+    shortcut, shortcut_factor = add.lhs, None
+    lhs = block.producers[add.lhs]
+    if isinstance(lhs, O.ScaleOp) and lhs.factor is not None and _single_use(block, lhs.result):
+        shortcut, shortcut_factor = lhs.operand, lhs.factor
+        absorbed.append(lhs)
+    value = add.rhs
+    branch_factor = branch_param = None
+    producer = block.producers[value]
+    if isinstance(producer, O.ScaleOp) and _single_use(block, value):
+        branch_factor, branch_param = producer.factor, producer.param
+        absorbed.append(producer)
+        value = producer.operand
+        producer = block.producers[value]
+    p = site = None
+    mask = "element"
+    if isinstance(producer, O.DropoutOp) and _single_use(block, value):
+        if producer.mask != "element":
+            return None
+        p, site = producer.p, producer.result
+        absorbed.append(producer)
+        value = producer.operand
+    fused = O.FusedAddNormOp(norm.result, add.result, norm.type, add.type, norm.decl, value, shortcut, p=p, mask=mask,
+                             branch_factor=branch_factor, branch_param=branch_param,
+                             shortcut_factor=shortcut_factor, site=site, span=add.span)
+    return Chain(add, norm, tuple(absorbed), fused)
+
+
+def fuse_block(block: Block) -> tuple[Block, list[Chain]]:
+    chains: list[Chain] = []
+    taken: set[int] = set()
+    for op in block.ops:
+        if isinstance(op, O.AddOp) and not op.inplace:
+            chain = _match(block, op)
+            if chain is not None and not any(id(a) in taken for a in chain.absorbed):
+                chains.append(chain)
+                taken.update(id(a) for a in chain.absorbed)
+    if not chains:
+        return block, []
+    at_add = {id(c.add): c.fused for c in chains}
+    ops = []
+    for op in block.ops:
+        if id(op) in at_add:
+            ops.append(at_add[id(op)])
+        elif id(op) not in taken:
+            ops.append(op)
+    return replace(block, ops=tuple(ops)), chains
+
+
+def fuse_program(program: Program) -> tuple[Program, bool]:
+    """Fuse every legal boundary of every block; returns (program, changed)."""
+    blocks, changed = [], False
+    for b in program.blocks:
+        fused, chains = fuse_block(b)
+        blocks.append(fused)
+        changed |= bool(chains)
+    return replace(program, blocks=tuple(blocks)), changed
