@@ -75,7 +75,7 @@ class SourceMap:
         text = self.texts.get(filename)
         if text is None:
             return None
-        lines = text.splitlines()
+        lines = text.split("\n")  # spans count only \n as a line break
         return lines[line - 1] if 0 < line <= len(lines) else None
 
 

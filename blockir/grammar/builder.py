@@ -258,7 +258,7 @@ class Builder:
                     scope.decls[s.name] = d
                     decls.append(d)
                 else:
-                    scope.decls.setdefault(s.name, KindDecl(s.name, "activation", (), s.span))
+                    scope.poisoned.add(s.name)
         lower = Lowerer(scope, signatures, lambda e: self.evaluate(e, env, report=True))
         lower.ops.extend(inputs)
         lower.reserved = {s.target for s in b.body if isinstance(s, ast.EquationAst)}
@@ -342,13 +342,15 @@ class Builder:
                     g.add_edge(b.name, s.kind)
                     spans.setdefault((b.name, s.kind), s.kind_span)
         order = {b.name: i for i, b in enumerate(blocks)}
-        # simple_cycles' starting node varies between runs; start each cycle at its first block in the file
-        cycles = []
-        for cycle in nx.simple_cycles(g):
-            start = min(range(len(cycle)), key=lambda i: order[cycle[i]])
-            cycles.append(cycle[start:] + cycle[:start])
-        for cycle in sorted(cycles, key=lambda c: [order[n] for n in c]):
-            edge = (cycle[0], cycle[1 % len(cycle)])
+        # one report per strongly connected group (enumerating every cycle is exponential), showing
+        # the cycle found from the group's first block in the file
+        groups = [c for c in nx.strongly_connected_components(g)
+                  if len(c) > 1 or any(g.has_edge(n, n) for n in c)]
+        for group in sorted(groups, key=lambda c: min(order[n] for n in c)):
+            first = min(group, key=order.__getitem__)
+            edges = nx.find_cycle(g.subgraph(group), first)
+            cycle = [u for u, _ in edges]
+            edge = edges[0]
             path = " -> ".join(cycle + [cycle[0]])
             self.err("E0118", f"blocks instantiate each other in a cycle: {path}", spans[edge],
                      "a block cannot contain itself, directly or through others")

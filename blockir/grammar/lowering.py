@@ -1,6 +1,7 @@
 """Syntax-tree expressions → constant expressions and SSA ops, with type inference."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +20,9 @@ TENSOR_OPS_HINT = "tensors combine with '+' (residual add) and 'factor * tensor'
 def to_const(e: ast.Expr, scope: Scope) -> C.ConstExpr | None:
     """Convert an expression that must be constant; report tensors and unknown names."""
     if isinstance(e, ast.Num):
+        if isinstance(e.value, float) and not math.isfinite(e.value):
+            scope.diags.append(error("E0113", "number is too large for a float", e.span))
+            return None
         return C.Num(e.value, e.span)
     if isinstance(e, ast.Ref):
         if scope.is_constant(e.name):
@@ -137,6 +141,8 @@ class Lowerer:
         return None
 
     def _mul(self, e: ast.BinOp, name: str | None) -> str | None:
+        if any(isinstance(side, ast.Ref) and side.name in self.scope.poisoned for side in (e.left, e.right)):
+            return None
         lf, rf = self._factor(e.left), self._factor(e.right)
         if lf is not None and rf is not None:
             self.err("E0111", "a product of constants is not a tensor", e.span, "compute it as a const")
@@ -171,6 +177,10 @@ class Lowerer:
         return values  # type: ignore[return-value]
 
     def _call(self, e: ast.Call, name: str | None) -> str | None:
+        if e.callee in self.scope.poisoned:
+            for a in e.args:  # errors inside the arguments are still worth reporting
+                self.tensor(a)
+            return None
         decl = self.scope.decls.get(e.callee)
         if decl is not None:
             return self._call_decl(e, decl, name)

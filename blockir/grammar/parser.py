@@ -64,7 +64,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, filename: str, text: str) -> Diagno
         return error("E0002", f"unexpected character {ch!r}", Span(filename, line, column, column + 1),
                      hint="names start with a letter or '_'; comments start with '#'")
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
-        lines = text.splitlines() or [""]
+        lines = text.rstrip("\n").split("\n")  # point after the last written character
         end_line = len(lines)
         end_col = len(lines[-1]) + 1
         expected = exc.expected if isinstance(exc, UnexpectedEOF) else exc.expected

@@ -7,8 +7,15 @@ from typing import Iterable
 
 from blockir.diagnostics import Diagnostic, Note, Span, error
 from blockir.ir.consts import LAYER_NAMES
+from blockir.ir.kinds import FUNCTIONS
 from blockir.ir.decls import Decl
-from blockir.ir.types import Axis, TensorType
+from blockir.ir.types import Axis, DType, TensorType
+
+
+# names a definition may not take: they would shadow a built-in meaning
+RESERVED = {**{n: "is reserved for the layer index and count" for n in LAYER_NAMES},
+            **{n: "is a built-in function" for n in FUNCTIONS},
+            **{d.value: "is a dtype name" for d in DType}}
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str | None:
@@ -34,9 +41,9 @@ class Scope:
         first = self.where.get(name) or (self.consts.get(name) if name in self.consts else None)
         if name in self.dims:
             first = self.dims[name].span
-        if first is not None or name in LAYER_NAMES:
+        if first is not None or name in RESERVED:
             notes = [Note("first defined here", first)] if first is not None else []
-            reason = "is reserved for the layer index and count" if name in LAYER_NAMES else "is already defined"
+            reason = RESERVED.get(name, "is already defined")
             self.diags.append(error("E0102", f"{what} '{name}' {reason}", span, notes=notes,
                                     hint="every name in a block is defined once; pick another name"))
             return False

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from blockir.ir import ops as O
-from blockir.ir.consts import ConstExpr, Num, format_expr
+from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
-from blockir.ir.program import Block, Program
-from blockir.ir.types import TensorType
+from blockir.ir.program import Block, Const, Program
+from blockir.ir.types import Axis, TensorType
 
 TYPE_COLUMN = 48
 INDENT = "  "
@@ -121,13 +121,31 @@ def format_block(b: Block) -> str:
     return "\n".join(lines)
 
 
+def _file_scope_order(p: Program) -> list[Axis | Const]:
+    """Merge dims and consts, each kept in its own order, emitting a dim as soon as the names it
+    uses are defined. The source order was such a merge, so the greedy choice never gets stuck."""
+    defined_later = {d.name for d in p.dims} | {c.name for c in p.consts}
+    dims, consts, out = list(p.dims), list(p.consts), []
+
+    def ready(item: Axis | Const) -> bool:
+        expr = item.size if isinstance(item, Axis) else item.value
+        return expr is None or not (names_in(expr) & defined_later)
+
+    while dims or consts:
+        nxt = dims.pop(0) if dims and (ready(dims[0]) or not consts) else consts.pop(0)
+        defined_later.discard(nxt.name)
+        out.append(nxt)
+    return out
+
+
 def format_program(p: Program) -> str:
     out = []
-    for d in p.dims:
-        size = f" = {format_expr(d.size)}" if d.size is not None else ""
-        out.append(f"dim {d.name}: {d.role.value}{size}")
-    for c in p.consts:
-        out.append(f"const {c.name} = {format_expr(c.value)}")
+    for item in _file_scope_order(p):
+        if isinstance(item, Axis):
+            size = f" = {format_expr(item.size)}" if item.size is not None else ""
+            out.append(f"dim {item.name}: {item.role.value}{size}")
+        else:
+            out.append(f"const {item.name} = {format_expr(item.value)}")
     chunks = ["\n".join(out)] if out else []
     chunks += [format_block(b) for b in p.blocks]
     return "\n\n".join(chunks) + "\n"
