@@ -1,0 +1,258 @@
+"""Parameter keys and shapes a block owns, and reconciliation against a checkpoint.
+
+Keys follow the declarations: a norm owns its family's state (LayerNorm
+``weight`` and ``bias``, RMSNorm ``weight``, ScaleNorm ``scale``, DyT ``alpha``,
+``weight`` and ``bias``), the built-in branches own the projections of the
+models they mirror (``q_proj`` … ``o_proj``, ``fc1``/``fc2``,
+``gate_proj``/``up_proj``/``down_proj``), a learned scale is its own key, a
+stack prefixes each layer with ``name.i.``. An extern is bound from Python, so
+its keys are unknown and reported as such.
+
+Reconciliation never loads anything: it reports every missing, unexpected and
+mis-shaped key and explains family mismatches (a LayerNorm bias offered to an
+RMSNorm), because a partial load silently changes the model (seed 0x01).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from blockir.analysis.env import Env, block_env, program_env, value
+from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
+from blockir.ir.program import Block, Program
+
+Shape = tuple[int, ...]
+
+
+class SizeError(ValueError):
+    """A shape cannot be sized: a dim without a value (give it with ``dims``), or a count that is not positive."""
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    shape: Shape
+    owner: str  # the declaration path that owns it (with stack prefixes)
+    family: str  # the owner's kind: layernorm, rmsnorm, self_attention, linear, scalar, …
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    block: str
+    keys: tuple[Key, ...]
+    unknown: tuple[str, ...]  # prefixes of externs, whose keys are bound from Python
+
+    @property
+    def shapes(self) -> dict[str, Shape]:
+        return {k.name: k.shape for k in self.keys}
+
+    def __str__(self) -> str:
+        width = max((len(k.name) for k in self.keys), default=0)
+        lines = [f"{k.name:<{width}}  [{', '.join(map(str, k.shape))}]" for k in self.keys]
+        lines += [f"{p}.*  (extern: keys bound from Python, unknown here)" for p in self.unknown]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Sizes:
+    env: Env
+    block: Block
+
+    def dim(self, name: str) -> int:
+        if name not in self.env:
+            raise SizeError(f"dim '{name}' has no size; give it with --dims {name}=… (dims={{'{name}': …}})")
+        return int(self.env[name])
+
+    def expr(self, expr: Any, what: str) -> int:
+        v = value(expr, self.env)
+        if v is None:
+            raise SizeError(f"{what} in '{self.block.name}' does not evaluate; give the dims it uses with --dims")
+        if not float(v).is_integer() or v < 1:
+            raise SizeError(f"{what} in '{self.block.name}' must be a positive integer, got {v}")
+        return int(v)
+
+
+def _first_use(block: Block, decl: str) -> Op | None:
+    return next((op for op in block.ops if getattr(op, "decl", None) == decl), None)
+
+
+def _width(block: Block, op: Op | None, arg: int, s: _Sizes) -> int:
+    if isinstance(op, CallOp) and len(op.args) > arg:
+        t = block.type_of(op.args[arg])
+    elif isinstance(op, NormOp):
+        t = block.type_of(op.operand)
+    elif isinstance(op, FusedAddNormOp):
+        t = op.residual_type
+    else:
+        t = block.result
+    if t.last is None:
+        raise SizeError(f"'{block.name}' has no model axis to size its branches")
+    return s.dim(t.last.name)
+
+
+def _linear(prefix: str, out: int, inp: int, bias: bool) -> list[tuple[str, Shape]]:
+    dot = f"{prefix}." if prefix else ""
+    return [(f"{dot}weight", (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
+
+
+def _norm(decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+    shape = tuple(s.dim(a) for a in decl.arg("axes"))
+    if decl.kind == "layernorm":
+        if not decl.arg("affine"):
+            return []
+        return [("weight", shape)] + ([("bias", shape)] if decl.arg("bias") else [])
+    if decl.kind == "scalenorm":
+        return [("scale", ())]
+    if decl.kind == "dyt":
+        return [("alpha", (1,)), ("weight", shape), ("bias", shape)]
+    return [("weight", shape)]
+
+
+def _attention(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+    use = _first_use(block, decl.name)
+    width = _width(block, use, 0, s)
+    kv_width = _width(block, use, 1, s) if decl.kind == "cross_attention" else width
+    heads = s.expr(decl.arg("heads"), f"heads of '{decl.name}'")
+    kv = s.expr(decl.arg("kv_heads"), f"kv_heads of '{decl.name}'") if decl.arg("kv_heads") is not None else heads
+    if decl.arg("head_dim") is not None:
+        hd = s.expr(decl.arg("head_dim"), f"head_dim of '{decl.name}'")
+    elif width % heads:
+        raise SizeError(f"{heads} heads of '{decl.name}' in '{block.name}' do not divide its width {width}; "
+                        "give head_dim=…")
+    else:
+        hd = width // heads
+    bias = bool(decl.arg("bias"))
+    out_bias = bool(decl.arg("out_bias"))
+    return (_linear("q_proj", heads * hd, width, bias) + _linear("k_proj", kv * hd, kv_width, bias)
+            + _linear("v_proj", kv * hd, kv_width, bias) + _linear("o_proj", width, heads * hd, out_bias))
+
+
+def _kind_keys(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+    if decl.category == "norm":
+        return _norm(decl, s)
+    if decl.kind in ("self_attention", "cross_attention"):
+        return _attention(block, decl, s)
+    if decl.kind in ("mlp", "gated_mlp"):
+        width = _width(block, _first_use(block, decl.name), 0, s)
+        hidden, bias = s.dim(decl.arg("hidden")), bool(decl.arg("bias"))
+        if decl.kind == "mlp":
+            return _linear("fc1", hidden, width, bias) + _linear("fc2", width, hidden, bias)
+        return (_linear("gate_proj", hidden, width, bias) + _linear("up_proj", hidden, width, bias)
+                + _linear("down_proj", width, hidden, bias))
+    if decl.kind == "linear":
+        return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
+    if decl.kind == "scalar":
+        return [("", ())]
+    if decl.kind == "vector":
+        return [("", (s.dim(decl.arg("axis")),))]
+    return []  # activations own no state
+
+
+def _collect(program: Program, block: Block, env: Env, prefix: str, keys: list[Key], unknown: list[str]) -> None:
+    s = _Sizes(env, block)
+    for decl in block.decls:
+        path = prefix + decl.name
+        if isinstance(decl, ExternDecl):
+            unknown.append(path)
+        elif isinstance(decl, KindDecl):
+            for name, shape in _kind_keys(block, decl, s):
+                keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
+        elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+            inner = program.block(decl.block)
+            if decl.count is None:
+                _collect(program, inner, block_env(env, inner), path + ".", keys, unknown)
+                continue
+            n = s.expr(decl.count, f"the layer count of '{decl.name}'")
+            for i in range(n):
+                _collect(program, inner, block_env(env, inner, i, n), f"{path}.{i}.", keys, unknown)
+
+
+def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = None) -> KeyTable:
+    """The parameter keys and shapes block (or model) ``name`` owns; ``dims`` sizes open dims."""
+    if name not in program.block_map:
+        raise KeyError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
+    unknown_dims = set(dims or {}) - set(program.dim_map)
+    if unknown_dims:
+        raise SizeError(f"unknown dim(s) {', '.join(sorted(unknown_dims))}; dims: {', '.join(program.dim_map)}")
+    block = program.block(name)
+    keys: list[Key] = []
+    unknown: list[str] = []
+    _collect(program, block, block_env(program_env(program, dims), block), "", keys, unknown)
+    return KeyTable(name, tuple(keys), tuple(unknown))
+
+
+# --- reconciliation ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FamilyMismatch:
+    owner: str
+    family: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    block: str
+    missing: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    misshaped: tuple[tuple[str, Shape, Shape], ...]  # key, expected, given
+    family: tuple[FamilyMismatch, ...]
+    unchecked: tuple[str, ...] = field(default=())  # keys under externs, bound from Python
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.misshaped or self.family)
+
+    def __str__(self) -> str:
+        if self.ok:
+            extra = f" ({len(self.unchecked)} keys under externs not checked)" if self.unchecked else ""
+            return f"'{self.block}': every key and shape matches{extra}"
+        lines = [f"'{self.block}' does not match the checkpoint:"]
+        lines += [f"  family mismatch: {f.message}" for f in self.family]
+        lines += [f"  missing: {k}" for k in self.missing]
+        lines += [f"  unexpected: {k}" for k in self.unexpected]
+        lines += [f"  mis-shaped: {k}: expected [{', '.join(map(str, e))}], got [{', '.join(map(str, g))}]"
+                  for k, e, g in self.misshaped]
+        if self.unchecked:
+            lines.append(f"  ({len(self.unchecked)} keys under externs not checked)")
+        return "\n".join(lines)
+
+
+def _shape(v: Any) -> Shape:
+    return tuple(int(n) for n in (v.shape if hasattr(v, "shape") else v))
+
+
+def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[FamilyMismatch]:
+    owners = {k.owner: k.family for k in table.keys}
+    out = []
+    for owner, family in owners.items():
+        extra = sorted(k for k in unexpected if k.startswith(owner + "."))
+        lost = sorted(k for k in missing if k.startswith(owner + "."))
+        if family == "rmsnorm" and f"{owner}.bias" in extra:
+            out.append(FamilyMismatch(owner, family, f"'{owner}' is an RMSNorm (scale only), but the checkpoint has "
+                                      f"'{owner}.bias', a LayerNorm bias"))
+        elif family == "layernorm" and f"{owner}.bias" in lost and f"{owner}.weight" not in lost:
+            out.append(FamilyMismatch(owner, family, f"'{owner}' is a LayerNorm with a bias, but the checkpoint has "
+                                      "only its weight (an RMSNorm or bias-free checkpoint)"))
+        elif family == "dyt" and f"{owner}.alpha" in lost and f"{owner}.weight" not in lost:
+            out.append(FamilyMismatch(owner, family, f"'{owner}' is DyT, but the checkpoint has no '{owner}.alpha' "
+                                      "(a norm's checkpoint)"))
+        elif family == "scalenorm" and lost and extra:
+            out.append(FamilyMismatch(owner, family, f"'{owner}' is a ScaleNorm (one scalar), but the checkpoint has "
+                                      f"{', '.join(repr(k) for k in extra)}"))
+    return out
+
+
+def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, Any],
+              dims: Mapping[str, int] | None = None) -> Reconciliation:
+    """Compare block ``name``'s keys with a state_dict (tensors) or a key → shape mapping."""
+    table = param_keys(program, name, dims)
+    expected = table.shapes
+    given = {k: _shape(v) for k, v in state_dict_or_shapes.items()}
+    unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
+    missing = {k for k in expected if k not in given}
+    unexpected = {k for k in given if k not in expected and k not in unchecked}
+    misshaped = tuple((k, expected[k], given[k]) for k in expected if k in given and given[k] != expected[k])
+    return Reconciliation(name, tuple(sorted(missing)), tuple(sorted(unexpected)), misshaped,
+                          tuple(_families(table, missing, unexpected)), tuple(unchecked))

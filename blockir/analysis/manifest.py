@@ -1,0 +1,151 @@
+"""The block manifest of seed 0x01: the architecture fields tensor shapes cannot tell.
+
+For a block: topology, state layout, branch order, every norm site (family,
+placement, reduction axes, epsilon, centering, scale, bias, accumulation
+dtype), residual and branch scales, branch dropout and dtypes. For a model:
+its layers and the final norm. Values are evaluated for layer 0 of the first
+stack that instantiates the block.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from blockir.analysis.env import Env, block_env, layer_counts, program_env, value
+from blockir.analysis.facts import stated
+from blockir.analysis.structure import Branch, Sublayer, wrapper
+from blockir.ir.decls import KindDecl
+from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.ir.program import Block, Program
+from blockir.passes.classify import RECIPES, REGISTRY, Classification, classify, final_norm
+
+PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final"}
+EQUATIONS = {t.name: t.equation for t in REGISTRY} | RECIPES
+
+
+def _number(v: float | int | None) -> float | int | None:
+    return float(v) if isinstance(v, float) else v
+
+
+def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: Env) -> dict[str, Any]:
+    decl = block.decl_map[op.decl]
+    assert isinstance(decl, KindDecl)
+    kind = decl.kind
+    affine = kind != "layernorm" or bool(decl.arg("affine"))
+    site: dict[str, Any] = {
+        "name": decl.name, "family": kind, "placement": PLACEMENT.get(placement, "other"),
+        "reduction_axes": [] if kind == "dyt" else list(decl.arg("axes")),
+        "epsilon": _number(value(decl.arg("eps"), env)) if decl.arg("eps") is not None else None,
+        "center": kind == "layernorm" and bool(decl.arg("center")),
+        "scale": "none" if not affine else "scalar" if kind == "scalenorm" else "per_channel",
+        "bias": affine and (kind == "dyt" or kind == "layernorm" and bool(decl.arg("bias"))),
+        "accum": decl.arg("accum"), "tied": bool(decl.arg("tied")),
+    }
+    if kind == "rmsnorm":
+        site |= {"offset": decl.arg("offset"), "cast": decl.arg("cast")}
+    if kind == "dyt":
+        site["alpha_init"] = _number(value(decl.arg("alpha"), env))
+    return site
+
+
+def _collapse(sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """One field per manifest key: the common value, or the distinct values in order."""
+    out: dict[str, Any] = {}
+    for key in ("family", "placement", "reduction_axes", "epsilon", "center", "scale", "bias"):
+        values: list[Any] = []
+        for s in sites:
+            if s[key] not in values:
+                values.append(s[key])
+        out[key] = values[0] if len(values) == 1 else values
+    return out
+
+
+def _scale(block: Block, op: ScaleOp, env: Env) -> Any:
+    if op.factor is not None:
+        return _number(value(op.factor, env))
+    decl = block.decl_map.get(op.param or "")
+    init = _number(value(decl.arg("init"), env)) if isinstance(decl, KindDecl) else None
+    return {"learned": decl.kind if isinstance(decl, KindDecl) else "scale", "name": op.param, "init": init}
+
+
+def _product(block: Block, ops: tuple, env: Env) -> Any:
+    scales = [_scale(block, op, env) for op in ops if isinstance(op, ScaleOp)]
+    if not scales:
+        return 1.0
+    return scales[0] if len(scales) == 1 else scales
+
+
+def _dropout(op: DropoutOp, env: Env) -> dict[str, Any]:
+    return {"p": _number(value(op.p, env)), "mask": op.mask}
+
+
+def _branch_fields(block: Block, b: Branch, env: Env) -> dict[str, Any]:
+    drops = [_dropout(d, env) for d in b.dropouts]
+    return {"name": b.name, "kind": b.label, "scale": _product(block, b.modifiers, env),
+            "dropout": drops[0] if len(drops) == 1 else drops or 0.0,
+            **({"reads": list(b.memory)} if b.memory else {})}
+
+
+def block_manifest(program: Program, block: Block, env: Env,
+                   cache: dict[str, Classification] | None = None) -> dict[str, Any]:
+    c = classify(program, block, cache)
+    w = wrapper(block)
+    t = block.result
+    out: dict[str, Any] = {"kind": block.kind, "topology": c.topology, "equation": EQUATIONS.get(c.topology, "")}
+    out["state_layout"] = [a.role.value for a in t.axes]
+    out["state"] = {"axes": list(t.names), "dtype": t.dtype.value if t.dtype else None}
+    facts = {name: f.value for name, f in stated(block, env).items()}
+    if c.form == "stack":
+        out["layers"] = [{"name": m.decl, "block": m.block, "count": m.count, "topology": m.topology}
+                         for m in c.members]
+        fn = final_norm(block)
+        out["final_norm"] = norm_site(block, fn, "final", env) if fn is not None else None
+    else:
+        out |= _update_fields(block, w.sublayers, c, env)
+    out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
+                     "output": t.dtype.value if t.dtype else None}
+    if facts:
+        out["stated"] = facts
+    return out
+
+
+def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, env: Env) -> dict[str, Any]:
+    places = wrapper(block).norm_sites
+    norms = [norm_site(block, op, places.get(op.result, "other"), env) for op in block.ops
+             if isinstance(op, (NormOp, FusedAddNormOp))]
+    unique: dict[str, dict[str, Any]] = {}
+    for n in norms:
+        unique.setdefault(n["name"], n)  # a tied norm counts once in the summary
+    fields: dict[str, Any] = {"residual_form": c.form, "branch_order": list(c.branch_order)}
+    fields["norm"] = _collapse(list(unique.values())) if unique else None
+    fields["norm_sites"] = norms
+    fields["residual"] = {"shortcut_scale": [_product(block, s.shortcut_ops, env) for s in subs],
+                          "updates": [[_branch_fields(block, b, env) for b in s.branches] for s in subs]}
+    branch_drops = {id(d) for s in subs for b in s.branches for d in b.dropouts}
+    inner = [{"value": op.result, **_dropout(op, env)} for op in block.ops
+             if isinstance(op, DropoutOp) and id(op) not in branch_drops]
+    if inner:
+        fields["inner_dropout"] = inner
+    return fields
+
+
+def program_manifest(program: Program, blocks: list[Block] | None = None) -> dict[str, Any]:
+    """The manifest of every block (or of ``blocks``), keyed by block name."""
+    base = program_env(program)
+    counts = layer_counts(program, base)
+    cache: dict[str, Classification] = {}
+    chosen = program.blocks if blocks is None else blocks
+    return {"file": program.filename,
+            "blocks": {b.name: block_manifest(program, b, block_env(base, b, 0, counts.get(b.name, (1,))[0]), cache)
+                       for b in chosen}}
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # repeated values are written out, never as anchors
+
+
+def to_yaml(data: dict[str, Any]) -> str:
+    """YAML with short scalar lists inline ([B, S, D]) and no anchors."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, allow_unicode=True)

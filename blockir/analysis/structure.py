@@ -1,0 +1,418 @@
+"""The residual wrapper of a block: which value is the state, where it is updated, by what.
+
+Every verifier that reasons about topology (placement, dropout position,
+shortcut scaling, in-place writes, folding) needs the same decomposition of a
+block into *sublayers*: one residual add (possibly a tree of adds joining
+several branches) plus the norms around it. This module computes it once from
+the op graph:
+
+* the **state input** is the input whose axes equal the block's result axes;
+* the **spine** is the chain of ops every path from the state input to the
+  output passes through (immediate dominators); the stream values live there;
+* each add on the spine is a sublayer root; its operand leaves split into the
+  **shortcut** (the leaf reached from the previous stream value through
+  scales, dropouts and casts, else a projection, else a norm) and the
+  **branches**;
+* a norm whose only input is the sum is the sublayer's post-norm (Post-LN).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from functools import cached_property
+
+from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ConcatOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
+                            Op, OutputOp, ScaleOp, results_of)
+from blockir.ir.program import Block
+
+MODIFIERS = (ScaleOp, DropoutOp, CastOp)
+ROOTS = (AddOp, FusedAddNormOp)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One update joining a residual add: everything between the stream and the add."""
+
+    leaf: str  # the operand of the add it produces
+    ops: tuple[Op, ...]  # its ops, in program order
+    call: Op | None  # the principal computation (attention, MLP, extern, …)
+    kind: str  # causal_self_attention, cross_attention, mlp, gated_mlp, linear, extern, block, …
+    pre_norms: tuple[NormOp | FusedAddNormOp, ...]  # norms (or fused add+norms) the branch reads the stream through
+    out_norm: NormOp | None  # norm on the branch output before the add
+    modifiers: tuple[Op, ...]  # scales, dropouts and casts between the computation and the add, add-side first
+    memory: tuple[str, ...]  # non-state block inputs it reads
+
+    @property
+    def name(self) -> str:
+        return getattr(self.call, "decl", None) or getattr(self.call, "fn", None) or self.leaf
+
+    @property
+    def label(self) -> str:
+        """The kind, naming the declaration when the kind alone says little (externs, blocks)."""
+        return f"{self.kind}:{self.name}" if self.kind in ("extern", "block", "stack") else self.kind
+
+    @property
+    def scales(self) -> tuple[ScaleOp, ...]:
+        return tuple(op for op in self.modifiers if isinstance(op, ScaleOp))
+
+    @property
+    def dropouts(self) -> tuple[DropoutOp, ...]:
+        return tuple(op for op in self.modifiers if isinstance(op, DropoutOp))
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """One residual update of the stream: ``state → (shortcut, branches) → add [→ post-norm]``."""
+
+    root: AddOp | FusedAddNormOp
+    adds: tuple[AddOp, ...]  # the whole sum tree, root last
+    state: str  # the stream value the update starts from
+    shortcut: str | None  # the add operand carrying the shortcut
+    shortcut_ops: tuple[Op, ...]  # ops from the state to the shortcut operand, in program order
+    branches: tuple[Branch, ...]
+    post_norm: NormOp | None
+    fused_post: bool = False  # a fused root whose normalized output continues the stream (Post-LN)
+
+    @property
+    def result(self) -> str:
+        """The stream value after this update."""
+        if self.post_norm is not None:
+            return self.post_norm.result
+        if isinstance(self.root, FusedAddNormOp):
+            return self.root.normalized if self.fused_post else self.root.residual
+        return self.root.result
+
+    @property
+    def shortcut_scaled(self) -> bool:
+        """Whether a constant multiplies the shortcut (DeepNorm's alpha), fused or not."""
+        return any(isinstance(op, ScaleOp) and op.factor is not None for op in self.shortcut_ops) \
+            or isinstance(self.root, FusedAddNormOp) and self.root.shortcut_factor is not None
+
+    @property
+    def placement(self) -> str:
+        """Where this update normalizes: any of pre, out, post joined by '+', or 'none'."""
+        parts = [name for name, present in (
+            ("pre", any(b.pre_norms for b in self.branches)),
+            ("out", any(b.out_norm is not None for b in self.branches)),
+            ("post", self.post_norm is not None or self.fused_post)) if present]
+        return "+".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    state_input: str | None
+    spine: tuple[str, ...]  # stream values from the state input to the returned value
+    sublayers: tuple[Sublayer, ...]
+
+    @cached_property
+    def spine_set(self) -> frozenset[str]:
+        return frozenset(self.spine)
+
+    @cached_property
+    def norm_sites(self) -> dict[str, str]:
+        """Norm result → where it sits in its update: pre, out or post."""
+        out: dict[str, str] = {}
+        for sub in self.sublayers:
+            for b in sub.branches:
+                for n in b.pre_norms:
+                    out[n.result] = "pre"
+                if b.out_norm is not None:
+                    out[b.out_norm.result] = "out"
+            if sub.post_norm is not None:
+                out[sub.post_norm.result] = "post"
+            if isinstance(sub.root, FusedAddNormOp):
+                out[sub.root.normalized] = "post" if sub.fused_post else "pre"
+        return out
+
+
+def decl_kind(block: Block, op: Op) -> str | None:
+    decl = block.decl_map.get(getattr(op, "decl", "") or "")
+    if isinstance(decl, KindDecl):
+        return decl.kind
+    if isinstance(decl, ExternDecl):
+        return "extern"
+    if isinstance(decl, InstanceDecl):
+        return decl.kind  # block | stack
+    return None
+
+
+def is_linear(block: Block, op: Op) -> bool:
+    return isinstance(op, CallOp) and decl_kind(block, op) == "linear"
+
+
+def state_input(block: Block) -> str | None:
+    """The input that carries the residual state: the first whose axes equal the result's."""
+    inputs = block.inputs
+    for op in inputs:
+        if op.type.names == block.result.names:
+            return op.result
+    return inputs[0].result if inputs else None
+
+
+def _stream_value(block: Block, op: Op) -> str:
+    if isinstance(op, FusedAddNormOp):
+        # a fused op continues the stream through its residual unless only the normalized value is read
+        return op.residual if block.users.get(op.residual) else op.normalized
+    return op.result
+
+
+def _immediate_dominators(block: Block, first: int) -> dict[int, int]:
+    """Immediate dominators of the ops reachable from op ``first``.
+
+    An SSA block lists its ops in topological order, so one pass computing
+    each op's dominator as the nearest common dominator of its operands'
+    producers is exact (the general iterative algorithm is not needed).
+    """
+    where: dict[str, int] = {}
+    idom: dict[int, int] = {first: first}
+    depth: dict[int, int] = {first: 0}
+    for i, op in enumerate(block.ops):
+        preds = [where[v] for v in op.operands if v in where and where[v] in idom]
+        for r in results_of(op):
+            where[r] = i
+        if i <= first or not preds:
+            continue  # before the state input, or not reachable from it
+        d = preds[0]
+        for p in preds[1:]:
+            a, b = d, p
+            while a != b:
+                if depth[a] >= depth[b]:
+                    a = idom[a]
+                else:
+                    b = idom[b]
+            d = a
+        idom[i], depth[i] = d, depth[d] + 1
+    return idom
+
+
+def spine(block: Block, start: str | None) -> tuple[str, ...]:
+    ops = block.ops
+    out = next((i for i, op in enumerate(ops) if isinstance(op, OutputOp)), None)
+    first = next((i for i, op in enumerate(ops) if isinstance(op, InputOp) and op.result == start), None)
+    if out is None or first is None:
+        return ()
+    idom = _immediate_dominators(block, first)
+    if out not in idom:
+        return (start,)  # the output does not depend on the state
+    chain, node = [], idom[out]
+    while True:
+        chain.append(node)
+        if node == first:
+            break
+        node = idom[node]
+    return tuple(_stream_value(block, ops[i]) for i in reversed(chain))
+
+
+def _sum_tree(block: Block, root: AddOp, on_spine: frozenset[str],
+              pos: dict[int, int]) -> tuple[list[AddOp], list[str]]:
+    """The adds folded into ``root`` (single-use adds off the spine) and its leaf operands."""
+    adds: list[AddOp] = []
+    leaves: list[str] = []
+
+    def visit(op: AddOp) -> None:
+        adds.append(op)
+        for v in op.operands:
+            prod = block.producers.get(v)
+            if isinstance(prod, AddOp) and v not in on_spine and len(block.users.get(v, ())) == 1:
+                visit(prod)
+            else:
+                leaves.append(v)
+
+    visit(root)
+    adds.sort(key=lambda a: pos[id(a)])
+    return adds, leaves
+
+
+def _shortcut_path(block: Block, leaf: str, state: str) -> tuple[Op, ...] | None:
+    """Ops from ``state`` to ``leaf`` if only modifiers, projections or norms lie between, else None."""
+    path: list[Op] = []
+    v = leaf
+    while v != state:
+        op = block.producers.get(v)
+        if isinstance(op, FusedAddNormOp) and v == op.normalized and op.residual == state:
+            path.append(op)  # the normalized output of the add that made the state
+            break
+        if not (isinstance(op, (*MODIFIERS, NormOp)) or is_linear(block, op)):
+            return None
+        path.append(op)
+        v = op.operands[0]
+    return tuple(reversed(path))
+
+
+def _cost(block: Block, path: tuple[Op, ...]) -> tuple[int, int, int]:
+    # the identity (or a scaled or dropped state) beats a projection, which beats a normalized state
+    return (sum(isinstance(op, (NormOp, FusedAddNormOp)) for op in path), sum(is_linear(block, op) for op in path),
+            len(path))
+
+
+def _closure(block: Block, leaf: str, stop: frozenset[str], pos: dict[int, int]) -> list[Op]:
+    seen: set[str] = set()
+    ops: list[Op] = []
+    stack = [leaf]
+    while stack:
+        v = stack.pop()
+        if v in seen or v in stop:
+            continue
+        seen.add(v)
+        op = block.producers.get(v)
+        if op is None or isinstance(op, InputOp):
+            continue
+        ops.append(op)
+        stack += op.operands
+    return sorted({id(op): op for op in ops}.values(), key=lambda op: pos[id(op)])
+
+
+def branch_kind(block: Block, ops: list[Op]) -> tuple[Op | None, str]:
+    """The principal call of a branch and the name of what it computes."""
+    for op in ops:
+        kind = decl_kind(block, op)
+        if kind in ("self_attention", "cross_attention", "mlp", "gated_mlp", "extern", "block", "stack"):
+            if kind == "self_attention":
+                decl = block.decl_map.get(getattr(op, "decl", ""))
+                causal = isinstance(decl, KindDecl) and decl.arg("causal")
+                return op, "causal_self_attention" if causal else "self_attention"
+            return op, kind
+    linears = [op for op in ops if is_linear(block, op)]
+    acts = [op for op in ops if isinstance(op, ActivationOp) or decl_kind(block, op) == "activation"]
+    if linears:
+        return linears[0], "mlp" if len(linears) > 1 and acts else "linear"
+    if acts:
+        return acts[0], "activation"
+    return None, "identity"
+
+
+def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in: str | None,
+            pos: dict[int, int]) -> Branch:
+    ops = _closure(block, leaf, stop, pos)
+    modifiers: list[Op] = []
+    out_norm = None
+    v = leaf
+    while True:
+        op = block.producers.get(v)
+        if isinstance(op, MODIFIERS):
+            modifiers.append(op)
+        elif isinstance(op, NormOp) and out_norm is None and v not in stop and op.operand not in stop:
+            out_norm = op
+        else:
+            break
+        v = op.operands[0]
+    pre: list[NormOp | FusedAddNormOp] = [op for op in ops if isinstance(op, NormOp) and op.operand in stop
+                                          and op is not out_norm]
+    for v in {v for op in ops for v in op.operands} | {leaf}:
+        fused = block.producers.get(v)
+        # reading a fused op's normalized output, when that is not the stream itself, is a pre-norm
+        if isinstance(fused, FusedAddNormOp) and v == fused.normalized and v != state and fused not in pre:
+            pre.append(fused)
+    call, kind = branch_kind(block, ops)
+    reads = {v for op in ops for v in op.operands} | {leaf}
+    memory = tuple(op.result for op in block.inputs if op.result in reads and op.result != state_in)
+    return Branch(leaf, tuple(ops), call, kind, tuple(pre), out_norm, tuple(modifiers), memory)
+
+
+def _post_norm(block: Block, value: str) -> NormOp | None:
+    users = block.users.get(value, ())
+    return users[0] if len(users) == 1 and isinstance(users[0], NormOp) else None
+
+
+def _sublayer(block: Block, root: AddOp | FusedAddNormOp, state: str, stop: frozenset[str],
+              state_in: str | None, pos: dict[int, int]) -> Sublayer:
+    if isinstance(root, FusedAddNormOp):
+        adds: list[AddOp] = []
+        leaves = [root.shortcut, root.branch]
+    else:
+        adds, leaves = _sum_tree(block, root, stop, pos)
+    paths = [(_shortcut_path(block, leaf, state), i) for i, leaf in enumerate(leaves)]
+    found = [(p, i) for p, i in paths if p is not None]
+    shortcut, shortcut_ops = None, ()
+    if found:
+        path, i = min(found, key=lambda pi: (_cost(block, pi[0]), pi[1]))
+        shortcut, shortcut_ops = leaves[i], path
+    branches = tuple(_branch(block, leaf, state, stop, state_in, pos) for leaf in leaves if leaf != shortcut)
+    post = None if isinstance(root, FusedAddNormOp) else _post_norm(block, root.result)
+    if post is not None and post.result not in stop:
+        post = None
+    fused_post = isinstance(root, FusedAddNormOp) and not block.users.get(root.residual)
+    return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, branches, post, fused_post)
+
+
+# identity-keyed: equal blocks from different files carry different spans
+_CACHE: dict[int, tuple[weakref.ref[Block], Wrapper]] = {}
+
+
+def wrapper(block: Block) -> Wrapper:
+    """Decompose ``block`` into its residual sublayers (see the module docstring); cached per block object."""
+    key = id(block)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is block:
+        return hit[1]
+    w = _decompose(block)
+    _CACHE[key] = (weakref.ref(block, lambda _, key=key: _CACHE.pop(key, None)), w)
+    return w
+
+
+def _decompose(block: Block) -> Wrapper:
+    start = state_input(block)
+    chain = spine(block, start)
+    fused = [block.producers.get(v) for v in chain]
+    stop = frozenset(chain) | {op.result for op in block.inputs} \
+        | {r for op in fused if isinstance(op, FusedAddNormOp) for r in op.results}
+    pos = {id(op): i for i, op in enumerate(block.ops)}
+    subs: list[Sublayer] = []
+    for prev, value in zip(chain, chain[1:]):
+        op = block.producers.get(value)
+        if isinstance(op, ROOTS):
+            subs.append(_sublayer(block, op, prev, stop, start, pos))
+    return Wrapper(start, chain, tuple(subs))
+
+
+def describe(block: Block, value: str) -> str:
+    """How a diagnostic names a value: its own name, or the expression that made a temporary."""
+    if not value.startswith("%"):
+        return f"'{value}'"
+    op = block.producers.get(value)
+    if isinstance(op, (NormOp, CallOp)):
+        return f"'{op.decl}(…)'"
+    if isinstance(op, ActivationOp):
+        return f"'{op.fn}(…)'"
+    if isinstance(op, DropoutOp):
+        return "'drop_path(…)'" if op.mask == "sample" else "'dropout(…)'"
+    if isinstance(op, ScaleOp):
+        return f"'{op.param} * …'" if op.param else "'… * …' (a constant scale)"
+    if isinstance(op, AddOp):
+        return "'… + …'"
+    if isinstance(op, CastOp):
+        return f"'cast(…, {op.dtype.value})'"
+    if isinstance(op, ConcatOp):
+        return "'concat(…)'"
+    return f"'{value}'"
+
+
+def ancestors(block: Block, value: str) -> set[str]:
+    """Every value ``value`` is computed from, itself included."""
+    seen: set[str] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        op = block.producers.get(v)
+        if op is not None:
+            stack += op.operands
+    return seen
+
+
+def normalized_shortcut(block: Block, sub: Sublayer) -> NormOp | FusedAddNormOp | None:
+    """The norm whose output this update uses as its shortcut, when the stream continues from a normalized value.
+
+    Either the shortcut path passes through a norm, or the update starts from
+    a norm's output without normalizing its own sum (so it is not Post-LN).
+    """
+    norm = next((op for op in sub.shortcut_ops if isinstance(op, (NormOp, FusedAddNormOp))), None)
+    if norm is not None:
+        return norm
+    start = block.producers.get(sub.state)
+    if isinstance(start, NormOp) and sub.post_norm is None and not isinstance(sub.root, FusedAddNormOp):
+        return start
+    return None

@@ -1,0 +1,360 @@
+"""Topology classification: name each block after the registry of seed 0x04.
+
+The block's residual wrapper is condensed into a small graph (state, norm,
+branch and add nodes; see :func:`wrapper_graph`) and matched, by labelled
+graph isomorphism, against one pattern per registry entry built for the same
+number of updates. Refinements then name the recipes the examples use
+(scaled residual, ReZero, LayerScale, DyT); models that call other blocks are
+stacks. The verifier half of this pass reports blocks whose updates disagree
+on norm placement and declared facts the graph contradicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import networkx as nx
+from networkx.algorithms.isomorphism import categorical_node_match
+
+from blockir.analysis.env import block_env, program_env, value
+from blockir.analysis.facts import FACTS, stated
+from blockir.analysis.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
+from blockir.diagnostics import Diagnostic, Note, error, warning
+from blockir.ir.decls import InstanceDecl
+from blockir.ir.ops import CallOp, CastOp, NormOp
+from blockir.ir.program import Block, Program
+from blockir.passes.registry import verifier
+
+Shape = tuple[int, ...]  # branches per residual update
+
+
+def _builder() -> tuple[nx.DiGraph, Callable[[str], int]]:
+    g = nx.DiGraph()
+
+    def node(label: str) -> int:
+        n = g.number_of_nodes()
+        g.add_node(n, label=label)
+        return n
+    return g, node
+
+
+def _sequential(pre: bool, out: bool, post: bool) -> Callable[[Shape], nx.DiGraph | None]:
+    def build(shape: Shape) -> nx.DiGraph | None:
+        if not shape or any(k != 1 for k in shape):
+            return None
+        g, node = _builder()
+        prev = node("state")
+        for _ in shape:
+            add, branch = node("add"), node("branch")
+            g.add_edge(prev, add)  # the shortcut
+            if pre:
+                norm = node("norm")
+                g.add_edges_from([(prev, norm), (norm, branch)])
+            else:
+                g.add_edge(prev, branch)
+            tail = branch
+            if out:
+                tail = node("norm")
+                g.add_edge(branch, tail)
+            g.add_edge(tail, add)
+            prev = add
+            if post:
+                norm = node("norm")
+                g.add_edge(add, norm)
+                prev = norm
+        return g
+    return build
+
+
+def _parallel(shared: bool) -> Callable[[Shape], nx.DiGraph | None]:
+    def build(shape: Shape) -> nx.DiGraph | None:
+        if len(shape) != 1 or shape[0] < 2:
+            return None
+        g, node = _builder()
+        state, add = node("state"), node("add")
+        g.add_edge(state, add)
+        norm = node("norm") if shared else None
+        if norm is not None:
+            g.add_edge(state, norm)
+        for _ in range(shape[0]):
+            branch = node("branch")
+            own = norm if norm is not None else node("norm")
+            g.add_edges_from([(state, own), (own, branch), (branch, add)])
+        return g
+    return build
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    equation: str
+    pattern: Callable[[Shape], nx.DiGraph | None]
+
+
+# seed 0x04's registry, in the order patterns are tried
+REGISTRY: tuple[Topology, ...] = (
+    Topology("post_ln", "N(x + F(x))", _sequential(pre=False, out=False, post=True)),
+    Topology("pre_ln", "x + F(N(x))", _sequential(pre=True, out=False, post=False)),
+    Topology("peri_ln", "x + N_out(F(N_in(x)))", _sequential(pre=True, out=True, post=False)),
+    Topology("branch_output_norm", "x + N(F(x))", _sequential(pre=False, out=True, post=False)),
+    Topology("no_norm", "x + F(x)", _sequential(pre=False, out=False, post=False)),
+    Topology("parallel", "x + A(N_A(x)) + M(N_M(x))", _parallel(shared=False)),
+    Topology("parallel_shared_norm", "x + A(N(x)) + M(N(x))", _parallel(shared=True)),
+)
+# names given by refinement rather than by a pattern of their own
+RECIPES = {
+    "scaled_residual": "N(a * x + F(x)) or a * x + F(N(x)): a constant shortcut scale (DeepNorm, DeepScaleLM)",
+    "rezero": "x + a * F(x): a learned scalar gate, initialized to zero, and no norm",
+    "layerscale": "x + diag(g) * F(N(x)): Pre-LN with a learned per-channel gain on each branch",
+    "dyt": "x + F(DyT(x)): Pre-LN with Dynamic Tanh in place of every norm",
+    "stack": "layers applied in sequence, optionally closed by a final norm",
+    "mixed": "updates disagree on where they normalize",
+    "custom": "a residual wrapper outside the registry",
+}
+MATCH = categorical_node_match("label", None)
+
+
+def wrapper_graph(w: Wrapper) -> nx.DiGraph:
+    """The condensed view matched against the registry: one node per state, norm, branch and add."""
+    g = nx.DiGraph()
+    g.add_node("state", label="state")
+    roots = {s.result if s.post_norm is None else s.root.result: s for s in w.sublayers}
+    posts = {s.post_norm.result for s in w.sublayers if s.post_norm is not None}
+    prev = "state"
+    for v in w.spine[1:]:
+        if v in posts:
+            continue  # added with its sublayer
+        sub = roots.get(v)
+        if sub is None:
+            g.add_node(v, label="other")
+            g.add_edge(prev, v)
+            prev = v
+            continue
+        prev = _add_sublayer(g, sub, prev)
+    return g
+
+
+def _add_sublayer(g: nx.DiGraph, sub: Sublayer, prev: str) -> str:
+    add = f"add:{sub.root.result}"
+    g.add_node(add, label="add")
+    g.add_edge(prev, add)
+    for i, b in enumerate(sub.branches):
+        node = f"branch:{sub.root.result}:{i}"
+        g.add_node(node, label="branch")
+        for n in b.pre_norms:
+            norm = f"norm:{n.result}"
+            if norm not in g:  # a fused add+norm's norm sits on the stream before the branch
+                g.add_node(norm, label="norm")
+                g.add_edge(prev, norm)
+            g.add_edge(norm, node)
+        if not b.pre_norms:
+            g.add_edge(prev, node)
+        for op in b.ops:
+            if isinstance(op, NormOp) and op is not b.out_norm and op not in b.pre_norms:
+                # a norm inside the branch (NormFormer's FFN norm) is outside every registry pattern
+                g.add_node(f"norm:{op.result}", label="inner_norm")
+                g.add_edge(node, f"norm:{op.result}")
+        tail = node
+        if b.out_norm is not None:
+            tail = f"norm:{b.out_norm.result}"
+            g.add_node(tail, label="norm")
+            g.add_edge(node, tail)
+        g.add_edge(tail, add)
+    if sub.post_norm is None and not sub.fused_post:
+        return add
+    post = f"norm:{sub.result}"
+    g.add_node(post, label="norm")
+    g.add_edge(add, post)
+    return post
+
+
+def match_registry(w: Wrapper) -> str | None:
+    """The registry entry whose pattern is isomorphic to the block's condensed graph."""
+    g = wrapper_graph(w)
+    shape = tuple(len(s.branches) for s in w.sublayers)
+    for topo in REGISTRY:
+        pattern = topo.pattern(shape)
+        if pattern is None or pattern.number_of_nodes() != g.number_of_nodes() \
+                or pattern.number_of_edges() != g.number_of_edges():
+            continue
+        if nx.is_isomorphic(g, pattern, node_match=MATCH):
+            return topo.name
+    return None
+
+
+@dataclass(frozen=True)
+class Member:
+    decl: str
+    block: str
+    count: int | None  # None for a single use
+    topology: str
+
+
+@dataclass(frozen=True)
+class Classification:
+    block: str
+    topology: str
+    form: str  # sequential | parallel | stack | none
+    placements: tuple[str, ...]  # per residual update
+    branch_order: tuple[str, ...]
+    members: tuple[Member, ...] = ()
+    final_norm: str | None = None
+
+
+def _gates(block: Block, w: Wrapper) -> set[str]:
+    """The kinds of learned scale gating every branch (empty when some branch is ungated)."""
+    kinds: set[str] = set()
+    for b in (b for s in w.sublayers for b in s.branches):
+        learned = [block.decl_map[s.param].kind for s in b.scales if s.param in block.decl_map]
+        if not learned:
+            return set()
+        kinds.update(learned)
+    return kinds
+
+
+def _refine(block: Block, w: Wrapper, base: str) -> str:
+    if w.sublayers and all(s.shortcut_scaled for s in w.sublayers):
+        return "scaled_residual"
+    gates = _gates(block, w)
+    if base == "no_norm" and gates == {"scalar"}:
+        return "rezero"
+    if base == "pre_ln" and gates == {"vector"}:
+        return "layerscale"
+    families = {block.decl_map[op.decl].kind for op in block.ops if isinstance(op, NormOp)}
+    if base == "pre_ln" and families == {"dyt"}:
+        return "dyt"
+    return base
+
+
+def _members(program: Program, block: Block, cache: dict[str, Classification]) -> tuple[Member, ...]:
+    env = block_env(program_env(program), block)
+    out = []
+    for op in block.ops:
+        decl = block.decl_map.get(getattr(op, "decl", "") or "")
+        if isinstance(op, CallOp) and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+            count = value(decl.count, env) if decl.count is not None else None
+            inner = classify(program, program.block(decl.block), cache)
+            out.append(Member(decl.name, decl.block, int(count) if count is not None else None, inner.topology))
+    return tuple(out)
+
+
+def final_norm(block: Block) -> NormOp | None:
+    """The norm that produces the returned value, looking through casts."""
+    out = block.output
+    v = out.value if out is not None else None
+    while v is not None:
+        op = block.producers.get(v)
+        if isinstance(op, NormOp):
+            return op
+        if not isinstance(op, CastOp):
+            return None
+        v = op.operand
+    return None
+
+
+def _placement(block: Block, s: Sublayer) -> str:
+    # a norm closing a pre-normed block's output is the block's final norm, not a Post-LN norm
+    out = block.output.value if block.output is not None else None
+    if s.post_norm is not None and s.post_norm.result == out and "pre" in s.placement:
+        return s.placement.replace("+post", "")
+    return s.placement
+
+
+def classify(program: Program, block: Block, cache: dict[str, Classification] | None = None) -> Classification:
+    """Name the topology of ``block`` (see REGISTRY and RECIPES)."""
+    cache = {} if cache is None else cache
+    if block.name in cache:
+        return cache[block.name]
+    w = wrapper(block)
+    placements = tuple(_placement(block, s) for s in w.sublayers)
+    order = tuple(b.label for s in w.sublayers for b in s.branches)
+    members = _members(program, block, cache)
+    if not w.sublayers:
+        fn = final_norm(block)
+        result = Classification(block.name, "stack" if members else "none", "stack" if members else "none",
+                                (), (), members, fn.decl if fn is not None and members else None)
+    else:
+        form = "parallel" if len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1 else "sequential"
+        base = match_registry(w)
+        if base is None:
+            name = "mixed" if len(set(placements)) > 1 else "custom"
+        else:
+            name = _refine(block, w, base)
+        result = Classification(block.name, name, form, placements, order, members)
+    cache[block.name] = result
+    return result
+
+
+def classify_program(program: Program) -> dict[str, Classification]:
+    cache: dict[str, Classification] = {}
+    return {b.name: classify(program, b, cache) for b in program.blocks}
+
+
+# --- verifier ---------------------------------------------------------------
+
+def _branch_names(s: Sublayer) -> str:
+    return ", ".join(f"'{b.name}'" for b in s.branches)
+
+
+def _mixed(block: Block, w: Wrapper) -> Diagnostic | None:
+    placements = [_placement(block, s) for s in w.sublayers]
+    if len(set(placements)) < 2 or any(not b.ops for s in w.sublayers for b in s.branches) \
+            or any(normalized_shortcut(block, s) is not None for s in w.sublayers):
+        return None  # an empty update (a shape error) or a normalized shortcut (E0412) is reported on its own
+    first = w.sublayers[0]
+    odd = next(s for s, p in zip(w.sublayers, placements) if p != placements[0])
+    return warning("W0401", f"updates of '{block.name}' disagree on norm placement: {_branch_names(first)} is "
+                   f"{placements[0]}, {_branch_names(odd)} is {_placement(block, odd)}", odd.root.span,
+                   notes=[Note("the first update", first.root.span)],
+                   hint="a norm's name does not place it (LLaMA's post_attention_layernorm is the MLP's pre-norm); "
+                        "normalize every update the same way, or state the intended order with `const norm_first`")
+
+
+def _fact_problem(name: str, w: Wrapper) -> tuple[str, Sublayer] | None:
+    """What contradicts a stated fact (description, offending update), if anything."""
+    for s in w.sublayers:
+        if name == "norm_first=1" and ("pre" not in s.placement or "post" in s.placement):
+            return "normalizes the residual sum" if "post" in s.placement else "does not normalize the branch input", s
+        if name == "norm_first=0" and "post" not in s.placement:
+            return "leaves the residual sum unnormalized", s
+        if name == "parallel_residual=0" and len(s.branches) > 1:
+            return f"joins {len(s.branches)} branches in one add", s
+    if name == "parallel_residual=1" and not (len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1):
+        return "updates the state one branch after another", w.sublayers[0]
+    return None
+
+
+MEANING = {"norm_first=1": "Pre-LN: every branch reads a normalized state",
+           "norm_first=0": "Post-LN: every residual sum is normalized",
+           "parallel_residual=1": "all branches read the same state and join one add",
+           "parallel_residual=0": "branches update the state one after another"}
+
+
+def verify_block(block: Block, base: dict) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    w = wrapper(block)
+    facts = stated(block, block_env(base, block))
+    for fact in facts.values():
+        if not fact.valid:
+            out.append(error("E0408", f"'{fact.name}' states a fact and must be 0 or 1, got {fact.value}",
+                             fact.const.span, hint="reserved constants: " + ", ".join(FACTS)))
+    for fact in (f for f in facts.values() if f.valid and f.name in ("norm_first", "parallel_residual")):
+        key = f"{fact.name}={int(fact.value or 0)}"
+        problem = _fact_problem(key, w) if w.sublayers else None
+        if problem is not None:
+            what, sub = problem
+            out.append(error("E0407", f"'{block.name}' states {key.replace('=', ' = ')} ({MEANING[key]}), but "
+                             f"this update {what}", sub.root.span, notes=[Note("stated here", fact.const.span)],
+                             hint="the order of norms, branches and adds is the architecture: the same tensors "
+                                  "wired another way are another model; fix the equations or the stated fact"))
+    if "norm_first" not in facts:
+        d = _mixed(block, w)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+@verifier("classify")
+def verify_classification(program: Program) -> list[Diagnostic]:
+    base = program_env(program)
+    return [d for b in program.blocks for d in verify_block(b, base)]

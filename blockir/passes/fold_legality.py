@@ -1,0 +1,244 @@
+"""Fold legality: which scales, norm affines and dropouts may fold into a linear, and where.
+
+A report, not diagnostics (seed 0x09A: a scale folds into a weight only if
+that preserves dtype, quantization and weight sharing):
+
+    dropout(x)  -> x                      in inference, always
+    s * L(x)    -> L'(x), W' = s W, b' = s b    the producer ends with a linear L
+    L(s * x)    -> L'(x), W' = W s              every consumer starts with a linear
+    L(γ x̂ + β) -> L'(x̂), W' = W diag(γ), b' = W β + b
+
+and exactly why not otherwise: training mode, a nonlinearity in between, a
+consumer that is not linear (the residual shortcut), a tied norm or shared
+weight, half-precision storage that would round the product, a producer
+bound from Python, or a shortcut scale whose operand also feeds the branch
+(DeepNorm's alpha multiplies both paths of the next update).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blockir.analysis.structure import decl_kind, describe, wrapper
+from blockir.diagnostics import Span
+from blockir.ir.consts import format_expr
+from blockir.ir.decls import KindDecl
+from blockir.ir.ops import ActivationOp, AddOp, CallOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp, ScaleOp
+from blockir.ir.printer import format_op
+from blockir.ir.program import Block
+
+# the linear a built-in ends with (output side) and those it starts with (input side, per argument)
+LAST_LINEAR = {"self_attention": ("o_proj",), "cross_attention": ("o_proj",), "mlp": ("fc2",),
+               "gated_mlp": ("down_proj",), "linear": ("",)}
+FIRST_LINEAR = {"self_attention": (("q_proj", "k_proj", "v_proj"),),
+                "cross_attention": (("q_proj",), ("k_proj", "v_proj")),  # per argument: queries, memory
+                "mlp": (("fc1",),), "gated_mlp": (("gate_proj", "up_proj"),), "linear": (("",),)}
+
+
+@dataclass(frozen=True)
+class FoldSite:
+    kind: str  # scale | affine | dropout
+    name: str  # the scale or norm declaration, or the dropout's op text
+    span: Span
+    legal: bool
+    action: str  # what folding does; "keep" when it may not
+    into: tuple[str, ...] = ()  # parameters it folds into
+    # training | nonlinearity | not_linear | shortcut | tied | shared_weight | rounding | opaque | no_bias
+    code: str | None = None
+    reason: str | None = None
+
+
+class _No(Exception):
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _keys(decl: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"{decl}.{n}" if n else decl for n in names)
+
+
+def _sites(block: Block, decl: str) -> int:
+    return sum(getattr(op, "decl", None) == decl for op in block.ops)
+
+
+def _kind_decl(block: Block, op: Op) -> KindDecl | None:
+    d = block.decl_map.get(getattr(op, "decl", "") or "")
+    return d if isinstance(d, KindDecl) else None
+
+
+def _exact(block: Block, value: str) -> None:
+    t = block.type_of(value)
+    if t.dtype is not None and t.dtype.is_half:
+        raise _No("rounding", f"the weights are stored in {t.dtype.value}: the folded product rounds, so the fold is "
+                  "not exact")
+
+
+def _through(block: Block, v: str) -> str:
+    """Walk back over ops that are the identity in inference (dropout) to the real producer."""
+    op = block.producers.get(v)
+    while isinstance(op, DropoutOp):
+        v = op.operand
+        op = block.producers.get(v)
+    return v
+
+
+def _into_producer(block: Block, op: ScaleOp) -> tuple[str, ...]:
+    """Parameters a scale folds into on its producer's output side; raises _No with the reason."""
+    v = _through(block, op.operand)
+    prod = block.producers.get(v)
+    if len(block.users.get(v, ())) > 1:
+        raise _No("not_linear", f"{describe(block, v)} also feeds another op, which the folded weight would scale too")
+    if isinstance(prod, ActivationOp) or prod is not None and decl_kind(block, prod) == "activation":
+        raise _No("nonlinearity", f"the nonlinearity {describe(block, v)} lies between it and the linear")
+    if isinstance(prod, NormOp):
+        return _into_norm(block, prod)
+    kind = decl_kind(block, prod) if prod is not None else None
+    if not isinstance(prod, CallOp) or kind not in LAST_LINEAR:
+        if kind in ("extern", "block", "stack"):
+            raise _No("opaque", f"its producer {describe(block, v)} is bound from Python or a block: its last op "
+                      "is unknown")
+        raise _No("not_linear", f"its producer {describe(block, v)} does not end with a linear")
+    if _sites(block, prod.decl) > 1:
+        raise _No("shared_weight", f"'{prod.decl}' is applied at several sites; its weight is shared")
+    decl = block.decl_map[prod.decl]
+    bias = decl.arg("out_bias" if kind in ("self_attention", "cross_attention") else "bias")
+    names = [f"{n}.weight" if n else "weight" for n in LAST_LINEAR[kind]]
+    names += [f"{n}.bias" if n else "bias" for n in LAST_LINEAR[kind]] if bias else []
+    return _keys(prod.decl, tuple(names))
+
+
+def _into_norm(block: Block, norm: NormOp) -> tuple[str, ...]:
+    decl = _kind_decl(block, norm)
+    if decl is None or decl.kind == "layernorm" and not decl.arg("affine"):
+        raise _No("not_linear", f"the norm {describe(block, norm.result)} has no affine state to absorb it")
+    if decl.arg("tied") or _sites(block, decl.name) > 1:
+        raise _No("tied", f"the norm '{decl.name}' is applied at several sites")
+    own = {"layernorm": ("weight", "bias") if decl.arg("bias") else ("weight",), "dyt": ("weight", "bias"),
+           "scalenorm": ("scale",)}.get(decl.kind, ("weight",))
+    return _keys(decl.name, own)
+
+
+def _into_consumers(block: Block, value: str, what: str, with_bias: bool) -> tuple[str, ...]:
+    """Parameters a multiplier on ``value`` folds into on its consumers' input side."""
+    keys: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        for user in block.users.get(v, ()):
+            if isinstance(user, DropoutOp) or isinstance(user, ScaleOp) and user.factor is not None:
+                stack.append(user.result)  # the identity in inference / a constant that commutes with the fold
+                continue
+            keys += _consumer(block, user, v, what, with_bias)
+    return tuple(keys)
+
+
+def _consumer(block: Block, user: Op, v: str, what: str, with_bias: bool) -> list[str]:
+    if isinstance(user, (AddOp, FusedAddNormOp)):
+        raise _No("not_linear", f"{what} reaches the residual add {format_op(user)!r}, which is not a linear layer")
+    if isinstance(user, OutputOp):
+        raise _No("not_linear", f"{what} is the block's output; no linear follows inside the block")
+    if isinstance(user, ActivationOp) or decl_kind(block, user) == "activation":
+        raise _No("nonlinearity", f"the nonlinearity {describe(block, user.result)} lies between it and the linear")
+    kind = decl_kind(block, user)
+    if not isinstance(user, CallOp) or kind not in FIRST_LINEAR:
+        if kind in ("extern", "block", "stack"):
+            raise _No("opaque", f"its consumer {describe(block, user.result)} is bound from Python or a block: its "
+                      "first op is unknown")
+        raise _No("not_linear", f"its consumer {describe(block, user.result)} is not linear")
+    if _sites(block, user.decl) > 1:
+        raise _No("shared_weight", f"'{user.decl}' is applied at several sites; its weight is shared")
+    decl = block.decl_map[user.decl]
+    names = FIRST_LINEAR[kind][min(user.args.index(v), len(FIRST_LINEAR[kind]) - 1)]
+    if with_bias and not decl.arg("bias"):
+        raise _No("no_bias", f"folding the shift needs a bias on '{user.decl}', which has none")
+    suffixes = ("weight", "bias") if with_bias else ("weight",)
+    return list(_keys(user.decl, tuple((n + "." if n else "") + x for n in names for x in suffixes)))
+
+
+def _scale_site(block: Block, op: ScaleOp, mode: str, shortcut_of: dict[int, str]) -> FoldSite:
+    name = f"{format_expr(op.factor, 2)} * {op.operand}" if op.factor is not None else str(op.param)
+    if mode == "train":
+        return FoldSite("scale", name, op.span, False, "keep", (), "training",
+                        "training mode: the optimizer updates the scale and the weight separately")
+    if id(op) in shortcut_of:
+        return FoldSite("scale", name, op.span, False, "keep", (), "shortcut",
+                        f"it scales the shortcut '{op.operand}', which also feeds the branch "
+                        f"'{shortcut_of[id(op)]}': folding it upstream would scale both paths")
+    try:
+        _exact(block, op.operand)
+    except _No as no:
+        return FoldSite("scale", name, op.span, False, "keep", (), no.code, no.reason)
+    try:
+        into = _into_producer(block, op)
+        return FoldSite("scale", name, op.span, True, "fold into the producer's output", into)
+    except _No as first:
+        try:
+            into = _into_consumers(block, op.result, f"'{name}'", False)
+            return FoldSite("scale", name, op.span, True, "fold into the consumers' input", into)
+        except _No:
+            return FoldSite("scale", name, op.span, False, "keep", (), first.code, first.reason)
+
+
+def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
+    decl = _kind_decl(block, op)
+    if decl is None or decl.kind == "layernorm" and not decl.arg("affine"):
+        return None
+    params = {"layernorm": "weight and bias" if decl.arg("bias") else "weight", "rmsnorm": "weight",
+              "scalenorm": "scale", "dyt": "weight and bias (alpha stays inside tanh)"}[decl.kind]
+    label = decl.name
+    if mode == "train":
+        return FoldSite("affine", label, op.span, False, "keep", (), "training",
+                        "training mode: the affine state is trained separately")
+    try:
+        if decl.arg("tied") or _sites(block, decl.name) > 1:
+            raise _No("tied", f"the norm is applied at {_sites(block, decl.name)} sites; folding changes every one")
+        if decl.kind == "rmsnorm" and decl.arg("cast") == "before_weight":
+            _exact(block, op.operand)
+        shift = decl.kind == "dyt" or decl.kind == "layernorm" and bool(decl.arg("bias"))
+        into = _into_consumers(block, op.result, f"the output of '{decl.name}'", shift)
+        return FoldSite("affine", label, op.span, True, f"fold {params} into the consumers' input", into)
+    except _No as no:
+        return FoldSite("affine", label, op.span, False, "keep", (), no.code, no.reason)
+
+
+def _dropout_site(op: DropoutOp, mode: str) -> FoldSite:
+    name = f"{'drop_path' if op.mask == 'sample' else 'dropout'}({op.operand})"
+    if mode == "train":
+        return FoldSite("dropout", name, op.span, False, "keep", (), "training", "dropout is active in training")
+    return FoldSite("dropout", name, op.span, True, "remove: the identity in inference")
+
+
+def fold_report(block: Block, mode: str) -> list[FoldSite]:
+    """One entry per scale, affine norm and dropout of ``block``, in program order."""
+    if mode not in ("train", "infer"):
+        raise ValueError(f"mode must be 'train' or 'infer', got {mode!r}")
+    shortcut_of = {id(op): s.branches[0].name for s in wrapper(block).sublayers if s.branches
+                   for op in s.shortcut_ops if isinstance(op, ScaleOp)}
+    out: list[FoldSite] = []
+    for op in block.ops:
+        if isinstance(op, ScaleOp):
+            out.append(_scale_site(block, op, mode, shortcut_of))
+        elif isinstance(op, NormOp):
+            site = _affine_site(block, op, mode)
+            if site is not None:
+                out.append(site)
+        elif isinstance(op, DropoutOp):
+            out.append(_dropout_site(op, mode))
+    return out
+
+
+def format_report(block: Block, mode: str, sites: list[FoldSite]) -> str:
+    lines = [f"{block.kind} {block.name} (mode {mode})"]
+    if not sites:
+        lines.append("  nothing to fold: no scales, affine norms or dropouts")
+    width = max((len(s.name) for s in sites), default=0)
+    for s in sites:
+        where = f"{s.span.line}:{s.span.column}"
+        head = f"  {where:<7} {s.kind:<8} {s.name:<{width}}"
+        if s.legal:
+            target = f" -> {', '.join(s.into)}" if s.into else ""
+            lines.append(f"{head}  yes  {s.action}{target}")
+        else:
+            lines.append(f"{head}  no   [{s.code}] {s.reason}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Shape and row ownership: a residual add joins two tensors with the same axes, by name.
+
+Matching rank or sizes is not enough (seed 0x01): ``[B,S,D] + [B,S,F]`` is an
+MLP intermediate, ``[B,S,D] + [B,H,S,Dh]`` unmerged heads, and
+``[B,T,D] + [B,S,D]`` adds rows owned by another sequence even when T and S
+have the same size. Calls must also receive the axes their declarations take.
+"""
+from __future__ import annotations
+
+from blockir.analysis.structure import ancestors, decl_kind, describe, state_input, wrapper
+from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.ops import AddOp, CallOp, ConcatOp
+from blockir.ir.program import Block, Program
+from blockir.ir.types import Role, TensorType
+from blockir.passes.registry import verifier
+
+SPLIT_HEADS = (Role.HEADS, Role.HEAD_DIM)
+MODEL_WIDTH_KINDS = ("self_attention", "cross_attention", "mlp", "gated_mlp")
+
+
+def _rows(t: TensorType) -> str:
+    return "[" + ", ".join(t.rows) + "]"
+
+
+def _memory_input(block: Block, value: str, state: str | None) -> str | None:
+    """The non-state input ``value`` is (directly, or through scales, dropouts and casts)."""
+    inputs = {op.result for op in block.inputs} - {state}
+    v = value
+    while v not in inputs:
+        op = block.producers.get(v)
+        if op is None or len(op.operands) != 1 or isinstance(op, CallOp):
+            return None
+        v = op.operands[0]
+    return v
+
+
+def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[CallOp, str] | None:
+    """A cross-attention that produced ``value`` from a query taken from memory."""
+    op = block.producers.get(value)
+    while op is not None and not isinstance(op, CallOp) and len(op.operands) == 1:
+        op = block.producers.get(op.operands[0])
+    if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention":
+        inputs = {i.result for i in block.inputs} - {state}
+        memory = ancestors(block, op.args[0]) & inputs
+        if memory:
+            return op, sorted(memory)[0]
+    return None
+
+
+def _check_add(block: Block, op: AddOp, state: str | None) -> Diagnostic | None:
+    lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
+    if lt.names == rt.names:
+        return None
+    # measure the odd operand against the one that has the stream's axes
+    keep, odd = (op.lhs, op.rhs) if lt.names == block.result.names or rt.names != block.result.names \
+        else (op.rhs, op.lhs)
+    kt, ot = block.type_of(keep), block.type_of(odd)
+    where = block.producers.get(odd)
+    notes = [Note(f"{describe(block, odd)} is {ot}", where.span)] if where is not None else []
+    if any(a.role in SPLIT_HEADS for a in ot.axes) and not any(a.role in SPLIT_HEADS for a in kt.axes):
+        return error("E0204", f"{describe(block, odd)} still has its heads split ({ot}); the stream is {kt}",
+                     op.span, notes=notes,
+                     hint="merge the heads and apply the output projection before the residual add")
+    if ot.rows != kt.rows:
+        memory = _memory_input(block, odd, state)
+        if memory is not None:
+            return error("E0206", f"encoder memory '{memory}' {ot} is added to the decoder state "
+                         f"{describe(block, keep)} {kt}", op.span, notes=notes,
+                         hint="memory is read by cross-attention as keys and values; only the cross-attention "
+                              "output, indexed by the decoder rows, joins the residual")
+        crossed = _query_from_memory(block, odd, state)
+        if crossed is not None:
+            call, memory = crossed
+            return error("E0206", f"cross-attention '{call.decl}' takes its queries from '{memory}', so its output has"
+                         f" rows {_rows(ot)}, not the decoder rows {_rows(kt)}", op.span,
+                         notes=[Note("called here", call.span)],
+                         hint=f"pass the decoder state first and memory second: {call.decl}(norm(state), {memory})")
+        return error("E0202", f"'+' joins different row owners: {describe(block, keep)} has rows {_rows(kt)}, "
+                     f"{describe(block, odd)} has rows {_rows(ot)}", op.span, notes=notes,
+                     hint="a residual update must be indexed by the rows of the state it updates, "
+                          "even when the sizes agree")
+    if ot.names[:-1] == kt.names[:-1] and ot.last is not None and kt.last is not None:
+        hidden = ot.last.role == Role.HIDDEN
+        return error("E0203", f"{describe(block, odd)} has width {ot.last.name}, the stream has width {kt.last.name}"
+                     f" ({ot} vs {kt})", op.span, notes=notes,
+                     hint=f"contract {ot.last.name} back to {kt.last.name} (the MLP's down projection) before the add"
+                     if hidden else f"project the branch to {kt.last.name} before the add")
+    return error("E0201", f"operands of '+' have different axes: {describe(block, op.lhs)} is {lt}, "
+                 f"{describe(block, op.rhs)} is {rt}", op.span, notes=notes,
+                 hint="a residual add is elementwise: both sides need the same axes, in the same order")
+
+
+def _check_concat(block: Block, op: ConcatOp, stream: frozenset[str]) -> Diagnostic | None:
+    on_stream = [a for a in op.args if a in stream]
+    if not on_stream:
+        return None
+    return error("E0205", f"concatenating the residual state {describe(block, on_stream[0])} widens it to {op.type}",
+                 op.span, hint="a residual update adds the branch to the state: write 'x + branch(x)'")
+
+
+def _signature(program: Program, block: Block, op: CallOp) -> list[tuple[str, TensorType, object]]:
+    decl = block.decl_map.get(op.decl)
+    if isinstance(decl, ExternDecl):
+        return [(p.name, p.type, decl.span) for p in decl.params]
+    if isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+        callee = program.block(decl.block)
+        return [(p.name, p.type, p.span) for p in callee.params]
+    return []
+
+
+def _check_call(program: Program, block: Block, op: CallOp) -> list[Diagnostic]:
+    out = []
+    for (name, want, span), arg in zip(_signature(program, block, op), op.args):
+        got = block.type_of(arg)
+        if got.names != want.names:
+            out.append(error("E0207", f"'{op.decl}' takes {name}: {want}, got {describe(block, arg)} {got}", op.span,
+                             notes=[Note("declared here", span)],
+                             hint="pass a value with the declared axes, or fix the declared signature"))
+    decl = block.decl_map.get(op.decl)
+    if not isinstance(decl, KindDecl) or not op.args:
+        return out
+    got = block.type_of(op.args[0])
+    if decl.kind == "linear" and got.last is not None and got.last.name != decl.arg("in_dim"):
+        out.append(error("E0207", f"linear '{op.decl}' maps {decl.arg('in_dim')} to {decl.arg('out_dim')}, "
+                         f"but {describe(block, op.args[0])} is {got}", op.span,
+                         notes=[Note("declared here", decl.span)],
+                         hint="apply it to a tensor whose last axis is its input dim"))
+    if decl.kind in MODEL_WIDTH_KINDS:
+        for arg in op.args:
+            t = block.type_of(arg)
+            if t.last is None or t.last.role != Role.MODEL:
+                out.append(error("E0207", f"{decl.kind} '{op.decl}' reads model-width rows, got {describe(block, arg)}"
+                                 f" {t}", op.span, hint="branches read and return the model axis"))
+    return out
+
+
+def _check_output(block: Block) -> Diagnostic | None:
+    out = block.output
+    if out is None:
+        return None
+    got = block.type_of(out.value)
+    if got.names == block.result.names:
+        return None
+    return error("E0208", f"{block.kind} '{block.name}' returns {describe(block, out.value)} {got} but declares "
+                 f"{block.result}", out.span, notes=[Note("declared here", block.span)],
+                 hint="return the updated state with the declared axes")
+
+
+def verify_block(program: Program, block: Block) -> list[Diagnostic]:
+    state = state_input(block)
+    stream = wrapper(block).spine_set | ({state} if state else set())
+    out: list[Diagnostic] = []
+    for op in block.ops:
+        d: Diagnostic | None = None
+        if isinstance(op, AddOp):
+            d = _check_add(block, op, state)
+        elif isinstance(op, ConcatOp):
+            d = _check_concat(block, op, frozenset(stream))
+        elif isinstance(op, CallOp):
+            out += _check_call(program, block, op)
+        if d is not None:
+            out.append(d)
+    # a wrong add already gives the returned value the wrong axes; say it once
+    if not any(d.code in ("E0201", "E0202", "E0203", "E0204", "E0205", "E0206") for d in out):
+        d = _check_output(block)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+@verifier("shape-ownership")
+def verify_shape_ownership(program: Program) -> list[Diagnostic]:
+    return [d for block in program.blocks for d in verify_block(program, block)]
+
