@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from blockir.analysis.cost import fused_boundary_bytes
 from blockir.backends import numerics
 from blockir.backends.fused import add_layer_norm, add_rms_norm
 
@@ -57,16 +58,8 @@ class Problem:
         return inputs
 
     def traffic(self, backward: bool) -> int:
-        """Bytes a perfect kernel moves: each operand read once, each result written once."""
-        full, row, param = self.rows * self.width * self.dtype.itemsize, self.rows * 4, self.width * self.dtype.itemsize
-        params = 2 if self.family == "layernorm" else 1
-        stats = 2 if self.family == "layernorm" else 1
-        # reads branch, residual, params; writes normalized, residual_out, row statistics
-        forward = 2 * full + params * param + 2 * full + stats * row
-        if not backward:
-            return forward
-        # reads both output gradients, residual_out, statistics, weight; writes d_branch, d_residual, d_params
-        return forward + 3 * full + stats * row + param + 2 * full + params * param
+        """Bytes a perfect kernel moves: each operand read once, each result written once (the ledger's count)."""
+        return fused_boundary_bytes(self.family, self.rows, self.width, self.dtype.itemsize, backward)
 
 
 def fused(p: Problem) -> Callable[..., tuple[Tensor, Tensor]]:
