@@ -19,14 +19,20 @@ BACKENDS = ("fx", "fused")
 
 def compile(program: Program | str | Path, name: str, backend: str = "fx", *, dims: Mapping[str, int] | None = None,
             bind: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None, seed: int | None = None) -> fx.GraphModule:
+            device: torch.device | str | None = None, seed: int | None = None,
+            mode: str = "train") -> fx.GraphModule:
     """Compile block or model ``name`` to a GraphModule whose state_dict keys are the declared names.
 
     ``bind`` maps extern declaration paths (``"self_attn"``, ``"layers.3.attn"``) to a module or
     ``(module, adapter)``; ``dtype`` is the parameter dtype of every declaration whose input the
     IR leaves at the activation dtype (and of bound modules); ``seed`` makes parameter initialisation deterministic without touching
     the global generator; ``backend="fused"`` replaces legal add+norm chains with fused custom ops.
+    ``mode="infer"`` writes the residual adds that the inference liveness plan allows over their
+    shortcut's buffer when run without autograd (``torch.no_grad``/``inference_mode``); the
+    caller's input tensors are never overwritten.
     """
+    if mode not in ("train", "infer"):
+        raise ValueError(f"mode must be 'train' or 'infer', got {mode!r}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if not isinstance(program, Program):
@@ -48,5 +54,5 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     with rng, place:
         if seed is not None:
             torch.manual_seed(seed)
-        module = lower_block(program, program.block(name), sizes, dict(bind or {}), act_dtype=dtype)
+        module = lower_block(program, program.block(name), sizes, dict(bind or {}), act_dtype=dtype, mode=mode)
     return module

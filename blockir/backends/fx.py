@@ -50,6 +50,17 @@ def call_extern(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> 
     return module.blockir_adapter(module, *args, **_kwargs(ctx))
 
 
+def inplace_add(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """A residual add written over the shortcut's buffer, as the inference buffer plan allows.
+
+    With autograd recording, the overwritten value could still be needed for backward, so the
+    add falls back to a fresh tensor: an inference module stays correct when called with grad.
+    """
+    if torch.is_grad_enabled():
+        return target + other
+    return target.add_(other)
+
+
 def draw_seed(training: bool) -> torch.Tensor:
     """One draw from torch's generator per forward; replayed by checkpointing's RNG-state restore."""
     if not training:
@@ -93,8 +104,9 @@ def node_name(ssa: str) -> str:
 class GraphBuilder:
     """Emits fx nodes for one block; ``env`` maps SSA names to nodes."""
 
-    def __init__(self, block: Block, sizes: Sizes, layer: int):
+    def __init__(self, block: Block, sizes: Sizes, layer: int, inplace: dict[int, str] | None = None):
         self.block = block
+        self.inplace = inplace or {}  # id(add) → the operand whose buffer it overwrites
         self.sizes = sizes
         self.layer = layer
         self.graph = fx.Graph()
@@ -163,7 +175,12 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         factor = b.attr(op.param) if op.param is not None else float(b.sizes.value(op.factor))  # type: ignore[arg-type]
         b.fn(operator.mul, (factor, b.env[op.operand]), op.result)
     elif isinstance(op, O.AddOp):
-        b.fn(operator.add, (b.env[op.lhs], b.env[op.rhs]), op.result)
+        target = b.inplace.get(id(op))
+        if target is None:
+            b.fn(operator.add, (b.env[op.lhs], b.env[op.rhs]), op.result)
+        else:
+            other = op.rhs if target == op.lhs else op.lhs
+            b.fn(inplace_add, (b.env[target], b.env[other]), op.result)
     elif isinstance(op, O.CastOp):
         node = b.graph.create_node("call_method", "to", (b.env[op.operand], TORCH_DTYPES[op.dtype]), {},
                                    name=node_name(op.result))
@@ -193,17 +210,51 @@ def _placed(value: nn.Module | nn.Parameter, dtype: torch.dtype | None) -> nn.Mo
     return value.to(dtype)
 
 
+def _origin(block: Block, value: str) -> str:
+    """Follow values that are the identity in inference (dropout, cast) back to their source."""
+    op = block.producers.get(value)
+    while isinstance(op, (O.DropoutOp, O.CastOp)):
+        value = op.operand
+        op = block.producers.get(value)
+    return value
+
+
+def _owned(block: Block, value: str, donated: bool) -> bool:
+    """May this block overwrite ``value``? Its inputs only when the caller donated them."""
+    return donated or _origin(block, value) not in {op.result for op in block.inputs}
+
+
+def _inplace_adds(block: Block, donated: bool) -> dict[int, str]:
+    from blockir.passes.liveness import plan  # the inference buffer plan decides; this only applies it
+    return {id(d.op): d.target for d in plan(block, "infer").adds
+            if d.inplace and isinstance(d.op, O.AddOp) and _owned(block, d.target, donated)}
+
+
+def _donates_to(block: Block, decl: str, donated: bool) -> bool:
+    """Whether the value passed to sub-block/stack ``decl`` is dead afterwards and owned here."""
+    calls = [(i, op) for i, op in enumerate(block.ops) if getattr(op, "decl", None) == decl]
+    if len(calls) != 1:
+        return False
+    index, call = calls[0]
+    arg = call.operands[0]
+    later = any(arg in op.operands for op in block.ops[index + 1:])
+    return not later and _owned(block, arg, donated)
+
+
 def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str, Any], *,
                 layer: int = 0, num_layers: int = 1, prefix: str = "",
-                act_dtype: torch.dtype | None = None) -> fx.GraphModule:
+                act_dtype: torch.dtype | None = None, mode: str = "train", donated: bool = False) -> fx.GraphModule:
     """Build the module tree and the graph of one block (recursing into sub-blocks and stacks).
 
     A declaration's parameters take the dtype of the value it is applied to when the IR states
-    one (a bf16 branch inside an f32 residual stream), else ``act_dtype``.
+    one (a bf16 branch inside an f32 residual stream), else ``act_dtype``. In ``mode="infer"``
+    the residual adds that the liveness plan allows write over their shortcut's buffer; inputs
+    are overwritten only when ``donated`` (a stack donates each layer's output to the next).
     """
     s = sizes.for_block(block, layer, num_layers)
     root = nn.Module()
-    sub = dict(act_dtype=act_dtype)
+    sub = dict(act_dtype=act_dtype, mode=mode)
+    infer = mode == "infer"
     for d in block.decls:
         if isinstance(d, KindDecl):
             input_type = _first_input_type(block, d.name)
@@ -214,14 +265,17 @@ def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str,
                                                               if k.startswith(prefix)}), act_dtype))
         elif d.count is None:
             set_nested(root, d.name, lower_block(program, program.block(d.block), sizes, bind,
-                                                 prefix=f"{prefix}{d.name}.", **sub))
+                                                 prefix=f"{prefix}{d.name}.",
+                                                 donated=infer and _donates_to(block, d.name, donated), **sub))
         else:
             n = int(s.value(d.count))
+            first = infer and _donates_to(block, d.name, donated)
             layers = nn.ModuleList(lower_block(program, program.block(d.block), sizes, bind, layer=i,
-                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.", **sub)
+                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
+                                               donated=first if i == 0 else infer, **sub)
                                    for i in range(n))
             set_nested(root, d.name, layers)
-    b = GraphBuilder(block, s, layer)
+    b = GraphBuilder(block, s, layer, _inplace_adds(block, donated) if infer else None)
     for op in block.inputs:
         _lower_op(b, op)
     b.ctx = b.graph.placeholder("**ctx")
