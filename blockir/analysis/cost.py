@@ -210,6 +210,8 @@ def norm_parameters(decl: KindDecl, env: Env) -> int:
     width = _size(decl.arg("axes")[-1], env)
     if decl.kind == "layernorm":
         return width * (1 + bool(decl.arg("bias"))) if decl.arg("affine") else 0
+    if decl.kind == "rmsnorm" and decl.arg("affine") is False:
+        return 0
     return {"rmsnorm": width, "scalenorm": 1, "dyt": 2 * width + 1}[decl.kind]
 
 
@@ -235,7 +237,7 @@ def _boundary(block: Block, op: O.FusedAddNormOp, env: Env, dtype: DType) -> Fus
     if op.branch_param is not None:
         gain = block.decl_map[op.branch_param]
         scale = 1 if gain.kind == "scalar" else _size(gain.arg("axis"), env)
-    affine = decl.kind == "rmsnorm" or bool(decl.arg("affine"))
+    affine = decl.arg("affine") is not False if decl.kind == "rmsnorm" else bool(decl.arg("affine"))
     return FusedBoundary(decl.kind, _rows(residual, env), _size(residual.axes[-1].name, env),
                          _itemsize(branch, dtype), _itemsize(residual, dtype), _itemsize(op.type, dtype),
                          weight=affine, bias=affine and decl.kind == "layernorm" and bool(decl.arg("bias")),

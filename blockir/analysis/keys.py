@@ -106,7 +106,7 @@ def _norm(decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
         return [("scale", ())]
     if decl.kind == "dyt":
         return [("alpha", (1,)), ("weight", shape), ("bias", shape)]
-    return [("weight", shape)]
+    return [] if decl.arg("affine") is False else [("weight", shape)]
 
 
 def _attention(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:

@@ -32,7 +32,7 @@ def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: En
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
     kind = decl.kind
-    affine = kind != "layernorm" or bool(decl.arg("affine"))
+    affine = decl.arg("affine") is not False if kind != "layernorm" else bool(decl.arg("affine"))
     site: dict[str, Any] = {
         "name": decl.name, "family": kind, "placement": PLACEMENT.get(placement, "other"),
         "reduction_axes": [] if kind == "dyt" else list(decl.arg("axes")),

@@ -17,7 +17,8 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
     "layernorm": lambda w, d, s: numerics.LayerNorm(
         w, s.value(d.arg("eps")), bias=d.arg("bias"), affine=d.arg("affine"), accum=numerics.ACCUM[d.arg("accum")]),
     "rmsnorm": lambda w, d, s: numerics.RMSNorm(
-        w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")]),
+        w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")],
+        affine=d.arg("affine") is not False),
     "scalenorm": lambda w, d, s: numerics.ScaleNorm(w, s.value(d.arg("eps"))),
     "dyt": lambda w, d, s: numerics.DyT(w, s.value(d.arg("alpha"))),
 }

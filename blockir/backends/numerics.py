@@ -75,7 +75,7 @@ def _offset_weight(weight: Tensor, offset: int) -> Tensor:
 
 def rms_norm(
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     eps: float,
     offset: int = 0,
     cast: str = "before_weight",
@@ -89,8 +89,12 @@ def rms_norm(
     (T5): only the mean square is taken in ``accum``; the input itself is
     scaled in its promoted dtype and cast to the weight's dtype when that is
     a half type. ``offset=1`` scales by ``1 + weight`` (weights stored as a
-    deviation from one).
+    deviation from one). Without a weight the scale is one and only the casts remain.
     """
+    if weight is None and cast in RMS_CASTS:
+        # weight_dtype scales the input in its own dtype; the other orders scale it in accum
+        work = x if cast == "weight_dtype" else x.to(accum)
+        return (work * torch.rsqrt(x.to(accum).pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
     if cast == "before_weight":
         normalized = _rms_normalize(x.to(accum), eps)
         return _offset_weight(weight, offset) * normalized.to(x.dtype)
@@ -211,6 +215,7 @@ class RMSNorm(nn.Module):
         offset: int = 0,
         cast: str = "before_weight",
         accum: torch.dtype = torch.float32,
+        affine: bool = True,
     ) -> None:
         super().__init__()
         if cast not in RMS_CASTS:
@@ -220,7 +225,8 @@ class RMSNorm(nn.Module):
         self.offset = offset
         self.cast = cast
         self.accum = accum
-        self.weight = nn.Parameter(torch.zeros(width) if offset else torch.ones(width))
+        weight = nn.Parameter(torch.zeros(width) if offset else torch.ones(width)) if affine else None
+        self.register_parameter("weight", weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps, self.offset, self.cast, self.accum)

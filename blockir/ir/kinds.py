@@ -70,7 +70,10 @@ KINDS: dict[str, KindSpec] = {
             _axes(), _eps(1e-6),
             ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
             ArgSpec("cast", "enum", "before_weight", choices=CAST_ORDERS),
-            _ACCUM, ArgSpec("bias", "bool", False), _TIED), "RMSNorm: no centering, per-channel scale"),
+            _ACCUM, ArgSpec("bias", "bool", False),
+            # unset means the usual per-channel weight; only an affine fold writes affine=false
+            ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
+            _TIED), "RMSNorm: no centering, per-channel scale"),
         KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),
         KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),

@@ -182,8 +182,8 @@ def _scale_site(block: Block, op: ScaleOp, mode: str, shortcut_of: dict[int, str
 
 def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
     decl = _kind_decl(block, op)
-    if decl is None or decl.kind == "layernorm" and not decl.arg("affine"):
-        return None
+    if decl is None or decl.arg("affine") is False or decl.kind == "layernorm" and not decl.arg("affine"):
+        return None  # already affine-free: nothing to fold
     params = {"layernorm": "weight and bias" if decl.arg("bias") else "weight", "rmsnorm": "weight",
               "scalenorm": "scale", "dyt": "weight and bias (alpha stays inside tanh)"}[decl.kind]
     label = decl.name

@@ -43,7 +43,7 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
     decl = block.decl_map[norm.decl]
     if not isinstance(decl, KindDecl) or decl.kind not in FUSABLE_NORMS or len(decl.arg("axes")) != 1:
         return None
-    if decl.arg("accum") != "f32":  # the kernels accumulate in fp32 only
+    if decl.arg("accum") != "f32" or decl.arg("affine") is False:  # fp32 statistics and an RMS weight only
         return None
     if block.type_of(add.result).last is None or decl.arg("axes")[0] != block.type_of(add.result).last.name:
         return None

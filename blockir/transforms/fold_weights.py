@@ -1,0 +1,132 @@
+"""The weight side of a fold: edits applied in order to a state dict keyed by declared names.
+
+Each edit reads its gain from the state as it stands when the edit runs, so a
+chain of folds (a scale into a norm, then that norm into the linears after it)
+composes without the caller ordering the arithmetic.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+import torch
+import torch.fx as fx
+from torch import Tensor, nn
+
+from blockir.backends.compile import compile as compile_block
+from blockir.ir.program import Program
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A multiplier: a constant, or a learned tensor (``offset + state[key]`` for (1 + w) storage)."""
+
+    const: float | None = None
+    key: str | None = None
+    offset: int = 0
+
+    def value(self, state: dict[str, Tensor]) -> Tensor | float:
+        if self.key is None:
+            assert self.const is not None
+            return self.const
+        return state[self.key] + self.offset if self.offset else state[self.key]
+
+
+@dataclass(frozen=True)
+class ScaleOutputs:
+    """``g ⊙ (W x + b)``: W' = diag(g) W, b' = g ⊙ b."""
+
+    weight: str
+    bias: str | None
+    gain: Gain
+
+
+@dataclass(frozen=True)
+class ScaleInputs:
+    """``W (g ⊙ x)``: W' = W diag(g)."""
+
+    weight: str
+    gain: Gain
+
+
+@dataclass(frozen=True)
+class ShiftBias:
+    """``W (x + c β) + b``: b' = b + c W β; runs before the same weight's ScaleInputs."""
+
+    weight: str
+    bias: str
+    shift: Gain
+    factor: float
+
+
+@dataclass(frozen=True)
+class ScaleNormState:
+    """``g ⊙ (γ ⊙ x̂ + β)``: γ' = g ⊙ (offset + γ) - offset, β' = g ⊙ β."""
+
+    weight: str
+    bias: str | None
+    offset: int
+    gain: Gain
+
+
+@dataclass(frozen=True)
+class Drop:
+    """The parameter left the program; its value now lives in other weights."""
+
+    key: str
+
+
+Edit = Union[ScaleOutputs, ScaleInputs, ShiftBias, ScaleNormState, Drop]
+
+
+def _rows(g: Tensor | float) -> Tensor | float:
+    # a per-channel gain scales the rows of a [out, in] weight
+    return g.unsqueeze(-1) if isinstance(g, Tensor) and g.dim() == 1 else g
+
+
+def _apply(state: dict[str, Tensor], edit: Edit) -> None:
+    if isinstance(edit, Drop):
+        del state[edit.key]
+        return
+    if isinstance(edit, ShiftBias):
+        shift = edit.shift.value(state)
+        state[edit.bias] = state[edit.bias] + edit.factor * (state[edit.weight] @ shift)
+        return
+    g = edit.gain.value(state)
+    if isinstance(edit, ScaleOutputs):
+        state[edit.weight] = _rows(g) * state[edit.weight]
+        if edit.bias is not None:
+            state[edit.bias] = g * state[edit.bias]
+    elif isinstance(edit, ScaleInputs):
+        state[edit.weight] = state[edit.weight] * g
+    else:
+        state[edit.weight] = g * (state[edit.weight] + edit.offset) - edit.offset
+        if edit.bias is not None:
+            state[edit.bias] = g * state[edit.bias]
+
+
+def apply_edits(state: dict[str, Tensor], edits: list[Edit]) -> dict[str, Tensor]:
+    """A new state dict with ``edits`` applied in order; ``state`` is left as it was."""
+    out = {k: v.detach().clone() for k, v in state.items()}
+    with torch.no_grad():
+        for edit in edits:
+            _apply(out, edit)
+    return out
+
+
+def _bindings(module: nn.Module) -> dict[str, Any]:
+    """Copies of the module's bound externs, keyed by path, so the rebuild owns its own."""
+    return {path: (copy.deepcopy(m), m.blockir_adapter) for path, m in module.named_modules()
+            if path and hasattr(m, "blockir_adapter")}
+
+
+def rebuild_module(program: Program, name: str, module: nn.Module, edits: list[Edit], mode: str,
+                   dims: Mapping[str, int] | None) -> fx.GraphModule:
+    """Compile the folded program and load ``module``'s weights with ``edits`` applied, strictly."""
+    first = next((p for p in module.parameters() if p.is_floating_point()), None)
+    dtype = first.dtype if first is not None else None
+    device = first.device if first is not None else None
+    new = compile_block(program, name, dims=dims, bind=_bindings(module), dtype=dtype, device=device, mode=mode)
+    new.load_state_dict(apply_edits(module.state_dict(), edits), strict=True)
+    return new.train(module.training)
