@@ -22,6 +22,8 @@ class RunConfig:
     seed: int = 0
     lr: float = 1e-3
     dims: dict[str, int] = field(default_factory=dict)
+    # applied to the compiled module before training: data-dependent initialisation (Admin)
+    init: Callable[[nn.Module], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ def run_session(program: Program, block: Block, cfg: RunConfig, log: Callable[[s
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = compile_block(program, block.name, dims=cfg.dims, bind=bind, seed=cfg.seed)
+        if cfg.init is not None:
+            cfg.init(model)
         gen = torch.Generator().manual_seed(cfg.seed)
         inputs = random_inputs(program, block, cfg.dims, gen)
         target = torch.randn(model(*inputs).shape, generator=gen)
