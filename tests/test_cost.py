@@ -106,7 +106,9 @@ def test_llama_layer_and_model_against_hand_counts() -> None:
     assert model.unfused.norm_params == {"rmsnorm": 5 * D}
     assert model.unfused.reductions_forward == 5 * ROWS
     assert model.unfused.bytes_moved == 2 * layer.unfused.bytes_moved + rms == 2_953_158_656
-    assert model.fused.bytes_moved == 2 * layer.fused.bytes_moved + rms
+    # compiled fused, the stack is inlined: each layer's last add fuses with the next norm (layer 1's
+    # input norm, then the final norm), saving one more [B,S,D] round trip per layer
+    assert model.fused.bytes_moved == 2 * layer.fused.bytes_moved + rms - 2 * E
     assert model.unfused.saved_bytes == 5 * (E + 4 * ROWS)
 
 
@@ -259,7 +261,7 @@ def test_cost_json_is_exact() -> None:
                            "--format", "json")
     data = json.loads(out)
     assert code == 0 and data["block"] == "LlamaModel" and data["dtype"] == "bf16" and data["mode"] == "train"
-    assert data["total"]["bytes_moved"] == {"unfused": 2_953_158_656, "fused": 2_684_723_200}
+    assert data["total"]["bytes_moved"] == {"unfused": 2_953_158_656, "fused": 2_684_723_200 - 2 * 2**27}
     assert data["total"]["residual_adds"] == 4 and data["blocks"][0]["instances"] == 2
     assert "branch internals" in data["scope"]
 

@@ -26,6 +26,7 @@ from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, TensorType
 from blockir.passes.fuse import fuse_program
+from blockir.passes.inline import inline_stacks
 
 MIB = 1 << 20
 STATS_ITEMSIZE = 4  # row statistics are fp32 unless a norm declares another accumulation dtype
@@ -366,6 +367,10 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
     fused_program, _ = fuse_program(program)
     plain = _walk(program, program.block(name), base, dtype)
     fused = _walk(fused_program, fused_program.block(name), base, dtype)
+    # the whole graph as backend="fused" compiles it: dropout-free stacks are inlined, so a boundary
+    # between layers (and into the final norm) fuses too
+    inlined, _ = fuse_program(inline_stacks(program, name))
+    fused.first[name] = _walk(inlined, inlined.block(name), base, dtype).first[name]
     blocks = []
     for block_name in plain.first:  # the order instances finish in: innermost first, the root last
         block = program.block(block_name)

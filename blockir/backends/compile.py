@@ -47,7 +47,8 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     if backend == "fused":
         import blockir.backends.fused.lowering  # noqa: F401  (registers the fused op lowering)
         from blockir.passes.fuse import fuse_program
-        program, _ = fuse_program(program)
+        from blockir.passes.inline import inline_stacks
+        program, _ = fuse_program(inline_stacks(program, name))
     sizes = program_sizes(program, dims)
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     place = torch.device(device) if device is not None else nullcontext()

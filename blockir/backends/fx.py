@@ -98,7 +98,10 @@ def site_id(ssa: str) -> int:
 
 
 def node_name(ssa: str) -> str:
-    return f"t{ssa[1:]}" if ssa.startswith("%") else ssa
+    """A Python identifier for an SSA name: %3 → t3, and inlined layers.0.%3 → layers_0_t3."""
+    *path, leaf = ssa.split(".")
+    leaf = f"t{leaf[1:]}" if leaf.startswith("%") else leaf
+    return "_".join([*path, leaf])
 
 
 class GraphBuilder:
