@@ -10,7 +10,7 @@ from typing import Any
 
 from blockir.ir import ops as O
 from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
-from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
+from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program
 from blockir.ir.types import Axis, TensorType
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from blockir.ir import consts as C
 from blockir.ir import ops as O
-from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 
 VALUE_FIELDS = ("result", "operand", "lhs", "rhs", "value", "branch", "shortcut", "normalized", "residual", "site")
@@ -77,8 +77,7 @@ def _draws_dropout(block: Block) -> bool:
     return any(isinstance(op, O.DropoutOp) and not (isinstance(op.p, C.Num) and op.p.value == 0) for op in block.ops)
 
 
-def _inline_call(program: Program, parent: Block, call: O.CallOp, stack: InstanceDecl, n: int
-                 ) -> tuple[list[Decl], list[O.Op], str]:
+def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) -> tuple[list[Decl], list[O.Op], str]:
     layer = program.block(stack.block)
     decls: list[Decl] = []
     ops: list[O.Op] = []
@@ -127,7 +126,7 @@ def inline_stacks(program: Program, name: str) -> Program:
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
                 and not _draws_dropout(program.block(d.block)) and (n := _count(program, d)) is not None:
-            inlined[d.name] = _inline_call(program, parent, calls[d.name][0], d, n)
+            inlined[d.name] = _inline_call(program, calls[d.name][0], d, n)
     if not inlined:
         return program
     decls = [x for d in parent.decls for x in (inlined[d.name][0] if d.name in inlined else [d])]
