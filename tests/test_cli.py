@@ -101,3 +101,10 @@ def test_run_binds_stand_ins_for_externs() -> None:
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("site"))
     assert [line.split()[0] for line in lines[header + 1: header + 3]] == ["%2", "%6"]
+
+
+def test_run_plot_writes_a_png(tmp_path) -> None:
+    out = tmp_path / "telemetry.png"
+    code, text, _ = run_cli("run", LLAMA, "--dims", "B=2,S=4", "--plot", str(out))
+    assert code == 0 and text.rstrip().endswith(f"wrote {out}")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
