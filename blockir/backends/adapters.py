@@ -71,27 +71,9 @@ def llama_attention(
     return out
 
 
-def olmo2_attention(
-    module: nn.Module,
-    x: Tensor,
-    *,
-    position_embeddings: tuple[Tensor, Tensor],
-    attention_mask: Tensor | None = None,
-    position_ids: Tensor | None = None,
-    **ctx: Any,
-) -> Tensor:
-    """``Olmo2Attention`` as ``Olmo2DecoderLayer.forward`` calls it.
-
-    Same call as Llama's; the module applies its full-width ``q_norm`` /
-    ``k_norm`` internally, so they travel with the bound module.
-    """
-    out, _ = module(
-        hidden_states=x,
-        position_embeddings=position_embeddings,
-        attention_mask=attention_mask,
-        **_passthrough(position_ids),
-    )
-    return out
+# Olmo2DecoderLayer calls its attention exactly as Llama's does; the full-width q_norm / k_norm
+# are applied inside the module, so they travel with the bound module.
+olmo2_attention = llama_attention
 
 
 def gemma2_attention(
@@ -113,13 +95,8 @@ def gemma2_attention(
     """
     if isinstance(attention_mask, dict):
         attention_mask = attention_mask[module.layer_type or "full_attention"]
-    out, _ = module(
-        hidden_states=x,
-        position_embeddings=position_embeddings,
-        attention_mask=attention_mask,
-        **_passthrough(position_ids),
-    )
-    return out
+    return llama_attention(module, x, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                           position_ids=position_ids)
 
 
 def gated_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:

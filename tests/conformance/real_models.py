@@ -137,6 +137,24 @@ def _causal_ctx(config: Any, rotary: nn.Module | None, x: Tensor, padded: bool) 
     return ctx
 
 
+def _decoder_io(config: Any, rotary: nn.Module, layer: nn.Module, dtype: torch.dtype
+                ) -> tuple[Callable[..., tuple[Tensor, Ctx]], Callable[..., Tensor]]:
+    """make_inputs and reference for a rotary decoder layer, called as its parent model calls it."""
+
+    def make_inputs(seed: int = 0, padded: bool = False) -> tuple[Tensor, Ctx]:
+        x = _x(seed, dtype)
+        return x, _causal_ctx(config, rotary, x, padded)
+
+    def reference(x: Tensor, **ctx: Any) -> Tensor:
+        mask = ctx.get("attention_mask")
+        if isinstance(mask, dict):  # Gemma2Model's per-layer-type mapping
+            mask = mask[config.layer_types[0]]
+        return layer(x, attention_mask=mask, position_ids=ctx.get("position_ids"),
+                     position_embeddings=ctx["position_embeddings"])
+
+    return make_inputs, reference
+
+
 # -------------------------------------------------------------------- Llama
 
 
@@ -167,18 +185,7 @@ def build_llama_decoder_layer(dtype: torch.dtype = torch.float32, dropout: float
     config.attention_dropout = dropout
     layer = _finish(LlamaDecoderLayer(config, layer_idx=0), seed, dtype)
     rotary = LlamaRotaryEmbedding(config=config)
-
-    def make_inputs(seed: int = 0, padded: bool = False) -> tuple[Tensor, Ctx]:
-        x = _x(seed, dtype)
-        return x, _causal_ctx(config, rotary, x, padded)
-
-    def reference(x: Tensor, **ctx: Any) -> Tensor:
-        return layer(
-            x,
-            attention_mask=ctx.get("attention_mask"),
-            position_ids=ctx.get("position_ids"),
-            position_embeddings=ctx["position_embeddings"],
-        )
+    make_inputs, reference = _decoder_io(config, rotary, layer, dtype)
 
     return RealLayer("LlamaDecoderLayer", f"{EXAMPLES_DIR}/llama.block", "LlamaDecoderLayer",
                      layer, make_inputs, reference, bind={})
@@ -296,18 +303,7 @@ def build_gpt_neox_layer(dtype: torch.dtype = torch.float32, dropout: float = 0.
     ))
     layer = _finish(GPTNeoXLayer(config, layer_idx=0), seed, dtype)
     rotary = GPTNeoXRotaryEmbedding(config=config)
-
-    def make_inputs(seed: int = 0, padded: bool = False) -> tuple[Tensor, Ctx]:
-        x = _x(seed, dtype)
-        return x, _causal_ctx(config, rotary, x, padded)
-
-    def reference(x: Tensor, **ctx: Any) -> Tensor:
-        return layer(
-            x,
-            attention_mask=ctx.get("attention_mask"),
-            position_ids=ctx.get("position_ids"),
-            position_embeddings=ctx["position_embeddings"],
-        )
+    make_inputs, reference = _decoder_io(config, rotary, layer, dtype)
 
     bind = {
         "attention": (layer.attention, A.gpt_neox_attention),
@@ -349,21 +345,7 @@ def build_gemma2_decoder_layer(
     ))
     layer = _finish(Gemma2DecoderLayer(config, layer_idx=0), seed, dtype)
     rotary = Gemma2RotaryEmbedding(config=config)
-
-    def make_inputs(seed: int = 0, padded: bool = False) -> tuple[Tensor, Ctx]:
-        x = _x(seed, dtype)
-        return x, _causal_ctx(config, rotary, x, padded)
-
-    def reference(x: Tensor, **ctx: Any) -> Tensor:
-        mask = ctx.get("attention_mask")
-        if isinstance(mask, dict):  # Gemma2Model's per-layer-type mapping
-            mask = mask[config.layer_types[0]]
-        return layer(
-            x,
-            position_embeddings=ctx["position_embeddings"],
-            attention_mask=mask,
-            position_ids=ctx.get("position_ids"),
-        )
+    make_inputs, reference = _decoder_io(config, rotary, layer, dtype)
 
     bind = {"self_attn": (layer.self_attn, A.gemma2_attention)}
     return RealLayer("Gemma2DecoderLayer", f"{EXAMPLES_DIR}/gemma2.block", "Gemma2DecoderLayer",
@@ -388,18 +370,7 @@ def build_olmo2_decoder_layer(dtype: torch.dtype = torch.float32, dropout: float
     ))
     layer = _finish(Olmo2DecoderLayer(config, layer_idx=0), seed, dtype)
     rotary = Olmo2RotaryEmbedding(config=config)
-
-    def make_inputs(seed: int = 0, padded: bool = False) -> tuple[Tensor, Ctx]:
-        x = _x(seed, dtype)
-        return x, _causal_ctx(config, rotary, x, padded)
-
-    def reference(x: Tensor, **ctx: Any) -> Tensor:
-        return layer(
-            x,
-            attention_mask=ctx.get("attention_mask"),
-            position_ids=ctx.get("position_ids"),
-            position_embeddings=ctx["position_embeddings"],
-        )
+    make_inputs, reference = _decoder_io(config, rotary, layer, dtype)
 
     bind = {"self_attn": (layer.self_attn, A.olmo2_attention)}
     return RealLayer("Olmo2DecoderLayer", f"{EXAMPLES_DIR}/olmo2.block", "Olmo2DecoderLayer",
