@@ -1,5 +1,5 @@
 """blockir: a compiler for Transformer block topologies."""
-from blockir.analysis.keys import reconcile
+from blockir.analyses.keys import reconcile
 from blockir.api import load, parse, verify
 from blockir.backends.compile import compile
 from blockir.backends.trace import trace

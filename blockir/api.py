@@ -7,7 +7,7 @@ from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar.builder import build
 from blockir.grammar.parser import decode, parse_ast
 from blockir.ir.program import Program
-from blockir.passes.registry import run_verifiers
+from blockir.verifiers.registry import run_verifiers
 
 
 def parse(text: str, filename: str = "<string>") -> Program:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import blockir
-from blockir.analysis.cost import CostError, FusedBoundary, fused_boundary_bytes, ledger, ledger_data
+from blockir.analyses.cost import CostError, FusedBoundary, fused_boundary_bytes, ledger, ledger_data
 from blockir.cli import main
 from blockir.ir.program import Program
 from blockir.ir.types import DType

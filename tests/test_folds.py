@@ -14,7 +14,7 @@ from blockir.cli import main
 from blockir.ir.ops import DropoutOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.transforms.fold import FoldResult, apply_folds
+from blockir.rewrites.fold import FoldResult, apply_folds
 from conftest import ROOT
 
 HEAD = """dim B: batch
@@ -255,10 +255,10 @@ def test_fold_cli_without_apply_keeps_the_legality_table(mode: str) -> None:
 
 
 def test_a_folded_weightless_rmsnorm_is_understood_by_keys_cost_fusion_and_legality() -> None:
-    from blockir.analysis.cost import norm_parameters
-    from blockir.analysis.keys import reconcile
-    from blockir.passes.fold_legality import fold_report
-    from blockir.passes.fuse import fuse_program
+    from blockir.analyses.cost import norm_parameters
+    from blockir.analyses.keys import reconcile
+    from blockir.analyses.fold_legality import fold_report
+    from blockir.rewrites.fuse import fuse_program
 
     program = blockir.load(ROOT / "examples" / "llama.block")
     module = blockir.compile(program, "LlamaDecoderLayer", seed=0, dtype=torch.float64)

@@ -11,7 +11,7 @@ import blockir
 from blockir.backends.session import stand_ins
 from blockir.ir import ops as O
 from blockir.ir.printer import format_block
-from blockir.passes.fuse import fuse_program
+from blockir.rewrites.fuse import fuse_program
 from conftest import EXAMPLES, ROOT, check_golden
 
 GOLDEN = ROOT / "tests" / "golden" / "fused"

@@ -5,8 +5,8 @@ import torch
 
 import blockir
 from blockir.ir import ops as O
-from blockir.passes.fuse import fuse_program
-from blockir.passes.inline import inline_stacks
+from blockir.rewrites.fuse import fuse_program
+from blockir.rewrites.inline import inline_stacks
 from conftest import ROOT
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import blockir
-from blockir.analysis.env import block_env, program_env
+from blockir.analyses.env import block_env, program_env
 from blockir.backends import session
 from blockir.backends.sizes import program_sizes
 from blockir.backends.telemetry import residual_sites
@@ -18,7 +18,7 @@ from blockir.cli import main
 from blockir.ir.ops import NormOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup
+from blockir.rewrites.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup
 from conftest import ROOT
 
 DIMS = {"B": 2, "S": 8}
@@ -370,7 +370,7 @@ def test_recipe_results_are_plain_programs() -> None:
 
 
 def test_fused_programs_are_refused() -> None:
-    from blockir.passes.fuse import fuse_program
+    from blockir.rewrites.fuse import fuse_program
     fused, _ = fuse_program(program())
     with pytest.raises(RecipeError, match="already fused"):
         rezero.apply(fused, "PostLNLayer")

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 import blockir
-from blockir.analysis.manifest import program_manifest
-from blockir.analysis.structure import wrapper
+from blockir.analyses.manifest import program_manifest
+from blockir.analyses.structure import wrapper
 from blockir.cli import main
-from blockir.passes.classify import REGISTRY, classify_program, match_registry, wrapper_graph
-from blockir.passes.fuse import fuse_program
+from blockir.analyses.classify import REGISTRY, classify_program, match_registry, wrapper_graph
+from blockir.rewrites.fuse import fuse_program
 from conftest import ROOT
 
 # (file, block) -> topology, each checked against the real layer's forward

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import blockir
-from blockir.analysis.diff import diff_blocks
+from blockir.analyses.diff import diff_blocks
 from blockir.cli import main
 from blockir.ir.printer import format_program
 from conftest import EXAMPLES

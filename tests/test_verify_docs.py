@@ -27,8 +27,8 @@ def _sections() -> dict[str, str]:
 
 def _emitted() -> set[str]:
     codes: set[str] = set()
-    for name in ("shape_ownership", "norm_contract", "topology", "classify", "liveness"):
-        codes |= set(re.findall(r"""["']([EW]\d{4})["']""", (ROOT / "blockir" / "passes" / f"{name}.py").read_text()))
+    for path in (ROOT / "blockir" / "verifiers").glob("*.py"):
+        codes |= set(re.findall(r"""["']([EW]\d{4})["']""", path.read_text()))
     return {c for c in codes if VERIFIER_CODE.fullmatch(c)}
 
 

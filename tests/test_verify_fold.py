@@ -6,7 +6,7 @@ from contextlib import redirect_stdout
 
 import blockir
 from blockir.cli import main
-from blockir.passes.fold_legality import fold_report
+from blockir.analyses.fold_legality import fold_report
 from conftest import ROOT
 
 HEAD = """dim B: batch

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import blockir
-from blockir.analysis.keys import SizeError, param_keys, reconcile
+from blockir.analyses.keys import SizeError, param_keys, reconcile
 from blockir.cli import main
 from conftest import EXAMPLES, ROOT
 

@@ -8,8 +8,8 @@ import pytest
 
 import blockir
 from blockir.cli import main
-from blockir.passes.fuse import fuse_program
-from blockir.passes.liveness import plan
+from blockir.rewrites.fuse import fuse_program
+from blockir.analyses.liveness import plan
 from conftest import ROOT
 
 LLAMA = ROOT / "examples" / "llama.block"

@@ -46,8 +46,8 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
                                 Span(program.filename, 1, 1))])
     if backend == "fused":
         import blockir.backends.fused.lowering  # noqa: F401  (registers the fused op lowering)
-        from blockir.passes.fuse import fuse_program
-        from blockir.passes.inline import inline_stacks
+        from blockir.rewrites.fuse import fuse_program
+        from blockir.rewrites.inline import inline_stacks
         program, _ = fuse_program(inline_stacks(program, name))
     sizes = program_sizes(program, dims)
     rng = torch.random.fork_rng() if seed is not None else nullcontext()

@@ -228,7 +228,7 @@ def _owned(block: Block, value: str, donated: bool) -> bool:
 
 
 def _inplace_adds(block: Block, donated: bool) -> dict[int, str]:
-    from blockir.passes.liveness import plan  # the inference buffer plan decides; this only applies it
+    from blockir.analyses.liveness import plan  # the inference buffer plan decides; this only applies it
     return {id(d.op): d.target for d in plan(block, "infer").adds
             if d.inplace and isinstance(d.op, O.AddOp) and _owned(block, d.target, donated)}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockir.analysis.diff import diff_blocks, format_diff
+from blockir.analyses.diff import diff_blocks, format_diff
 from blockir.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, emit, load_file
 from blockir.ir.program import Block, Program
 

@@ -7,8 +7,8 @@ import argparse
 from blockir.cli import EXIT_OK, with_program
 from blockir.ir.printer import format_program
 from blockir.ir.program import Block, Program
-from blockir.passes.fold_legality import fold_report, format_report
-from blockir.transforms.fold import apply_folds, format_log
+from blockir.analyses.fold_legality import fold_report, format_report
+from blockir.rewrites.fold import apply_folds, format_log
 
 
 def _apply(program: Program, blocks: list[Block], mode: str) -> str:

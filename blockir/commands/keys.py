@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockir.analysis.keys import SizeError, param_keys
+from blockir.analyses.keys import SizeError, param_keys
 from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
 from blockir.ir.program import Block, Program
 

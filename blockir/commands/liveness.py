@@ -5,7 +5,7 @@ import argparse
 
 from blockir.cli import EXIT_OK, with_program
 from blockir.ir.program import Block, Program
-from blockir.passes.liveness import MODES, format_plan, plan
+from blockir.analyses.liveness import MODES, format_plan, plan
 
 
 def run(args: argparse.Namespace) -> int:

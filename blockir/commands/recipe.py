@@ -29,7 +29,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     def apply(program: Program, blocks: list[Block]) -> int:
-        from blockir.recipes import RECIPES, RecipeError
+        from blockir.rewrites.recipes import RECIPES, RecipeError
         if args.recipe == "deepnorm" and args.arch is None:
             print("blockir: deepnorm needs --arch (encoder-only, decoder-only or encoder-decoder)", file=sys.stderr)
             return EXIT_USAGE

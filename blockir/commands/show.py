@@ -18,7 +18,7 @@ def _render(fmt: str, program: Program, blocks: list[Block], whole: bool, manife
         from blockir.ir.printer import format_block, format_program
         return format_program(program) if whole else format_block(blocks[0]) + "\n"
     if fmt == "manifest":
-        from blockir.analysis.manifest import program_manifest, to_yaml
+        from blockir.analyses.manifest import program_manifest, to_yaml
         data = program_manifest(program, None if whole else blocks)
         return to_yaml(data) if manifest_format == "yaml" else json.dumps(data, indent=2) + "\n"
     if fmt == "dot":
@@ -31,7 +31,7 @@ def _render(fmt: str, program: Program, blocks: list[Block], whole: bool, manife
 def run(args: argparse.Namespace) -> int:
     def show(program: Program, blocks: list[Block]) -> int:
         if args.fuse:
-            from blockir.passes.fuse import fuse_program
+            from blockir.rewrites.fuse import fuse_program
             program, _ = fuse_program(program)
             blocks = [program.block(b.name) for b in blocks]
         print(_render(args.format, program, blocks, args.block is None, args.manifest_format), end="")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
-from blockir.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, finish, num, replace_blocks,
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, finish, num, replace_blocks,
                                   stack_depths, sublayers, target_block)
 
 

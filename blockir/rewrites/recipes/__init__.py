@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from blockir.recipes import admin, deepnorm, layerscale, rezero, tfixup
-from blockir.recipes.base import RecipeError, RecipeResult, Report
+from blockir.rewrites.recipes import admin, deepnorm, layerscale, rezero, tfixup
+from blockir.rewrites.recipes.base import RecipeError, RecipeResult, Report
 
 RECIPES: dict[str, Callable[..., RecipeResult]] = {
     "deepnorm": deepnorm.apply,

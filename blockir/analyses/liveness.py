@@ -18,17 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from blockir.analysis.env import block_env, program_env
-from blockir.analysis.facts import stated
-from blockir.analysis.structure import decl_kind, describe, wrapper
-from blockir.diagnostics import Diagnostic, Note, error, warning
+from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.ir.consts import Num
 from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp,
                             ScaleOp, results_of)
 from blockir.ir.printer import format_op
-from blockir.ir.program import Block, Program
+from blockir.ir.program import Block
 from blockir.ir.types import DType, TensorType
-from blockir.passes.registry import verifier
 
 Mode = Literal["train", "infer"]
 MODES = ("train", "infer")
@@ -292,53 +288,3 @@ def format_plan(block: Block, p: BufferPlan) -> str:
         lines.append(f"    b{b} {str(p.types[values[0]]):<16} {', '.join(values)}")
     lines.append(f"  peak live {p.stream} tensors: {p.peak} (while computing {p.peak_at})")
     return "\n".join(lines)
-
-
-# --- verifier: user-asserted in-place adds -------------------------------------------
-
-def verify_block(block: Block, env: dict) -> list[Diagnostic]:
-    asserted = [op for op in block.ops if isinstance(op, AddOp) and op.inplace]
-    if not asserted:
-        return []
-    infer, train = plan(block, "infer"), plan(block, "train")
-    fact = stated(block, env).get("training")
-    out: list[Diagnostic] = []
-    for op in asserted:
-        d = infer.decision(op.result)
-        if not d.inplace:
-            out.append(_illegal(block, d))
-            continue
-        t = train.decision(op.result)
-        if t.inplace or fact is not None and fact.value == 0:
-            continue
-        message = f"@inplace '{op.result}' would overwrite '{t.target}', but {t.reason}"
-        note = [Note("saved here", t.blocker.span)] if t.blocker is not None else []
-        if fact is not None and fact.value == 1:
-            out.append(error("E0504", message, op.span, notes=note + [Note("stated here", fact.const.span)],
-                             hint="the block states training = 1: drop @inplace, or recompute the saved value"))
-        else:
-            out.append(warning("W0501", message + " in training", op.span, notes=note,
-                               hint="it is in place only in inference; state `const training = 0` if the block is "
-                                    "never trained, or drop @inplace"))
-    return out
-
-
-def _illegal(block: Block, d: AddDecision) -> Diagnostic:
-    message = f"@inplace '{d.result}' cannot overwrite '{d.target}': {d.reason}"
-    notes = [Note(_NOTES[d.kind], d.blocker.span)] if d.blocker is not None and d.kind in _NOTES else []
-    code, hint = _CODES[d.kind or "read"]
-    return error(code, message, d.op.span, notes=notes, hint=hint)
-
-
-_NOTES = {"read": "read here", "alias": "produced here"}
-_CODES = {
-    "read": ("E0501", "a later op still needs the old value: drop @inplace, or move that read before the add"),
-    "alias": ("E0502", "writing over one operand while reading a view of it corrupts the sum; drop @inplace"),
-    "dtype": ("E0503", "an in-place result keeps the storage dtype; cast explicitly or drop @inplace"),
-}
-
-
-@verifier("liveness")
-def verify_liveness(program: Program) -> list[Diagnostic]:
-    base = program_env(program)
-    return [d for b in program.blocks for d in verify_block(b, block_env(base, b))]

@@ -4,10 +4,10 @@
 (constants per layer), ``facts`` (stated facts), ``keys`` (parameter keys,
 shapes and checkpoint reconciliation), ``diff`` (graph comparison) and
 ``manifest`` (the architecture manifest). The buffer plan and the fold report
-live with their verifiers: ``blockir.passes.liveness.plan`` and
-``blockir.passes.fold_legality.fold_report``.
+live with their verifiers: ``blockir.analyses.liveness.plan`` and
+``blockir.analyses.fold_legality.fold_report``.
 """
-from blockir.analysis.diff import BlockDiff, diff_blocks
-from blockir.analysis.keys import KeyTable, Reconciliation, SizeError, param_keys, reconcile
+from blockir.analyses.diff import BlockDiff, diff_blocks
+from blockir.analyses.keys import KeyTable, Reconciliation, SizeError, param_keys, reconcile
 
 __all__ = ["BlockDiff", "KeyTable", "Reconciliation", "SizeError", "diff_blocks", "param_keys", "reconcile"]

@@ -30,6 +30,6 @@ def run_verifiers(program: Program, names: Iterable[str] | None = None) -> list[
 
 def _load_all() -> None:
     # importing every module of the package registers its verifiers
-    import blockir.passes as package
+    import blockir.verifiers as package
     for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"blockir.passes.{info.name}")
+        importlib.import_module(f"blockir.verifiers.{info.name}")

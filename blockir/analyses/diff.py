@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_edge_match, categorical_node_match
 
-from blockir.analysis.keys import SizeError, param_keys
+from blockir.analyses.keys import SizeError, param_keys
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.printer import format_decl, format_op

@@ -17,7 +17,7 @@ from __future__ import annotations
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.program import Program
-from blockir.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
                                   gained_branches, has_cross_attention, name, num, replace_blocks, stack_depths,
                                   target_block)
 

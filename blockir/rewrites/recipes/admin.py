@@ -33,13 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from blockir.analysis.env import block_env, program_env, value
-from blockir.analysis.structure import Sublayer, decl_kind, wrapper
+from blockir.analyses.env import block_env, program_env, value
+from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.passes.fold_legality import FIRST_LINEAR
-from blockir.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish,
+from blockir.analyses.fold_legality import FIRST_LINEAR
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish,
                                   models_stacking, num, replace_blocks, scaled_post_ln, sublayers, target_block)
 
 AFFINE_NORMS = ("layernorm", "rmsnorm", "dyt")  # norms whose per-channel state can absorb a vector

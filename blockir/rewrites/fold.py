@@ -1,7 +1,7 @@
 """Fold transforms: inference-only scales, norm affines and dropouts disappear into the linears
 next to them, in the IR and in a compiled module's weights.
 
-Fold legality (:mod:`blockir.passes.fold_legality`) is the proof: a site is folded only when
+Fold legality (:mod:`blockir.analyses.fold_legality`) is the proof: a site is folded only when
 its report marks it legal, and only when the parameters this rewrite would edit are exactly
 the ones the proof named; anything else is kept and logged with the reason. ``RULES`` holds one
 rule per line with the algebra it relies on (x̂ is the normalized value, c a constant scale that
@@ -14,13 +14,13 @@ from typing import Any, Mapping
 
 import torch.fx as fx
 
-from blockir.analysis.structure import decl_kind
+from blockir.analyses.structure import decl_kind
 from blockir.backends.sizes import Sizes, program_sizes
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
-from blockir.passes.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
-from blockir.transforms.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
+from blockir.analyses.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
+from blockir.rewrites.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
                                              ShiftBias, rebuild_module)
 
 

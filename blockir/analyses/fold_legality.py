@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blockir.analysis.structure import decl_kind, describe, wrapper
+from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl

@@ -13,17 +13,17 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from blockir.analysis.env import block_env, layer_counts, program_env, uses_layer, value
-from blockir.analysis.facts import stated
-from blockir.analysis.structure import (Wrapper, ancestors, decl_kind, describe, is_linear, normalized_shortcut,
+from blockir.analyses.env import block_env, layer_counts, program_env, uses_layer, value
+from blockir.analyses.facts import stated
+from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, is_linear, normalized_shortcut,
                                         wrapper)
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
-from blockir.passes.classify import final_norm
-from blockir.passes.registry import verifier
+from blockir.analyses.classify import final_norm
+from blockir.verifiers.registry import verifier
 
 SELF = ("self_attention", "causal_self_attention")
 MLPS = ("mlp", "gated_mlp")

@@ -7,13 +7,13 @@ have the same size. Calls must also receive the axes their declarations take.
 """
 from __future__ import annotations
 
-from blockir.analysis.structure import ancestors, decl_kind, describe, state_input, wrapper
+from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import AddOp, CallOp, ConcatOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Role, TensorType
-from blockir.passes.registry import verifier
+from blockir.verifiers.registry import verifier
 
 SPLIT_HEADS = (Role.HEADS, Role.HEAD_DIM)
 MODEL_WIDTH_KINDS = ("self_attention", "cross_attention", "mlp", "gated_mlp")

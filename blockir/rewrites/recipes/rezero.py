@@ -15,7 +15,7 @@ from __future__ import annotations
 from blockir.ir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
-from blockir.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish, num,
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish, num,
                                   replace_blocks, sublayers, target_block)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from blockir.ir import consts as C
 from blockir.ir.program import Block, Program
-from blockir.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
                                   gained_branches, has_cross_attention, name, num, replace_blocks, scaled_post_ln,
                                   stack_depths, sublayers, target_block)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from blockir.diagnostics import Diagnostic, warning
 from blockir.ir.ops import InputOp, OutputOp, ScaleOp, results_of
 from blockir.ir.program import Program
-from blockir.passes.registry import verifier
+from blockir.verifiers.registry import verifier
 
 
 @verifier("names")

@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
-from blockir.analysis.env import Env, block_env, layer_counts, program_env, value
-from blockir.analysis.facts import stated
-from blockir.analysis.structure import Branch, Sublayer, wrapper
+from blockir.analyses.env import Env, block_env, layer_counts, program_env, value
+from blockir.analyses.facts import stated
+from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
-from blockir.passes.classify import RECIPES, REGISTRY, Classification, classify, final_norm
+from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm
 
 PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final"}
 EQUATIONS = {t.name: t.equation for t in REGISTRY} | RECIPES

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from blockir.analysis.env import block_env, contexts, layer_counts, program_env, uses_layer, value
-from blockir.analysis.structure import describe
+from blockir.analyses.env import block_env, contexts, layer_counts, program_env, uses_layer, value
+from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.ops import FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, Role, TensorType
-from blockir.passes.registry import verifier
+from blockir.verifiers.registry import verifier
 
 ROW_WORDS = {Role.SEQ: "the tokens of each sequence", Role.BATCH: "the examples of each batch"}
 ROLE_WORDS = {Role.SEQ: "sequence", Role.BATCH: "batch"}
