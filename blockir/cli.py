@@ -67,7 +67,11 @@ def with_program(args: argparse.Namespace, fn: Callable[[Program, list[Block]], 
     if isinstance(blocks, str):
         print(f"blockir: {blocks}", file=sys.stderr)
         return EXIT_USAGE
-    return fn(program, blocks)
+    try:
+        return fn(program, blocks)
+    except BlockError as exc:  # sizes, names and bindings that only a command's work can check
+        emit(exc.diagnostics, sources)
+        return EXIT_ERRORS
 
 
 def build_parser() -> argparse.ArgumentParser:

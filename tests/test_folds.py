@@ -255,7 +255,7 @@ def test_fold_cli_without_apply_keeps_the_legality_table(mode: str) -> None:
 
 
 def test_a_folded_weightless_rmsnorm_is_understood_by_keys_cost_fusion_and_legality() -> None:
-    from blockir.analyses.cost import norm_parameters
+    from blockir.reports.cost import norm_parameters
     from blockir.analyses.keys import reconcile
     from blockir.analyses.fold_legality import fold_report
     from blockir.rewrites.fuse import fuse_program

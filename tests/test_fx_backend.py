@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.backends.branches import rope_cos_sin
-from blockir.backends.sizes import program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Program
 from blockir.ir.types import Axis
@@ -237,7 +237,7 @@ def test_compile_accepts_a_parsed_program_and_rejects_an_invalid_one() -> None:
 
 def _externs(program: Program, block: str, prefix: str = "") -> list[tuple[str, ExternDecl]]:
     """Every extern reachable from ``block``, at the bind path compile expects."""
-    sizes = program_sizes(program)
+    sizes = Sizes.of(program)
     found: list[tuple[str, ExternDecl]] = []
     for d in program.block(block).decls:
         if isinstance(d, ExternDecl):
@@ -253,7 +253,7 @@ def _externs(program: Program, block: str, prefix: str = "") -> list[tuple[str, 
 
 def _size(program: Program, axis: Axis) -> int:
     if axis.size is not None:
-        return int(program_sizes(program).value(axis.size))
+        return int(Sizes.of(program).value(axis.size))
     return OPEN_SIZES[axis.name]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import blockir
-from blockir.analyses.keys import SizeError, param_keys, reconcile
+from blockir.analyses.keys import param_keys, reconcile
+from blockir.diagnostics import BlockError
 from blockir.cli import main
 from conftest import EXAMPLES, ROOT
 
@@ -63,8 +64,11 @@ block N(x: [B, S, D]) -> [B, S, D] {
   return y
 }
 """)
-    with pytest.raises(SizeError, match="dim 'D' has no size; give it with --dims D=…"):
+    with pytest.raises(BlockError) as info:
         param_keys(program, "N")
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message, d.span.line, d.hint) == (
+        "E0701", "dim 'D' has no size", 3, "give it when compiling: dims={'D': …} (CLI: --dims D=…)")
     table = param_keys(program, "N", {"D": 8})
     assert table.shapes == {"ln.weight": (8,), "scale.scale": (), "dyt.alpha": (1,), "dyt.weight": (8,),
                             "dyt.bias": (8,), "g": (), "v": (8,)}
@@ -109,9 +113,9 @@ def test_keys_cli(tmp_path: Path) -> None:
     open_dims.write_text("dim B: batch\ndim D: model\nblock A(x: [B, D]) -> [B, D] {\n  n: rmsnorm(D)\n"
                          "  return n(x)\n}\n")
     with redirect_stderr(err), redirect_stdout(io.StringIO()):
-        assert main(["keys", str(open_dims)]) == 2
+        assert main(["keys", str(open_dims)]) == 1
         assert main(["keys", str(open_dims), "--dims", "D=x"]) == 2
-    assert "dim 'D' has no size" in err.getvalue()
+    assert f"{open_dims}:2:5: error[E0701]: dim 'D' has no size" in err.getvalue()
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["keys", str(open_dims), "--dims", "D=16"]) == 0

@@ -1,13 +1,14 @@
-"""Analyses that answer questions about a program rather than report errors.
+"""Read-only analyses: facts about a program that the verifiers, rewrites, backends and commands share.
 
-``structure`` (the residual wrapper every topology verifier reads), ``env``
-(constants per layer), ``facts`` (stated facts), ``keys`` (parameter keys,
-shapes and checkpoint reconciliation), ``diff`` (graph comparison) and
-``manifest`` (the architecture manifest). The buffer plan and the fold report
-live with their verifiers: ``blockir.analyses.liveness.plan`` and
-``blockir.analyses.fold_legality.fold_report``.
+Each fact has one owner: ``sizes`` (the size environment), ``structure`` (the
+residual wrapper: state, spine, each update's shortcut and branches),
+``norms`` (the norm-family table), ``summaries`` (what a block does to its
+inputs, seen from a call), ``facts`` (stated facts), ``keys`` (parameter keys,
+shapes and checkpoint reconciliation), ``classify`` (topology names),
+``liveness`` (the buffer plan), ``fold_legality`` (the fold report), ``cost``,
+``diff`` and ``manifest``.
 """
 from blockir.analyses.diff import BlockDiff, diff_blocks
-from blockir.analyses.keys import KeyTable, Reconciliation, SizeError, param_keys, reconcile
+from blockir.analyses.keys import KeyTable, Reconciliation, param_keys, reconcile
 
-__all__ = ["BlockDiff", "KeyTable", "Reconciliation", "SizeError", "diff_blocks", "param_keys", "reconcile"]
+__all__ = ["BlockDiff", "KeyTable", "Reconciliation", "diff_blocks", "param_keys", "reconcile"]

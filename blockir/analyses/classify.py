@@ -16,7 +16,7 @@ from typing import Callable
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_node_match
 
-from blockir.analyses.env import block_env, program_env, value
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, Wrapper, wrapper
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.ops import CallOp, CastOp, NormOp

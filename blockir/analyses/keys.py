@@ -17,16 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from blockir.analyses.env import Env, block_env, program_env, value
+from blockir.analyses.sizes import Sizes
+from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]
-
-
-class SizeError(ValueError):
-    """A shape cannot be sized: a dim without a value (give it with ``dims``), or a count that is not positive."""
 
 
 @dataclass(frozen=True)
@@ -54,30 +51,11 @@ class KeyTable:
         return "\n".join(lines)
 
 
-@dataclass
-class _Sizes:
-    env: Env
-    block: Block
-
-    def dim(self, name: str) -> int:
-        if name not in self.env:
-            raise SizeError(f"dim '{name}' has no size; give it with --dims {name}=… (dims={{'{name}': …}})")
-        return int(self.env[name])
-
-    def expr(self, expr: Any, what: str) -> int:
-        v = value(expr, self.env)
-        if v is None:
-            raise SizeError(f"{what} in '{self.block.name}' does not evaluate; give the dims it uses with --dims")
-        if not float(v).is_integer() or v < 1:
-            raise SizeError(f"{what} in '{self.block.name}' must be a positive integer, got {v}")
-        return int(v)
-
-
 def _first_use(block: Block, decl: str) -> Op | None:
     return next((op for op in block.ops if getattr(op, "decl", None) == decl), None)
 
 
-def _width(block: Block, op: Op | None, arg: int, s: _Sizes) -> int:
+def _width(block: Block, op: Op | None, arg: int, s: Sizes) -> int:
     if isinstance(op, CallOp) and len(op.args) > arg:
         t = block.type_of(op.args[arg])
     elif isinstance(op, NormOp):
@@ -87,7 +65,7 @@ def _width(block: Block, op: Op | None, arg: int, s: _Sizes) -> int:
     else:
         t = block.result
     if t.last is None:
-        raise SizeError(f"'{block.name}' has no model axis to size its branches")
+        raise BlockError([error("E0701", f"'{block.name}' has no model axis to size its branches", block.span)])
     return s.dim(t.last.name)
 
 
@@ -96,7 +74,7 @@ def _linear(prefix: str, out: int, inp: int, bias: bool) -> list[tuple[str, Shap
     return [(f"{dot}weight", (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
 
 
-def _norm(decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+def _norm(decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     shape = tuple(s.dim(a) for a in decl.arg("axes"))
     if decl.kind == "layernorm":
         if not decl.arg("affine"):
@@ -109,17 +87,18 @@ def _norm(decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
     return [] if decl.arg("affine") is False else [("weight", shape)]
 
 
-def _attention(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     use = _first_use(block, decl.name)
     width = _width(block, use, 0, s)
     kv_width = _width(block, use, 1, s) if decl.kind == "cross_attention" else width
-    heads = s.expr(decl.arg("heads"), f"heads of '{decl.name}'")
-    kv = s.expr(decl.arg("kv_heads"), f"kv_heads of '{decl.name}'") if decl.arg("kv_heads") is not None else heads
+    heads = s.count(decl.arg("heads"), f"heads of '{decl.name}'", decl.span)
+    kv = s.count(decl.arg("kv_heads"), f"kv_heads of '{decl.name}'", decl.span) \
+        if decl.arg("kv_heads") is not None else heads
     if decl.arg("head_dim") is not None:
-        hd = s.expr(decl.arg("head_dim"), f"head_dim of '{decl.name}'")
+        hd = s.count(decl.arg("head_dim"), f"head_dim of '{decl.name}'", decl.span)
     elif width % heads:
-        raise SizeError(f"{heads} heads of '{decl.name}' in '{block.name}' do not divide its width {width}; "
-                        "give head_dim=…")
+        raise BlockError([error("E0701", f"{heads} heads of '{decl.name}' in '{block.name}' do not divide its width "
+                                f"{width}", decl.span, hint="give head_dim=…, or a number of heads that divides the width")])
     else:
         hd = width // heads
     bias = bool(decl.arg("bias"))
@@ -128,7 +107,7 @@ def _attention(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape
             + _linear("v_proj", kv * hd, kv_width, bias) + _linear("o_proj", width, heads * hd, out_bias))
 
 
-def _kind_keys(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     if decl.category == "norm":
         return _norm(decl, s)
     if decl.kind in ("self_attention", "cross_attention"):
@@ -149,8 +128,7 @@ def _kind_keys(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape
     return []  # activations own no state
 
 
-def _collect(program: Program, block: Block, env: Env, prefix: str, keys: list[Key], unknown: list[str]) -> None:
-    s = _Sizes(env, block)
+def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str]) -> None:
     for decl in block.decls:
         path = prefix + decl.name
         if isinstance(decl, ExternDecl):
@@ -161,24 +139,22 @@ def _collect(program: Program, block: Block, env: Env, prefix: str, keys: list[K
         elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
             inner = program.block(decl.block)
             if decl.count is None:
-                _collect(program, inner, block_env(env, inner), path + ".", keys, unknown)
+                _collect(program, inner, s.for_block(inner), path + ".", keys, unknown)
                 continue
-            n = s.expr(decl.count, f"the layer count of '{decl.name}'")
+            n = s.count(decl.count, f"the layer count of '{decl.name}'", decl.span)
             for i in range(n):
-                _collect(program, inner, block_env(env, inner, i, n), f"{path}.{i}.", keys, unknown)
+                _collect(program, inner, s.for_block(inner, i, n), f"{path}.{i}.", keys, unknown)
 
 
 def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = None) -> KeyTable:
     """The parameter keys and shapes block (or model) ``name`` owns; ``dims`` sizes open dims."""
     if name not in program.block_map:
-        raise KeyError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
-    unknown_dims = set(dims or {}) - set(program.dim_map)
-    if unknown_dims:
-        raise SizeError(f"unknown dim(s) {', '.join(sorted(unknown_dims))}; dims: {', '.join(program.dim_map)}")
+        raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})",
+                                Span(program.filename, 1, 1))])
     block = program.block(name)
     keys: list[Key] = []
     unknown: list[str] = []
-    _collect(program, block, block_env(program_env(program, dims), block), "", keys, unknown)
+    _collect(program, block, Sizes.of(program, dims).for_block(block), "", keys, unknown)
     return KeyTable(name, tuple(keys), tuple(unknown))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from blockir.analyses.env import Env, block_env, layer_counts, program_env, value
+from blockir.analyses.sizes import Env, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.ir.decls import KindDecl

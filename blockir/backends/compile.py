@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from blockir.api import load, verify
 from blockir.backends.fx import lower_block
-from blockir.backends.sizes import program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.program import Program
 
@@ -44,12 +44,13 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     if name not in program.block_map:
         raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map)})",
                                 Span(program.filename, 1, 1))])
+    sizes = Sizes.of(program, dims)
     if backend == "fused":
         import blockir.backends.fused.lowering  # noqa: F401  (registers the fused op lowering)
         from blockir.rewrites.fuse import fuse_program
         from blockir.rewrites.inline import inline_stacks
-        program, _ = fuse_program(inline_stacks(program, name))
-    sizes = program_sizes(program, dims)
+        from blockir.rewrites.manager import run_rewrites
+        program = run_rewrites(program, [("inline", lambda p: inline_stacks(p, name, sizes)), ("fuse", fuse_program)])
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     place = torch.device(device) if device is not None else nullcontext()
     with rng, place:

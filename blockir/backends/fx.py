@@ -19,7 +19,7 @@ from torch import nn
 from blockir.backends import numerics
 from blockir.backends.modules import bound_extern, make_kind
 from blockir.backends.rng import dropout_key
-from blockir.backends.sizes import Sizes
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl

@@ -8,7 +8,7 @@ from torch import nn
 
 from blockir.backends import branches, numerics
 from blockir.backends.adapters import call_module
-from blockir.backends.sizes import Sizes
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.types import TensorType

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from blockir.backends.compile import compile as compile_block
-from blockir.backends.sizes import program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.backends.telemetry import SiteStats, telemetry
 from blockir.backends.trace import trace
 from blockir.ir.decls import ExternDecl, InstanceDecl
@@ -46,7 +46,7 @@ class StandIn(nn.Module):
 
 def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str = "") -> dict[str, nn.Module]:
     """A stand-in for every extern reachable from ``block``, keyed by its full path."""
-    sizes = program_sizes(program, dims)
+    sizes = Sizes.of(program, dims)
     out: dict[str, nn.Module] = {}
     for d in block.decls:
         if isinstance(d, ExternDecl):
@@ -61,7 +61,7 @@ def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str 
 
 
 def random_inputs(program: Program, block: Block, dims: dict[str, int], gen: torch.Generator) -> list[torch.Tensor]:
-    sizes = program_sizes(program, dims)
+    sizes = Sizes.of(program, dims)
     return [torch.randn(*(sizes.dim(a.name) for a in p.type.axes), generator=gen) for p in block.params]
 
 
@@ -93,5 +93,5 @@ def run_session(program: Program, block: Block, cfg: RunConfig, log: Callable[[s
                 break
             log(f"step {step + 1}/{cfg.steps}  loss {losses[-1]:.6f}  ({time.perf_counter() - t0:.2f} s)")
         _, values = trace(model, *inputs)
-    sites = telemetry(program, block, values, program_sizes(program, cfg.dims))
+    sites = telemetry(program, block, values, Sizes.of(program, cfg.dims))
     return RunReport(tuple(losses), tuple(sites), inputs[0].numel() // inputs[0].shape[-1])

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockir.backends.sizes import Sizes
+from blockir.analyses.sizes import Sizes
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.ops import AddOp
 from blockir.ir.program import Block, Program

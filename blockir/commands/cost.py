@@ -13,7 +13,7 @@ from blockir.ir.types import DType
 
 def run(args: argparse.Namespace) -> int:
     def show(program: Program, blocks: list[Block]) -> int:
-        from blockir.analyses.cost import CostError, format_ledger, ledger, ledger_data
+        from blockir.reports.cost import CostError, format_ledger, ledger, ledger_data
         block = blocks[0] if args.block else default_block(program)
         try:
             led = ledger(program, block.name, parse_dims(args.dims), DType(args.dtype))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blockir.analyses.keys import SizeError, param_keys
+from blockir.analyses.keys import param_keys
 from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
 from blockir.ir.program import Block, Program
 
@@ -27,11 +27,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     def show(program: Program, blocks: list[Block]) -> int:
-        try:
-            tables = [param_keys(program, b.name, dims) for b in blocks]
-        except SizeError as exc:
-            print(f"blockir: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+        tables = [param_keys(program, b.name, dims) for b in blocks]  # a size error is a located diagnostic
         print("\n\n".join(f"{b.kind} {t.block}:\n" + "\n".join("  " + line for line in str(t).splitlines())
                           for b, t in zip(blocks, tables)))
         return EXIT_OK

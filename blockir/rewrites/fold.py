@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch.fx as fx
 
 from blockir.analyses.structure import decl_kind
-from blockir.backends.sizes import Sizes, program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
@@ -255,7 +255,7 @@ def fold_block(program: Program, block_name: str, mode: str = "infer", *,
     that fired, then every site kept, with its reason.
     """
     block = program.block(block_name)
-    sizes = program_sizes(program, dims).for_block(block, 0, 1)
+    sizes = Sizes.of(program, dims).for_block(block, 0, 1)
     fired: list[FoldEvent] = []
     edits: list[Edit] = []
     refused: dict[tuple[Any, ...], FoldEvent] = {}

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
+from blockir.analyses.sizes import Sizes
 from blockir.ir.program import Block, Program
 
 VALUE_FIELDS = ("result", "operand", "lhs", "rhs", "value", "branch", "shortcut", "normalized", "residual", "site")
@@ -106,18 +107,10 @@ def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) 
     return decls, ops, current[0]
 
 
-def _count(program: Program, stack: InstanceDecl) -> int | None:
-    """The stack's depth from the file's sizes (None when it depends on a size given only at compile time)."""
-    env = {d.name: d.size for d in program.dims if d.size is not None} | {c.name: c.value for c in program.consts}
-    try:
-        return int(C.evaluate(substitute(stack.count, env), {C.LAYER: 0, C.NUM_LAYERS: 1}))  # type: ignore[arg-type]
-    except C.ConstError:
-        return None
-
-
-def inline_stacks(program: Program, name: str) -> Program:
-    """Inline every dropout-free stack that block ``name`` calls exactly once."""
+def inline_stacks(program: Program, name: str, sizes: Sizes) -> tuple[Program, bool]:
+    """Inline every dropout-free stack that block ``name`` calls exactly once; depths come from ``sizes``."""
     parent = program.block(name)
+    scope = sizes.for_block(parent)
     calls: dict[str, list[O.CallOp]] = {}
     for op in parent.ops:
         if isinstance(op, O.CallOp):
@@ -125,10 +118,11 @@ def inline_stacks(program: Program, name: str) -> Program:
     inlined: dict[str, tuple[list[Decl], list[O.Op], str]] = {}
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
-                and not _draws_dropout(program.block(d.block)) and (n := _count(program, d)) is not None:
+                and not _draws_dropout(program.block(d.block)):
+            n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)  # type: ignore[arg-type]
             inlined[d.name] = _inline_call(program, calls[d.name][0], d, n)
     if not inlined:
-        return program
+        return program, False
     decls = [x for d in parent.decls for x in (inlined[d.name][0] if d.name in inlined else [d])]
     ops: list[O.Op] = []
     renamed: dict[str, str] = {}
@@ -141,4 +135,4 @@ def inline_stacks(program: Program, name: str) -> Program:
         else:
             ops.append(op)
     block = replace(parent, decls=tuple(decls), ops=tuple(ops))
-    return replace(program, blocks=tuple(block if b.name == name else b for b in program.blocks))
+    return replace(program, blocks=tuple(block if b.name == name else b for b in program.blocks)), True

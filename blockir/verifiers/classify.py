@@ -6,7 +6,7 @@ way; a block that states neither must normalize every update the same way.
 from __future__ import annotations
 
 from blockir.analyses.classify import placement
-from blockir.analyses.env import block_env, program_env
+from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
 from blockir.diagnostics import Diagnostic, Note, error, warning

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from blockir.analyses.env import block_env, contexts, layer_counts, program_env, uses_layer, value
+from blockir.analyses.sizes import block_env, contexts, layer_counts, program_env, uses_layer, value
 from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from blockir.analyses.env import block_env, layer_counts, program_env, uses_layer, value
+from blockir.analyses.sizes import block_env, layer_counts, program_env, uses_layer, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, is_linear, normalized_shortcut,
                                         wrapper)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from blockir.analyses.env import block_env, program_env, value
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl

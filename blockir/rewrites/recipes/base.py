@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable
 
-from blockir.analyses.env import layer_counts, program_env
+from blockir.analyses.sizes import layer_counts, program_env
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.api import parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, render

@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from blockir.analyses.env import Env, block_env, program_env, value
+from blockir.analyses.sizes import Env, Sizes, block_env, program_env, value
 from blockir.analyses.structure import wrapper
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
@@ -360,16 +360,13 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
     ``dtype`` is the dtype of every value whose type leaves it open."""
     if name not in program.block_map:
         raise CostError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
-    unknown = set(dims or {}) - set(program.dim_map)
-    if unknown:
-        raise CostError(f"unknown dim(s): {', '.join(sorted(unknown))} (dims: {', '.join(program.dim_map)})")
-    base = program_env(program, dims)
+    base = program_env(program, dims)  # validates the overrides
     fused_program, _ = fuse_program(program)
     plain = _walk(program, program.block(name), base, dtype)
     fused = _walk(fused_program, fused_program.block(name), base, dtype)
     # the whole graph as backend="fused" compiles it: dropout-free stacks are inlined, so a boundary
     # between layers (and into the final norm) fuses too
-    inlined, _ = fuse_program(inline_stacks(program, name))
+    inlined, _ = fuse_program(inline_stacks(program, name, Sizes.of(program, dims))[0])
     fused.first[name] = _walk(inlined, inlined.block(name), base, dtype).first[name]
     blocks = []
     for block_name in plain.first:  # the order instances finish in: innermost first, the root last
