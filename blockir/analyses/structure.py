@@ -18,8 +18,10 @@ the op graph:
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
+
+import networkx as nx
 
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ConcatOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
@@ -73,6 +75,12 @@ class Sublayer:
     branches: tuple[Branch, ...]
     post_norm: NormOp | None
     fused_post: bool = False  # a fused root whose normalized output continues the stream (Post-LN)
+    leaves: tuple[str, ...] = ()  # the operands of the sum tree: the shortcut and the update operands
+
+    @property
+    def updates(self) -> tuple[str, ...]:
+        """The add operands that make the update u (their sum), the shortcut excluded."""
+        return tuple(v for v in self.leaves if v != self.shortcut)
 
     @property
     def result(self) -> str:
@@ -157,44 +165,27 @@ def _stream_value(block: Block, op: Op) -> str:
     return op.result
 
 
-def _immediate_dominators(block: Block, first: int) -> dict[int, int]:
-    """Immediate dominators of the ops reachable from op ``first``.
-
-    An SSA block lists its ops in topological order, so one pass computing
-    each op's dominator as the nearest common dominator of its operands'
-    producers is exact (the general iterative algorithm is not needed).
-    """
-    where: dict[str, int] = {}
-    idom: dict[int, int] = {first: first}
-    depth: dict[int, int] = {first: 0}
-    for i, op in enumerate(block.ops):
-        preds = [where[v] for v in op.operands if v in where and where[v] in idom]
-        for r in results_of(op):
-            where[r] = i
-        if i <= first or not preds:
-            continue  # before the state input, or not reachable from it
-        d = preds[0]
-        for p in preds[1:]:
-            a, b = d, p
-            while a != b:
-                if depth[a] >= depth[b]:
-                    a = idom[a]
-                else:
-                    b = idom[b]
-            d = a
-        idom[i], depth[i] = d, depth[d] + 1
-    return idom
+def op_graph(block: Block) -> nx.DiGraph:
+    """Op positions as nodes, an edge from each producer to each of its users (a fused op is one node)."""
+    where = {r: i for i, op in enumerate(block.ops) for r in results_of(op)}
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(block.ops)))
+    g.add_edges_from((where[v], i) for i, op in enumerate(block.ops) for v in op.operands if v in where)
+    return g
 
 
 def spine(block: Block, start: str | None) -> tuple[str, ...]:
+    """Stream values from the state input to the returned value: the output's dominators."""
     ops = block.ops
     out = next((i for i, op in enumerate(ops) if isinstance(op, OutputOp)), None)
     first = next((i for i, op in enumerate(ops) if isinstance(op, InputOp) and op.result == start), None)
     if out is None or first is None:
         return ()
-    idom = _immediate_dominators(block, first)
-    if out not in idom:
+    g = op_graph(block)
+    reach = nx.descendants(g, first) | {first}
+    if out not in reach:
         return (start,)  # the output does not depend on the state
+    idom = nx.immediate_dominators(g.subgraph(reach), first)
     chain, node = [], idom[out]
     while True:
         chain.append(node)
@@ -310,6 +301,26 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
     return Branch(leaf, tuple(ops), call, kind, tuple(pre), out_norm, tuple(modifiers), memory)
 
 
+def _shared_modifiers(block: Block, leaf: str, stop: frozenset[str],
+                      pos: dict[int, int]) -> tuple[list[str], tuple[Op, ...], list[AddOp]]:
+    """Split ``leaf`` when modifiers wrap a sum of branches: ``x + dropout(mlp(n) + attn(n))``.
+
+    Returns the branch leaves, the modifiers they share (add-side first) and
+    the inner adds; a leaf that is not such a sum comes back alone.
+    """
+    outer: list[Op] = []
+    v = leaf
+    op = block.producers.get(v)
+    while isinstance(op, MODIFIERS) and len(block.users.get(v, ())) == 1:
+        outer.append(op)
+        v = op.operands[0]
+        op = block.producers.get(v)
+    if outer and isinstance(op, AddOp) and v not in stop and len(block.users.get(v, ())) == 1:
+        joins, inner = _sum_tree(block, op, stop, pos)
+        return inner, tuple(outer), joins
+    return [leaf], (), []
+
+
 def _post_norm(block: Block, value: str) -> NormOp | None:
     users = block.users.get(value, ())
     return users[0] if len(users) == 1 and isinstance(users[0], NormOp) else None
@@ -328,12 +339,19 @@ def _sublayer(block: Block, root: AddOp | FusedAddNormOp, state: str, stop: froz
     if found:
         path, i = min(found, key=lambda pi: (_cost(block, pi[0]), pi[1]))
         shortcut, shortcut_ops = leaves[i], path
-    branches = tuple(_branch(block, leaf, state, stop, state_in, pos) for leaf in leaves if leaf != shortcut)
+    branches: list[Branch] = []
+    for leaf in leaves:
+        if leaf != shortcut:
+            inner, outer, joins = _shared_modifiers(block, leaf, stop, pos)
+            adds += joins
+            branches += [replace(b, modifiers=b.modifiers + outer)
+                         for b in (_branch(block, v, state, stop, state_in, pos) for v in inner)]
+    adds.sort(key=lambda a: pos[id(a)])
     post = None if isinstance(root, FusedAddNormOp) else _post_norm(block, root.result)
     if post is not None and post.result not in stop:
         post = None
     fused_post = isinstance(root, FusedAddNormOp) and not block.users.get(root.residual)
-    return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, branches, post, fused_post)
+    return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, tuple(branches), post, fused_post, tuple(leaves))
 
 
 # identity-keyed: equal blocks from different files carry different spans

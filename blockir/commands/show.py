@@ -22,7 +22,7 @@ def _render(fmt: str, program: Program, blocks: list[Block], whole: bool, manife
         data = program_manifest(program, None if whole else blocks)
         return to_yaml(data) if manifest_format == "yaml" else json.dumps(data, indent=2) + "\n"
     if fmt == "dot":
-        from blockir.ir.dot import block_to_dot
+        from blockir.reports.dot import block_to_dot
         return "".join(block_to_dot(b) for b in blocks)
     from blockir.ir.serialize import program_to_data, to_data
     return json.dumps(program_to_data(program) if whole else to_data(blocks[0]), indent=2) + "\n"

@@ -1,8 +1,10 @@
-"""Graphviz rendering: the residual stream as a vertical spine, branches beside it."""
+"""Graphviz rendering: the residual stream (as the residual-structure analysis finds it) as a vertical spine,
+branches beside it."""
 from __future__ import annotations
 
 from blockir.ir import ops as O
-from blockir.ir.graph import OUTPUT, block_graph, residual_spine
+from blockir.analyses.structure import wrapper
+from blockir.ir.graph import OUTPUT, block_graph
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 
@@ -18,8 +20,7 @@ def _label(op: O.Op) -> str:
 
 def block_to_dot(block: Block) -> str:
     g = block_graph(block)
-    spine = residual_spine(block)
-    spine_set = set(spine)
+    spine_set = wrapper(block).spine_set  # the residual analysis owns which values are the stream
     lines = [f"digraph {_quote(block.name)} {{", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
     for node, data in g.nodes(data=True):
         op = data.get("op")
