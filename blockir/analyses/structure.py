@@ -181,11 +181,9 @@ def spine(block: Block, start: str | None) -> tuple[str, ...]:
     first = next((i for i, op in enumerate(ops) if isinstance(op, InputOp) and op.result == start), None)
     if out is None or first is None:
         return ()
-    g = op_graph(block)
-    reach = nx.descendants(g, first) | {first}
-    if out not in reach:
+    idom = nx.immediate_dominators(op_graph(block), first)  # covers the ops reachable from the state
+    if out not in idom:
         return (start,)  # the output does not depend on the state
-    idom = nx.immediate_dominators(g.subgraph(reach), first)
     chain, node = [], idom[out]
     while True:
         chain.append(node)
