@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blockir.diagnostics import BlockError, Diagnostic, Span, error
+from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.grammar.builder import build
 from blockir.grammar.parser import decode, parse_ast
 from blockir.ir.program import Program
@@ -34,6 +34,10 @@ def read_source(path: str | Path) -> str:
 
 def verify(program: Program) -> list[Diagnostic]:
     """Run every registered verifier; returns errors and warnings sorted by position."""
+    if not isinstance(program, Program):
+        raise BlockError([argument_error("verify", "program", f"verify expects a Program, got {type(program).__name__}",
+                                         "parse text with blockir.parse(text), or read and verify a file with "
+                                         "blockir.load(path)")])
     return run_verifiers(program)
 
 
