@@ -57,17 +57,15 @@ class MaskBuilder:
         batch, heads, queries, keys = self.sizes
         if not isinstance(mask, Tensor):
             raise self._refuse(name, mask, FORMS)
+        four_d = mask.dim() == 4 and mask.shape[3] == keys and _fits(mask.shape, self.sizes)
         if mask.dim() == 2 and not mask.is_floating_point() and not mask.is_complex() and \
                 mask.shape[1] == keys and _fits(mask.shape, (batch, keys)):
             self._allow(mask.bool()[:, None, None, :])
-        elif mask.dim() == 4 and mask.shape[3] == keys and _fits(mask.shape, self.sizes):
-            if mask.dtype == torch.bool:
-                self._allow(mask)
-            elif mask.is_floating_point():
-                self._add(mask)
-            else:
-                raise self._refuse(name, mask, f"a 4D mask is bool (True = attend) or float (added); {FORMS}")
-        else:
+        elif four_d and mask.dtype == torch.bool:
+            self._allow(mask)
+        elif four_d and mask.is_floating_point():
+            self._add(mask)
+        else:  # an integer 4D mask would be ambiguous: 0 keeps in an additive mask, drops in a keep-mask
             raise self._refuse(name, mask, FORMS)
 
     def key_padding_mask(self, mask: object, name: str) -> None:
