@@ -35,7 +35,7 @@ def _device(device: torch.device | str | None) -> torch.device | None:
         place = torch.device(device)
         torch.empty(0, device=place)
     except (RuntimeError, AssertionError) as exc:  # an unparsable name, or a backend this build lacks
-        raise _bad("device", f"cannot allocate on device {str(device)!r}: {str(exc).splitlines()[0]}") from None
+        raise _bad("device", f"cannot allocate on device {str(device)!r}", f"torch says: {str(exc).splitlines()[0]}") from None
     return place
 
 
