@@ -38,8 +38,9 @@ def test_state_dict_keys_are_the_declared_dotted_names() -> None:
     declared = ["attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
                 "output.LayerNorm", "attention.self"]
     assert set(m.state_dict()) == {f"{d}.{p}" for d in declared for p in ("weight", "bias")}
-    # the extern is the bound module itself, at its declared path
-    assert m.get_submodule("attention.self") is attn
+    # the extern holds the bound module itself, and its parameters are the module's, at the declared path
+    assert m.get_submodule("attention.self").bound is attn
+    assert m.get_parameter("attention.self.weight") is attn.weight
 
 
 def test_stack_keys_are_numbered_per_layer() -> None:
@@ -159,8 +160,8 @@ def test_unknown_block_is_e0700() -> None:
     assert d.message == "no block named 'LlamaLayer' (blocks: LlamaDecoderLayer, LlamaModel)"
 
 
-def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'jit'"):
+def test_unknown_backend_is_e0722() -> None:
+    with pytest.raises(blockir.BlockError, match="unknown backend 'jit'"):
         blockir.compile(LLAMA, "LlamaDecoderLayer", backend="jit")
 
 

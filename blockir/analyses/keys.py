@@ -15,10 +15,10 @@ RMSNorm), because a partial load silently changes the model (seed 0x01).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from blockir.analyses.sizes import Sizes
-from blockir.diagnostics import BlockError, Span, error
+from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
@@ -195,8 +195,30 @@ class Reconciliation:
         return "\n".join(lines)
 
 
-def _shape(v: Any) -> Shape:
-    return tuple(int(n) for n in (v.shape if hasattr(v, "shape") else v))
+def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
+    return BlockError([argument_error("reconcile", argument, message, hint)])
+
+
+def _shape(key: Any, v: Any) -> Shape:
+    """A tensor's shape, or a shape given as a sequence of non-negative ints."""
+    dims = v.shape if hasattr(v, "shape") else v
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in dims):
+        raise _bad("state_dict_or_shapes", f"key {key!r} maps to {type(v).__name__} {v!r:.60}, neither a tensor nor "
+                   "a shape", "give a state_dict (key -> tensor) or key -> shape, e.g. {'norm.weight': (64,)}")
+    return tuple(int(n) for n in dims)
+
+
+def _checked_arguments(program: Any, name: Any, given: Any) -> None:
+    if not isinstance(program, Program):
+        raise _bad("program", f"reconcile expects a Program, got {type(program).__name__}",
+                   "blockir.load(path) or blockir.parse(text)")
+    if not isinstance(name, str) or name not in program.block_map:
+        raise BlockError([error("E0700", f"no block named {name!r} (blocks: {', '.join(program.block_map)})",
+                                Span(program.filename, 1, 1))])
+    if not isinstance(given, Mapping):
+        raise _bad("state_dict_or_shapes", f"expected a mapping of keys to tensors or shapes, got "
+                   f"{type(given).__name__}", "pass module.state_dict(), or {key: shape}")
 
 
 def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[FamilyMismatch]:
@@ -223,9 +245,10 @@ def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[
 def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, Any],
               dims: Mapping[str, int] | None = None) -> Reconciliation:
     """Compare block ``name``'s keys with a state_dict (tensors) or a key → shape mapping."""
-    table = param_keys(program, name, dims)
+    _checked_arguments(program, name, state_dict_or_shapes)
+    table = param_keys(program, name, dims)  # sizes are validated, with located diagnostics, by Sizes
     expected = table.shapes
-    given = {k: _shape(v) for k, v in state_dict_or_shapes.items()}
+    given = {k: _shape(k, v) for k, v in state_dict_or_shapes.items()}
     unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
     missing = {k for k in expected if k not in given}
     unexpected = {k for k in given if k not in expected and k not in unchecked}

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blockir.backends.masks import MaskBuilder
 from blockir.backends.numerics import ACTIVATIONS
+from blockir.diagnostics import UNKNOWN_SPAN, Span
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -72,15 +74,12 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """Scaled dot-product attention over heads; a given mask replaces the causal flag.
-
-    The mask may be boolean (True = may attend) or additive; SDPA accepts
-    both, matching the two formats HF builds for its attention back ends.
-    """
+def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, causal: bool) -> Tensor:
+    """Scaled dot-product attention over heads, obeying the given masks and the causal flag together."""
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    mask, is_causal = masks.build(causal, q.dtype, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
 
 
 class _Projections(nn.Module):
@@ -94,8 +93,11 @@ class _Projections(nn.Module):
         head_dim: int | None = None,
         bias: bool = False,
         out_bias: bool = False,
+        name: str = "attention",
+        span: Span = UNKNOWN_SPAN,
     ) -> None:
         super().__init__()
+        self.name, self.span = name, span  # the declaration, for diagnostics about the masks it is given
         kv_heads = kv_heads or heads
         if heads % kv_heads:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
@@ -108,6 +110,9 @@ class _Projections(nn.Module):
         self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, width, bias=out_bias)
+
+    def masks(self, x: Tensor, keys: int) -> MaskBuilder:
+        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, x.shape[1], keys))
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}"
@@ -127,8 +132,10 @@ class SelfAttention(_Projections):
         rope_theta: float = 10000.0,
         bias: bool = False,
         out_bias: bool = False,
+        name: str = "self_attention",
+        span: Span = UNKNOWN_SPAN,
     ) -> None:
-        super().__init__(width, heads, kv_heads, head_dim, bias, out_bias)
+        super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span)
         self.causal = causal
         self.rope = rope
         self.rope_theta = rope_theta
@@ -139,14 +146,19 @@ class SelfAttention(_Projections):
         *,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         attention_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
         **ctx: object,
     ) -> Tensor:
         """``x`` [B, S, D] -> [B, S, D].
 
         Caller-provided ``position_embeddings`` (cos, sin) win over the
         internal tables so that scaled RoPE variants computed by a host model
-        are honoured.
+        are honoured. ``attention_mask`` (HF's forms) and ``src_key_padding_mask``
+        (torch's) both apply, together with the block's causality.
         """
+        masks = self.masks(x, x.shape[1])
+        masks.attention_mask(attention_mask, "attention_mask")
+        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q = _split_heads(self.q_proj(x), self.head_dim)
         k = _split_heads(self.k_proj(x), self.head_dim)
         v = _split_heads(self.v_proj(x), self.head_dim)
@@ -156,7 +168,7 @@ class SelfAttention(_Projections):
                 position_embeddings = rope_cos_sin(seq_len, self.head_dim, self.rope_theta, x.device, x.dtype)
             cos, sin = position_embeddings
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(_merge_heads(_attend(q, k, v, attention_mask, self.causal)))
+        return self.o_proj(_merge_heads(_attend(q, k, v, masks, self.causal)))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}"
@@ -166,12 +178,21 @@ class SelfAttention(_Projections):
 class CrossAttention(_Projections):
     """Attention from queries of ``x`` to keys/values of an encoder ``memory``; never causal."""
 
-    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None, **ctx: object) -> Tensor:
-        """``x`` [B, T, D], ``memory`` [B, S, D] -> [B, T, D]; ``memory_mask`` broadcasts to [B, H, T, S]."""
+    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, **ctx: object) -> Tensor:
+        """``x`` [B, T, D], ``memory`` [B, S, D] -> [B, T, D].
+
+        ``memory_mask`` takes the forms of a self-attention's ``attention_mask`` over the memory's
+        positions (a ``[B, S]`` keep-mask, or ``[B, H, T, S]`` boolean or additive);
+        ``memory_key_padding_mask`` is torch's ``[B, S]`` (True = padded memory position).
+        """
+        masks = self.masks(x, memory.shape[1])
+        masks.attention_mask(memory_mask, "memory_mask")
+        masks.key_padding_mask(memory_key_padding_mask, "memory_key_padding_mask")
         q = _split_heads(self.q_proj(x), self.head_dim)
         k = _split_heads(self.k_proj(memory), self.head_dim)
         v = _split_heads(self.v_proj(memory), self.head_dim)
-        return self.o_proj(_merge_heads(_attend(q, k, v, memory_mask, causal=False)))
+        return self.o_proj(_merge_heads(_attend(q, k, v, masks, causal=False)))
 
 
 class MLP(nn.Module):

@@ -45,11 +45,6 @@ def invoke(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch
     return module(*args, **_kwargs(ctx))
 
 
-def call_extern(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
-    """Call a bound module through its adapter (adapter(module, *inputs, **ctx))."""
-    return module.blockir_adapter(module, *args, **_kwargs(ctx))
-
-
 def inplace_add(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """A residual add written over the shortcut's buffer, as the inference buffer plan allows.
 
@@ -168,8 +163,7 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
                 x = b.fn(invoke, (b.attr(f"{op.decl}.{i}"), b.ctx, x, *args[1:]),
                          op.result if i == count - 1 else None)
         else:
-            target = call_extern if isinstance(decl, ExternDecl) else invoke
-            b.fn(target, (b.attr(op.decl), b.ctx, *args), op.result)
+            b.fn(invoke, (b.attr(op.decl), b.ctx, *args), op.result)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
     elif isinstance(op, O.DropoutOp):
@@ -265,7 +259,7 @@ def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str,
             set_nested(root, d.name, _placed(make_kind(d, input_type, s), declared or act_dtype))
         elif isinstance(d, ExternDecl):
             set_nested(root, d.name, _placed(bound_extern(d, {k[len(prefix):]: v for k, v in bind.items()
-                                                              if k.startswith(prefix)}), act_dtype))
+                                                              if k.startswith(prefix)}, s), act_dtype))
         elif d.count is None:
             set_nested(root, d.name, lower_block(program, program.block(d.block), sizes, bind,
                                                  prefix=f"{prefix}{d.name}.",

@@ -1,14 +1,14 @@
 """Declarations → torch modules and parameters, named so state_dict keys equal the declared names."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from blockir.backends import branches, numerics
-from blockir.backends.adapters import call_module
 from blockir.analyses.sizes import Sizes
+from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.types import TensorType
@@ -59,7 +59,8 @@ def _apply_gain(module: nn.Module, kind: str, gain: float) -> None:
 def _branch(d: KindDecl, width: int, s: Sizes) -> nn.Module:
     if d.kind in ("self_attention", "cross_attention"):
         kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
-                                  head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"))
+                                  head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
+                                  name=f"{d.kind} '{d.name}'", span=d.span)
         if d.kind == "self_attention":
             kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))))
             return branches.SelfAttention(width, **kw)
@@ -89,15 +90,7 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
     return module
 
 
-def bound_extern(d: ExternDecl, bind: dict[str, Any]) -> nn.Module:
-    """The user's module for an extern, with its adapter attached for the graph to call."""
-    if d.name not in bind:
-        raise BlockError([error("E0704", f"extern '{d.name}' is not bound", d.span,
-                                hint=f"pass bind={{'{d.name}': module}} or (module, adapter) to compile")])
-    value = bind[d.name]
-    module, adapter = value if isinstance(value, tuple) else (value, call_module)
-    if not isinstance(module, nn.Module):
-        raise BlockError([error("E0704", f"extern '{d.name}' must be bound to an nn.Module, got {type(module).__name__}",
-                                d.span)])
-    module.blockir_adapter = adapter
-    return module
+def bound_extern(d: ExternDecl, bind: Mapping[str, Binding], s: Sizes) -> BoundExtern:
+    """The branch of an extern: its binding (checked by compile) called through the adapter."""
+    module, adapter = bind[d.name]
+    return BoundExtern(d, module, adapter, s)

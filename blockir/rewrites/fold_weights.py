@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor, nn
 
+from blockir.backends.bind import BoundExtern
 from blockir.backends.compile import compile as compile_block
 from blockir.ir.program import Program
 
@@ -117,8 +118,8 @@ def apply_edits(state: dict[str, Tensor], edits: list[Edit]) -> dict[str, Tensor
 
 def _bindings(module: nn.Module) -> dict[str, Any]:
     """Copies of the module's bound externs, keyed by path, so the rebuild owns its own."""
-    return {path: (copy.deepcopy(m), m.blockir_adapter) for path, m in module.named_modules()
-            if path and hasattr(m, "blockir_adapter")}
+    return {path: (copy.deepcopy(m.bound), m.adapter) for path, m in module.named_modules()
+            if isinstance(m, BoundExtern)}
 
 
 def rebuild_module(program: Program, name: str, module: nn.Module, edits: list[Edit], mode: str,
