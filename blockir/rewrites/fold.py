@@ -10,9 +10,7 @@ stays between the norm and the linear).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
-
-import torch.fx as fx
+from typing import TYPE_CHECKING, Any, Mapping
 
 from blockir.analyses.structure import decl_kind
 from blockir.backends.sizes import Sizes, program_sizes
@@ -22,6 +20,9 @@ from blockir.ir.program import Block, Program
 from blockir.analyses.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
 from blockir.rewrites.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
                                              ShiftBias, rebuild_module)
+
+if TYPE_CHECKING:
+    import torch.fx as fx
 
 
 @dataclass(frozen=True)
