@@ -297,8 +297,9 @@ def format_log(block_name: str, mode: str, report: tuple[FoldEvent, ...]) -> str
     if not report:
         lines.append("  nothing to fold: no scales, affine norms or dropouts")
     width = max((len(e.site.name) for e in report), default=0)
+    at = max((len(str(e.site.span)) for e in report), default=0)
     for e in report:
-        head = f"  {e.site.span.line}:{e.site.span.column:<4} {e.site.kind:<8} {e.site.name:<{width}}"
+        head = f"  {str(e.site.span):<{at}}  {e.site.kind:<8} {e.site.name:<{width}}"
         if e.fired:
             assert e.rule is not None
             lines.append(f"{head}  fired  {e.rule}: {RULE[e.rule].algebra}")
