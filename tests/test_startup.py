@@ -78,9 +78,11 @@ def test_a_corrupt_or_unwritable_cache_only_costs_time(tmp_path: Path, monkeypat
 
 
 def test_without_triton_the_fused_ops_warn_once_and_use_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blockir.backends import fused
     from blockir.backends.fused import ops, reference
     monkeypatch.setitem(sys.modules, "triton", None)  # what an install without the extra looks like
     monkeypatch.delitem(sys.modules, "blockir.backends.fused.kernels", raising=False)
+    monkeypatch.delattr(fused, "kernels", raising=False)
     ops.triton_kernels.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
