@@ -160,7 +160,7 @@ def format_diff(d: BlockDiff, name_a: str, name_b: str) -> str:
         lines.append("  first difference:")
         for name, op in ((name_a, d.first_a), (name_b, d.first_b)):
             text = _describe(op)
-            where = f"{name}:{op.span.line}:{op.span.column}" if op is not None else name
+            where = str(op.span) if op is not None else name
             lines.append(f"    {where}: {text}")
         decl_a, decl_b = (getattr(op, "decl", None) for op in (d.first_a, d.first_b))
         if decl_a is not None and decl_a == decl_b and _decl(d.a, decl_a) != _decl(d.b, decl_b):

@@ -233,9 +233,9 @@ def format_report(block: Block, mode: str, sites: list[FoldSite]) -> str:
     if not sites:
         lines.append("  nothing to fold: no scales, affine norms or dropouts")
     width = max((len(s.name) for s in sites), default=0)
+    at = max((len(str(s.span)) for s in sites), default=0)
     for s in sites:
-        where = f"{s.span.line}:{s.span.column}"
-        head = f"  {where:<7} {s.kind:<8} {s.name:<{width}}"
+        head = f"  {str(s.span):<{at}}  {s.kind:<8} {s.name:<{width}}"
         if s.legal:
             target = f" -> {', '.join(s.into)}" if s.into else ""
             lines.append(f"{head}  yes  {s.action}{target}")

@@ -274,7 +274,7 @@ def format_plan(block: Block, p: BufferPlan) -> str:
         if d.inplace:
             lines.append(f"    {text:<34} in place: writes over '{d.target}'")
         else:
-            where = f", at {d.blocker.span.line}:{d.blocker.span.column}" if d.blocker is not None else ""
+            where = f", at {d.blocker.span}" if d.blocker is not None else ""
             lines.append(f"    {text:<34} out of place: '{d.target}' stays: {d.reason}{where}")
     if not p.adds:
         lines.append("    (none)")

@@ -11,6 +11,7 @@ from lark.visitors import Transformer_NonRecursive
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar import ast
+from blockir.grammar.cache import cached_lark
 
 MAX_BYTES = 1 << 20
 MAX_NESTING = 64
@@ -30,7 +31,7 @@ TOKEN_NAMES = {
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     grammar = resources.files("blockir.grammar").joinpath("block.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return cached_lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
 def _token_label(name: str) -> str:

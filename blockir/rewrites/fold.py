@@ -10,9 +10,7 @@ stays between the norm and the linear).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
-
-import torch.fx as fx
+from typing import TYPE_CHECKING, Any, Mapping
 
 from blockir.analyses.structure import decl_kind
 from blockir.analyses.sizes import Sizes
@@ -22,6 +20,9 @@ from blockir.ir.program import Block, Program
 from blockir.analyses.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
 from blockir.rewrites.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
                                              ShiftBias, rebuild_module)
+
+if TYPE_CHECKING:
+    import torch.fx as fx
 
 
 @dataclass(frozen=True)
@@ -296,8 +297,9 @@ def format_log(block_name: str, mode: str, report: tuple[FoldEvent, ...]) -> str
     if not report:
         lines.append("  nothing to fold: no scales, affine norms or dropouts")
     width = max((len(e.site.name) for e in report), default=0)
+    at = max((len(str(e.site.span)) for e in report), default=0)
     for e in report:
-        head = f"  {e.site.span.line}:{e.site.span.column:<4} {e.site.kind:<8} {e.site.name:<{width}}"
+        head = f"  {str(e.site.span):<{at}}  {e.site.kind:<8} {e.site.name:<{width}}"
         if e.fired:
             assert e.rule is not None
             lines.append(f"{head}  fired  {e.rule}: {RULE[e.rule].algebra}")
