@@ -1,4 +1,4 @@
-"""The residual-update ledger: the seed's worked example, hand-counted blocks, fused byte counts, saved bytes."""
+"""The residual-update ledger: a worked example, hand-counted blocks, fused byte counts, saved bytes."""
 from __future__ import annotations
 
 import functools
@@ -59,7 +59,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-# --- the seed's worked example (0x0AA) ------------------------------------------------------------
+# --- a worked example ------------------------------------------------------------
 
 def test_seed_worked_example_standalone_add() -> None:
     led = ledger(blockir.parse(MERGE), "Merge", SEED_DIMS, DType.BF16)

@@ -1,4 +1,4 @@
-"""Failure lab (seed 0x0D): one fixture per bug in a block's scope, with reviewed golden diagnostics.
+"""Failure lab: one fixture per bug in a block's scope, with reviewed golden diagnostics.
 
 Each fixture starts with ``# expect: CODE at LINE:COL`` lines naming every
 diagnostic it must produce, in order; its ``.expected`` file holds the exact

@@ -28,7 +28,7 @@ from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.grammar.parser import decode
 from blockir.ir import consts as C
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, KINDS, MASKS, ArgSpec
-from blockir.ir.ops import OutputOp, results_of
+from blockir.ir.ops import OutputOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 from blockir.ir.types import DType, TensorType
@@ -712,7 +712,7 @@ def test_generated_programs_parse_and_type_as_predicted(gen: Generated) -> None:
         defined: set[str] = set()
         for op in block.ops:
             assert set(op.operands) <= defined, f"{op} uses a value before its definition"
-            for result in results_of(op):
+            for result in op.results:
                 assert isinstance(block.type_of(result), TensorType)
                 defined.add(result)
         for name, t in gen.values[block.name].items():

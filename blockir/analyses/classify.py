@@ -1,4 +1,4 @@
-"""Topology classification: name each block after the registry of seed 0x04.
+"""Topology classification: name each block after the topology registry (docs/verifiers.md).
 
 The block's residual wrapper is condensed into a small graph (state, norm,
 branch and add nodes; see :func:`wrapper_graph`) and matched, by labelled
@@ -89,7 +89,7 @@ class Topology:
     pattern: Callable[[Shape], nx.DiGraph | None]
 
 
-# seed 0x04's registry, in the order patterns are tried
+# the topology registry, in the order patterns are tried
 REGISTRY: tuple[Topology, ...] = (
     Topology("post_ln", "N(x + F(x))", _sequential(pre=False, out=False, post=True)),
     Topology("pre_ln", "x + F(N(x))", _sequential(pre=True, out=False, post=False)),

@@ -7,7 +7,7 @@ names and the order of independent lines do not matter. When the graphs
 differ, every op is given a structural hash (its label and the hashes of its
 operands), and the first op on each side whose hash the other side lacks is
 the first difference. Two blocks with the same parameter keys and shapes but
-different graphs are the checkpoint trap of seed 0x04: same tensors,
+different graphs are the checkpoint trap: same tensors,
 different function.
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ def op_graph(block: Block) -> nx.DiGraph:
     where: dict[str, int] = {}
     for i, op in enumerate(block.ops):
         g.add_node(i, label=label(block, op))
-        for r in O.results_of(op):
+        for r in op.results:
             where[r] = i
         for k, v in enumerate(op.operands):
             # a fused op's second result is told apart by the operand index of its reader
@@ -89,7 +89,7 @@ def _hashes(block: Block) -> list[int]:
     out = []
     for op in block.ops:
         value = hash((label(block, op), tuple(h[v] for v in op.operands)))
-        for i, r in enumerate(O.results_of(op)):
+        for i, r in enumerate(op.results):
             h[r] = hash((value, i))
         out.append(value)
     return out

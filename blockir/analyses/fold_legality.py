@@ -1,6 +1,6 @@
 """Fold legality: which scales, norm affines and dropouts may fold into a linear, and where.
 
-A report, not diagnostics (seed 0x09A: a scale folds into a weight only if
+A report, not diagnostics (docs/folds.md: a scale folds into a weight only if
 that preserves dtype, quantization and weight sharing):
 
     dropout(x)  -> x                      in inference, always

@@ -10,13 +10,14 @@ its keys are unknown and reported as such.
 
 Reconciliation never loads anything: it reports every missing, unexpected and
 mis-shaped key and explains family mismatches (a LayerNorm bias offered to an
-RMSNorm), because a partial load silently changes the model (seed 0x01).
+RMSNorm), because a partial load silently changes the model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -75,16 +76,7 @@ def _linear(prefix: str, out: int, inp: int, bias: bool) -> list[tuple[str, Shap
 
 
 def _norm(decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
-    shape = tuple(s.dim(a) for a in decl.arg("axes"))
-    if decl.kind == "layernorm":
-        if not decl.arg("affine"):
-            return []
-        return [("weight", shape)] + ([("bias", shape)] if decl.arg("bias") else [])
-    if decl.kind == "scalenorm":
-        return [("scale", ())]
-    if decl.kind == "dyt":
-        return [("alpha", (1,)), ("weight", shape), ("bias", shape)]
-    return [] if decl.arg("affine") is False else [("weight", shape)]
+    return family(decl).keys(decl, tuple(s.dim(a) for a in decl.arg("axes")))
 
 
 def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:

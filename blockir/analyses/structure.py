@@ -24,8 +24,8 @@ from functools import cached_property
 import networkx as nx
 
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ConcatOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
-                            Op, OutputOp, ScaleOp, results_of)
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
+                            Op, OutputOp, ScaleOp)
 from blockir.ir.program import Block
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)
@@ -167,7 +167,7 @@ def _stream_value(block: Block, op: Op) -> str:
 
 def op_graph(block: Block) -> nx.DiGraph:
     """Op positions as nodes, an edge from each producer to each of its users (a fused op is one node)."""
-    where = {r: i for i, op in enumerate(block.ops) for r in results_of(op)}
+    where = {r: i for i, op in enumerate(block.ops) for r in op.results}
     g = nx.DiGraph()
     g.add_nodes_from(range(len(block.ops)))
     g.add_edges_from((where[v], i) for i, op in enumerate(block.ops) for v in op.operands if v in where)
@@ -387,21 +387,7 @@ def describe(block: Block, value: str) -> str:
     if not value.startswith("%"):
         return f"'{value}'"
     op = block.producers.get(value)
-    if isinstance(op, (NormOp, CallOp)):
-        return f"'{op.decl}(…)'"
-    if isinstance(op, ActivationOp):
-        return f"'{op.fn}(…)'"
-    if isinstance(op, DropoutOp):
-        return "'drop_path(…)'" if op.mask == "sample" else "'dropout(…)'"
-    if isinstance(op, ScaleOp):
-        return f"'{op.param} * …'" if op.param else "'… * …' (a constant scale)"
-    if isinstance(op, AddOp):
-        return "'… + …'"
-    if isinstance(op, CastOp):
-        return f"'cast(…, {op.dtype.value})'"
-    if isinstance(op, ConcatOp):
-        return "'concat(…)'"
-    return f"'{value}'"
+    return op.label() if op is not None else f"'{value}'"
 
 
 def ancestors(block: Block, value: str) -> set[str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from blockir.ir.ops import OutputOp, results_of
+from blockir.ir.ops import OutputOp
 from blockir.ir.program import Block
 
 OUTPUT = "<output>"
@@ -17,7 +17,7 @@ def block_graph(block: Block) -> nx.DiGraph:
     """
     g = nx.DiGraph()
     for op in block.ops:
-        names = results_of(op) if not isinstance(op, OutputOp) else (OUTPUT,)
+        names = op.results if not isinstance(op, OutputOp) else (OUTPUT,)
         for name in names:
             g.add_node(name, op=op)
         for i, v in enumerate(op.operands):

@@ -7,7 +7,7 @@ from functools import cached_property
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
-from blockir.ir.ops import InputOp, Op, OutputOp, results_of
+from blockir.ir.ops import InputOp, Op, OutputOp
 from blockir.ir.types import Axis, TensorType
 
 
@@ -35,11 +35,10 @@ class Block:
 
     @cached_property
     def producers(self) -> dict[str, Op]:
-        return {r: op for op in self.ops for r in results_of(op)}
+        return {r: op for op in self.ops for r in op.results}
 
     def type_of(self, value: str) -> TensorType:
-        op = self.producers[value]
-        return getattr(op, "residual_type") if getattr(op, "residual", None) == value else op.type
+        return self.producers[value].type_of(value)
 
     @cached_property
     def users(self) -> dict[str, tuple[Op, ...]]:

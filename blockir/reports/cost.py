@@ -1,4 +1,4 @@
-"""The residual-update ledger (seed 0x0AA): what the wrapper of a block costs.
+"""The residual-update ledger (docs/cost.md): what the wrapper of a block costs.
 
 For one block or model at concrete sizes it counts residual elements, residual
 adds, norm parameters, row reductions, bytes moved through memory by the
@@ -19,6 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from blockir.analyses.norms import FAMILIES, family
 from blockir.analyses.sizes import Env, Sizes, block_env, program_env, value
 from blockir.analyses.structure import wrapper
 from blockir.ir import ops as O
@@ -33,10 +34,10 @@ STATS_ITEMSIZE = 4  # row statistics are fp32 unless a norm declares another acc
 
 # row reductions per norm application: (forward, backward). LayerNorm reduces the mean and the
 # variance forward and sum(g*w) and sum(g*w*xhat) backward; RMSNorm and ScaleNorm one square sum
-# forward and sum(g*w*xhat) backward; DyT is elementwise.
-REDUCTIONS = {"layernorm": (2, 2), "rmsnorm": (1, 1), "scalenorm": (1, 1), "dyt": (0, 0)}
-# row statistics a norm writes for backward: mean and rstd, rstd, the row norm, none
-STATS = {"layernorm": 2, "rmsnorm": 1, "scalenorm": 1, "dyt": 0}
+# forward and sum(g*w*xhat) backward; DyT is elementwise. Row statistics saved for backward: mean and
+# rstd, rstd, the row norm, none. Both come from the norm-family table.
+REDUCTIONS = {name: f.reductions for name, f in FAMILIES.items()}
+STATS = {name: f.statistics for name, f in FAMILIES.items()}
 
 SCOPE = ("branch internals (attention, MLP, projections, activations) are not counted: only the residual "
          "wrapper (adds, scales, dropouts, casts, norms)")
@@ -208,12 +209,7 @@ def _rows(t: TensorType, env: Env) -> int:
 def norm_parameters(decl: KindDecl, env: Env) -> int:
     """Parameter elements of one norm declaration: LayerNorm 2D (D without bias, 0 without affine),
     RMSNorm D, ScaleNorm 1, DyT 2D + 1."""
-    width = _size(decl.arg("axes")[-1], env)
-    if decl.kind == "layernorm":
-        return width * (1 + bool(decl.arg("bias"))) if decl.arg("affine") else 0
-    if decl.kind == "rmsnorm" and decl.arg("affine") is False:
-        return 0
-    return {"rmsnorm": width, "scalenorm": 1, "dyt": 2 * width + 1}[decl.kind]
+    return family(decl).parameters(decl, _size(decl.arg("axes")[-1], env))
 
 
 def _stats_itemsize(decl: KindDecl) -> int:
@@ -238,10 +234,10 @@ def _boundary(block: Block, op: O.FusedAddNormOp, env: Env, dtype: DType) -> Fus
     if op.branch_param is not None:
         gain = block.decl_map[op.branch_param]
         scale = 1 if gain.kind == "scalar" else _size(gain.arg("axis"), env)
-    affine = decl.arg("affine") is not False if decl.kind == "rmsnorm" else bool(decl.arg("affine"))
+    fam = family(decl)
     return FusedBoundary(decl.kind, _rows(residual, env), _size(residual.axes[-1].name, env),
                          _itemsize(branch, dtype), _itemsize(residual, dtype), _itemsize(op.type, dtype),
-                         weight=affine, bias=affine and decl.kind == "layernorm" and bool(decl.arg("bias")),
+                         weight=fam.weight(decl), bias=fam.bias(decl),
                          scale_elements=scale)
 
 

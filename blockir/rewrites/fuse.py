@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from blockir.analyses.norms import family
 from blockir.ir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
 
-FUSABLE_NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
         return None
     norm = norms[0]
     decl = block.decl_map[norm.decl]
-    if not isinstance(decl, KindDecl) or decl.kind not in FUSABLE_NORMS or len(decl.arg("axes")) != 1:
+    if not isinstance(decl, KindDecl) or decl.category != "norm" or not family(decl).fusable \
+            or len(decl.arg("axes")) != 1:
         return None
     if decl.arg("accum") != "f32" or decl.arg("affine") is False:  # fp32 statistics and an RMS weight only
         return None

@@ -14,8 +14,8 @@ not reproduce those masks.
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -23,9 +23,6 @@ from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.analyses.sizes import Sizes
 from blockir.ir.program import Block, Program
 
-VALUE_FIELDS = ("result", "operand", "lhs", "rhs", "value", "branch", "shortcut", "normalized", "residual", "site")
-DECL_FIELDS = ("decl", "param", "branch_param")
-EXPR_FIELDS = ("p", "factor", "branch_factor", "shortcut_factor")
 _EXPRS = (C.Num, C.Name, C.Bin, C.Neg)
 
 
@@ -41,20 +38,7 @@ def substitute(expr: C.ConstExpr, env: dict[str, C.ConstExpr]) -> C.ConstExpr:
 
 def _rename_op(op: O.Op, value: Callable[[str], str], decl: Callable[[str], str],
                env: dict[str, C.ConstExpr]) -> O.Op:
-    changes: dict[str, Any] = {}
-    for f in fields(op):
-        v = getattr(op, f.name)
-        if v is None:
-            continue
-        if f.name in VALUE_FIELDS:
-            changes[f.name] = value(v)
-        elif f.name == "args":
-            changes[f.name] = tuple(value(a) for a in v)
-        elif f.name in DECL_FIELDS:
-            changes[f.name] = decl(v)
-        elif f.name in EXPR_FIELDS:
-            changes[f.name] = substitute(v, env)
-    return replace(op, **changes)
+    return op.rename(value, decl, lambda e: substitute(e, env))  # type: ignore[return-value]
 
 
 def _rename_decl(d: Decl, prefix: str, env: dict[str, C.ConstExpr]) -> Decl:

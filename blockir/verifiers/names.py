@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from blockir.diagnostics import Diagnostic, warning
-from blockir.ir.ops import InputOp, OutputOp, ScaleOp, results_of
+from blockir.ir.ops import InputOp, OutputOp, ScaleOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -22,7 +22,7 @@ def verify_names(program: Program) -> list[Diagnostic]:
         for op in block.ops:
             if isinstance(op, (InputOp, OutputOp)):
                 continue
-            for r in results_of(op):
+            for r in op.results:
                 if r not in used_values and not r.startswith("%"):
                     out.append(warning("W0120", f"value '{r}' is never used", op.span,
                                        hint="a computed state that is never read usually means a missing residual add"))

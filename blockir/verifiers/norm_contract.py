@@ -1,7 +1,7 @@
 """The norm contract: what each norm reduces over, its epsilon, family and precision.
 
 A Transformer norm computes one statistic per row over the model axis
-(seed 0x02–0x03); reducing over S, B or the whole sentence is a different
+(Ba et al., 2016; Zhang and Sennrich, 2019); reducing over S, B or the whole sentence is a different
 method. eps must be positive in every layer it is evaluated for. A LayerNorm
 without centering is an RMSNorm; an RMSNorm with a bias is not one. Half
 precision rows need f32 statistics. One norm instance applied at two sites

@@ -1,6 +1,6 @@
 """Shape and row ownership: a residual add joins two tensors with the same axes, by name.
 
-Matching rank or sizes is not enough (seed 0x01): ``[B,S,D] + [B,S,F]`` is an
+Matching rank or sizes is not enough: ``[B,S,D] + [B,S,F]`` is an
 MLP intermediate, ``[B,S,D] + [B,H,S,Dh]`` unmerged heads, and
 ``[B,T,D] + [B,S,D]`` adds rows owned by another sequence even when T and S
 have the same size. Calls must also receive the axes their declarations take.

@@ -1,12 +1,12 @@
 """Topology: where dropout, shortcuts, cross-attention and final norms sit.
 
 Branch dropout drops the update before the add, never the shortcut nor the
-sum (seed 0x0A). A stack whose layers leave the stream unnormalized ends with
-a norm (0x09). Cross-attention belongs to the decoder of an encoder–decoder,
-after masked self-attention and before the MLP (0x07). The shortcut is the
+sum (Vaswani et al., 2017). A stack whose layers leave the stream unnormalized ends with
+a norm (Xiong et al., 2020). Cross-attention belongs to the decoder of an encoder–decoder,
+after masked self-attention and before the MLP (Vaswani et al., 2017). The shortcut is the
 identity unless a recipe scales it; DeepNorm's α and β depend on the
-architecture (0x09A). A fused add+norm's normalized output is the branch
-input, its residual output the stream (0x0AA).
+architecture (Wang et al., 2022). A fused add+norm's normalized output is the branch
+input, its residual output the stream (docs/fused.md).
 """
 from __future__ import annotations
 

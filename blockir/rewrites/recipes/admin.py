@@ -1,4 +1,4 @@
-"""Admin (seed 0x09A): Post-LN with a profiled shortcut vector, ``x_i = LN(omega_i * x_{i-1} + F_i(x_{i-1}))``.
+"""Admin (Liu et al., 2020): Post-LN with a profiled shortcut vector, ``x_i = LN(omega_i * x_{i-1} + F_i(x_{i-1}))``.
 
 The graph: every sublayer becomes Post-LN (a Pre-LN one has its norm moved
 behind the sum, as for DeepNorm) with ``omega_i: vector(D, init=1)`` on the
@@ -13,10 +13,10 @@ Var(F_j), the variance over all elements of each branch output, and sets
     omega_i = sqrt(Var(x_0) + sum_{j<i} Var(F_j))
 
 in execution order over the whole stack. The stack input x_0 is the j = 0
-term: with the seed's sum alone omega_1 would be 0 and the first sublayer
+term: with the paper's sum alone omega_1 would be 0 and the first sublayer
 would lose its shortcut (the reference implementation fixes omega_1 = 1 and
 accumulates Var(x_0) + Var(F_1) + ... from there). The profile is one pass
-with every omega at 1, as the seed states (the reference sets each omega
+with every omega at 1, as the method states (the reference sets each omega
 while its pass proceeds).
 
 After training, ``init.fold(module)`` applies the paper's reparameterization:

@@ -1,4 +1,4 @@
-"""LayerScale (CaiT, seed 0x09A): ``h = x + diag(lambda) A(N(x))``, one learned channel gain per branch.
+"""LayerScale (CaiT, Touvron et al., 2021): ``h = x + diag(lambda) A(N(x))``, one learned channel gain per branch.
 
 The block must be Pre-LN and stays Pre-LN. Each branch output is multiplied
 by ``ls{i}.gamma: vector(D, init=eps)`` (timm's key names) right after the

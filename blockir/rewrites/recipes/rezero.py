@@ -1,11 +1,11 @@
-"""ReZero (seed 0x09A): ``x_{l+1} = x_l + g_l * F_l(x_l)``, each gate a learned scalar initialised to 0.
+"""ReZero (Bachlechner et al., 2020): ``x_{l+1} = x_l + g_l * F_l(x_l)``, each gate a learned scalar initialised to 0.
 
 At initialisation every layer is the identity (the state Jacobian is I) while
 each gate still receives the gradient <dL/dx_{l+1}, F_l(x_l)>. The paper's
 contract also removes normalization: with ``remove_norms=True`` (the default)
 every norm of the block goes, and so does the final norm of each model that
 stacks it; with ``remove_norms=False`` the gates are added to the graph as it
-is, which the seed calls a related engineering variant, not the paper.
+is, a related engineering variant, not the paper.
 
 One gate per branch (``resweight_1``, ``resweight_2``, …, in sublayer order),
 applied after the branch's dropout, where the add reads the update.
