@@ -254,7 +254,10 @@ def _closure(block: Block, leaf: str, stop: frozenset[str], pos: dict[int, int])
 
 def branch_kind(block: Block, ops: list[Op]) -> tuple[Op | None, str]:
     """The principal call of a branch and the name of what it computes."""
-    for op in ops:
+    # a built-in or bound computation is principal; a called block only when there is none (a block
+    # applied on the way, such as a normalizing helper, is not what the branch computes)
+    ranked = sorted(ops, key=lambda op: decl_kind(block, op) in ("block", "stack"))
+    for op in ranked:
         kind = decl_kind(block, op)
         if kind in ("self_attention", "cross_attention", "mlp", "gated_mlp", "extern", "block", "stack"):
             if kind == "self_attention":

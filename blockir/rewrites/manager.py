@@ -2,7 +2,7 @@
 
 Every rewrite has one contract, ``(program) -> (program, changed)``. A rewrite
 that turns a verified program into one that fails verification is a bug in
-blockir, not in the user's file, so it is reported as such (E0706) with the
+blockir, not in the user's file, so it is reported as such (E0707) with the
 verifier's own diagnostics attached.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def run_rewrites(program: Program, rewrites: Sequence[tuple[str, Rewrite]], veri
         if changed and verify:
             errors = [d for d in run_verifiers(new) if d.is_error]
             if errors:
-                raise BlockError([error("E0706", f"the '{name}' rewrite produced a program that does not verify",
+                raise BlockError([error("E0707", f"the '{name}' rewrite produced a program that does not verify",
                                         Span(program.filename, 1, 1),
                                         hint="this is a bug in blockir: please report it with the file")] + errors)
         program = new
