@@ -50,6 +50,10 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         from blockir.rewrites.inline import inline_stacks
         program, _ = fuse_program(inline_stacks(program, name))
     sizes = program_sizes(program, dims)
+    from blockir.verifiers.arguments import check_arguments  # sizes given here can break what check accepted
+    wrong = [d for d in check_arguments(program, dims) if d.is_error]
+    if wrong:
+        raise BlockError(wrong)
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     place = torch.device(device) if device is not None else nullcontext()
     with rng, place:

@@ -16,6 +16,7 @@ MAX_BYTES = 1 << 20
 MAX_NESTING = 64
 MAX_EXPR_DEPTH = 256
 MAX_EXPECTED_SHOWN = 8
+MAX_EXACT_DIGITS = 4000
 
 # Lark terminal names → what a person calls them.
 TOKEN_NAMES = {
@@ -210,7 +211,10 @@ class _ToAst(Transformer_NonRecursive):
     @_v(meta=True)
     def number(self, meta, c):
         text = str(c[0])
-        value: int | float = int(text) if text.isdigit() else float(text)
+        value: int | float = float(text)
+        if text.isdigit():
+            # Python refuses to convert thousands of digits; such a literal only needs to be known too large
+            value = int(text) if len(text) <= MAX_EXACT_DIGITS else 10 ** (len(text) - 1)
         return ast.Num(value, _span(self.filename, c[0]))
 
     @_v(meta=True)
