@@ -5,7 +5,7 @@ from pathlib import Path
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar.builder import build
-from blockir.grammar.parser import decode, parse_ast
+from blockir.grammar.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
 from blockir.verifiers.registry import run_verifiers
 
@@ -17,7 +17,8 @@ def parse(text: str, filename: str = "<string>") -> Program:
     the rendered diagnostics with source lines.
     """
     try:
-        return build(parse_ast(text, filename))
+        with gc_paused():
+            return build(parse_ast(text, filename))
     except BlockError as exc:
         raise BlockError(exc.diagnostics, {filename: text}) from None
 
@@ -34,7 +35,8 @@ def read_source(path: str | Path) -> str:
 
 def verify(program: Program) -> list[Diagnostic]:
     """Run every registered verifier; returns errors and warnings sorted by position."""
-    return run_verifiers(program)
+    with gc_paused():
+        return run_verifiers(program)
 
 
 def load(path: str | Path) -> Program:

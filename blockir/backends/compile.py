@@ -50,8 +50,9 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         from blockir.rewrites.inline import inline_stacks
         program, _ = fuse_program(inline_stacks(program, name))
     sizes = program_sizes(program, dims)
+    from blockir.analyses.budget import budget_diagnostics
     from blockir.verifiers.arguments import check_arguments  # sizes given here can break what check accepted
-    wrong = [d for d in check_arguments(program, dims) if d.is_error]
+    wrong = [d for d in check_arguments(program, dims) if d.is_error] or budget_diagnostics(program, name, dims)
     if wrong:
         raise BlockError(wrong)
     rng = torch.random.fork_rng() if seed is not None else nullcontext()

@@ -5,7 +5,9 @@ import argparse
 import sys
 import time
 
-from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
+from blockir.api import read_source
+from blockir.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, emit, with_program
+from blockir.diagnostics import BlockError
 from blockir.ir.program import Block, Program
 
 DEFAULT_ROW_DIMS = {"batch": 2, "seq": 16}
@@ -46,7 +48,11 @@ def run(args: argparse.Namespace) -> int:
                 dims[d.name] = DEFAULT_ROW_DIMS.get(d.role.value, 8)
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, dims=dims)
         start = time.perf_counter()
-        report = run_session(program, block, cfg, log=lambda line: print(line, flush=True))
+        try:
+            report = run_session(program, block, cfg, log=lambda line: print(line, flush=True))
+        except BlockError as exc:  # sizes known only now: the budget, heads against the width
+            emit(exc.diagnostics, {args.file: read_source(args.file)})
+            return EXIT_ERRORS
         print()
         print(f"{'site':<28}{'rho p50':>9}{'rho p90':>9}{'rho p99':>9}{'cos p50':>9}{'cos p90':>9}{'cos p99':>9}")
         for s in report.sites:

@@ -43,6 +43,7 @@ class Neg:
 
 
 ConstExpr = Union[Num, Name, Bin, Neg]
+EXPRS = (Num, Name, Bin, Neg)  # for isinstance: an argument value that is a constant expression
 
 # names every constant expression may use; bound per layer when a block is stacked
 LAYER = "layer"

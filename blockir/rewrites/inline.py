@@ -15,7 +15,7 @@ not reproduce those masks.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -115,8 +115,13 @@ def _count(program: Program, stack: InstanceDecl) -> int | None:
         return None
 
 
-def inline_stacks(program: Program, name: str) -> Program:
-    """Inline every dropout-free stack that block ``name`` calls exactly once."""
+def inline_stacks(program: Program, name: str, layers: Mapping[str, int] | None = None) -> Program:
+    """Inline every dropout-free stack that block ``name`` calls exactly once.
+
+    ``layers`` limits how many layers of the named stacks are written out (analyses that extrapolate
+    a repeating pattern need only the first few); ``num_layers`` keeps the declared count.
+    """
+    layers = layers or {}
     parent = program.block(name)
     calls: dict[str, list[O.CallOp]] = {}
     for op in parent.ops:
@@ -126,7 +131,7 @@ def inline_stacks(program: Program, name: str) -> Program:
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
                 and not _draws_dropout(program.block(d.block)) and (n := _count(program, d)) is not None:
-            inlined[d.name] = _inline_call(program, calls[d.name][0], d, n)
+            inlined[d.name] = _inline_call(program, calls[d.name][0], d, min(n, layers.get(d.name, n)))
     if not inlined:
         return program
     decls = [x for d in parent.decls for x in (inlined[d.name][0] if d.name in inlined else [d])]
