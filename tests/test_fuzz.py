@@ -61,7 +61,7 @@ KNOWN_ESCAPES = {*keyword.kwlist, "forward", "training", "to", "cuda", "state_di
 KNOWN_SEEN: set[str] = set()  # filled by the fuzz test, reported by test_known_escapes_are_expected_failures
 
 RUNS = int(os.environ.get("BLOCKIR_FUZZ", "0"))
-FUZZ = settings(max_examples=RUNS or 250, derandomize=not RUNS, deadline=None, database=None,
+FUZZ = settings(max_examples=RUNS or 200, derandomize=not RUNS, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 
 
