@@ -6,7 +6,7 @@ from pathlib import Path
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.grammar.builder import build
-from blockir.grammar.parser import decode, parse_ast
+from blockir.grammar.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
 from blockir.verifiers.registry import run_verifiers
 
@@ -23,7 +23,8 @@ def parse(text: str, filename: str = "<string>") -> Program:
     if not isinstance(filename, str):
         raise BlockError([argument_error("parse", "filename", f"filename must be a str, got {type(filename).__name__}")])
     try:
-        return build(parse_ast(text, filename))
+        with gc_paused():
+            return build(parse_ast(text, filename))
     except BlockError as exc:
         raise BlockError(exc.diagnostics, {filename: text}) from None
 
@@ -47,7 +48,8 @@ def verify(program: Program) -> list[Diagnostic]:
         raise BlockError([argument_error("verify", "program", f"verify expects a Program, got {type(program).__name__}",
                                          "parse text with blockir.parse(text), or read and verify a file with "
                                          "blockir.load(path)")])
-    return run_verifiers(program)
+    with gc_paused():
+        return run_verifiers(program)
 
 
 def load(path: str | Path) -> Program:

@@ -392,11 +392,17 @@ class BlockGen:
         """Arguments for a built-in kind, from its schema: a prefix positional, the rest by keyword."""
         r, spec, fixed = self.r, KINDS[kind], fixed or {}
         n_positional = r.int(0, len(spec.positional))
+        chosen = {a.name: fixed.get(a.name) or self.arg_value(a, t) for a in spec.args
+                  if a.required or a.name in fixed or r.coin()}
+        for rule in spec.implies:  # an argument its neighbour rules out takes the only value it may have
+            when = chosen.get(rule.when, {True: "true", False: "false"}.get(spec.arg(rule.when).default))
+            if when == str(rule.given).lower() and rule.arg in chosen:
+                chosen[rule.arg] = str(rule.value.value if hasattr(rule.value, "value") else rule.value).lower()
         positional, keywords = [], []
         for a in spec.args:
-            if not (a.required or a.name in fixed or r.coin()):
+            if a.name not in chosen:
                 continue
-            value = fixed.get(a.name) or self.arg_value(a, t)
+            value = chosen[a.name]
             if a.positional and spec.positional.index(a) == len(positional) < n_positional:
                 positional.append(value)
             else:

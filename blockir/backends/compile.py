@@ -84,6 +84,11 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map)})",
                                 Span(program.filename, 1, 1))])
     sizes = Sizes.of(program, dims)
+    from blockir.reports.budget import budget_diagnostics
+    from blockir.verifiers.arguments import check_arguments  # sizes given here can break what check accepted
+    wrong = [d for d in check_arguments(program, dims) if d.is_error] or budget_diagnostics(program, name, dims)  # before anything is built
+    if wrong:
+        raise BlockError(wrong)
     bindings = check_bind(program, program.block(name), sizes, bind, dtype)
     if backend == "fused":
         import blockir.backends.fused.lowering  # noqa: F401  (registers the fused op lowering)

@@ -155,6 +155,7 @@ class Builder:
                 ok = False
             else:
                 values[kw.name] = (self._arg_value(aspec, kw.value, scope), kw.value.span)
+        ok = self._implications(spec, values, d.kind_span) and ok
         args = []
         for aspec in spec.args:
             if aspec.name in values:
@@ -175,6 +176,26 @@ class Builder:
             elif aspec.default is not None:
                 args.append((aspec.name, aspec.default))
         return KindDecl(d.name, spec.name, tuple(args), d.span) if ok else None
+
+    def _implications(self, spec: KindSpec, values: dict[str, tuple[Any, Span]], kind_span: Span) -> bool:
+        """Apply the kind's implications to ``values`` (given arguments): a default that follows is filled
+        in, a given value that contradicts is reported. False when something was reported."""
+        ok = True
+        for rule in spec.implies:
+            given = values.get(rule.when)
+            when = given[0] if given is not None else spec.arg(rule.when).default  # type: ignore[union-attr]
+            if when != rule.given:
+                continue
+            if rule.arg not in values:
+                values[rule.arg] = (rule.value, kind_span)
+            elif values[rule.arg][0] is not None and values[rule.arg][0] != rule.value:
+                shown = "true" if rule.given is True else "false" if rule.given is False else str(rule.given)
+                notes = [Note(f"{rule.when}={shown} given here", given[1])] if given is not None else []
+                self.err("E0119", f"'{rule.arg}' contradicts {rule.when}={shown}: {rule.reason}", values[rule.arg][1],
+                         notes=notes, hint=f"remove '{rule.arg}'" + (" or change '{0}'" if given else " or set {0}={1}").format(
+                             rule.when, "false" if rule.given else "true"))
+                ok = False
+        return ok
 
     def decl(self, d: ast.DeclAst, scope: Scope) -> Decl | None:
         if d.kind == "extern":

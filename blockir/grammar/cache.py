@@ -34,25 +34,26 @@ def _digest(grammar: str, options: dict[str, Any]) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def cached_lark(grammar: str, **options: Any) -> Lark:
-    """``Lark(grammar, **options)`` (LALR only), loaded from the cache when it holds these tables."""
+def cached_lark(grammar: str, transformer: Any = None, **options: Any) -> Lark:
+    """``Lark(grammar, transformer=transformer, **options)`` (LALR only), loaded from the cache when it
+    holds these tables. The transformer is code, not tables: it is attached when loading, never stored."""
     folder = cache_dir()
     if folder is None:
-        return Lark(grammar, **options)
+        return Lark(grammar, transformer=transformer, **options)
     path = folder / f"parser-{_digest(grammar, options)}.pickle"
     try:
         with path.open("rb") as f:
-            return Lark.load(f)
+            return Lark.__new__(Lark)._load(f, transformer=transformer)
     except Exception:  # missing, unreadable or corrupt: rebuild below
         pass
-    parser = Lark(grammar, **options)
+    parser = Lark(grammar, transformer=transformer, **options)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # write aside and rename, so a concurrent reader sees the old file or the whole new one
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".parser-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                parser.save(f)
+                parser.save(f, exclude_options=("transformer",))
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

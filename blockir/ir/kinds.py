@@ -32,11 +32,24 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class Implies:
+    """While ``when`` = ``given``, argument ``arg`` can only be ``value``: its default follows, and any
+    other value is a contradiction (the module would silently not have what the argument asks for)."""
+
+    when: str
+    given: Any
+    arg: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
 class KindSpec:
     name: str
     category: str  # norm | branch | linear | scale | activation
     args: tuple[ArgSpec, ...]
     doc: str
+    implies: tuple[Implies, ...] = ()
 
     def arg(self, name: str) -> ArgSpec | None:
         return next((a for a in self.args if a.name == name), None)
@@ -65,7 +78,8 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("layernorm", "norm", (
             _axes(), _eps(1e-5),
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _TIED), "LayerNorm: biased variance, eps inside the square root"),
+            _ACCUM, _TIED), "LayerNorm: biased variance, eps inside the square root",
+            (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),)),
         KindSpec("rmsnorm", "norm", (
             _axes(), _eps(1e-6),
             ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
@@ -73,7 +87,9 @@ KINDS: dict[str, KindSpec] = {
             _ACCUM, ArgSpec("bias", "bool", False),
             # unset means the usual per-channel weight; only an affine fold writes affine=false
             ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED), "RMSNorm: no centering, per-channel scale"),
+            _TIED), "RMSNorm: no centering, per-channel scale",
+            (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
+             Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
         KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),
         KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
@@ -82,7 +98,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
             ArgSpec("rope_theta", "expr", Num(10000.0)),
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),
-            "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)"),
+            "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
+            (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
+                     "rotates nothing"),)),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from blockir.analyses.norms import FAMILIES, family
-from blockir.analyses.sizes import Env, Sizes, block_env, program_env, value
+from blockir.analyses.sizes import Env, Sizes, block_env, program_env, uses_layer, value
 from blockir.analyses.structure import wrapper
+from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
@@ -133,6 +134,14 @@ class Tally:
         return Tally(self.adds + other.adds, params, self.reductions_forward + other.reductions_forward,
                      self.reductions_backward + other.reductions_backward, self.bytes_moved + other.bytes_moved,
                      self.saved_bytes + other.saved_bytes)
+
+    def __sub__(self, other: Tally) -> Tally:
+        return self + other * -1
+
+    def __mul__(self, n: int) -> Tally:
+        """``n`` instances of this graph (a stack of n identical layers)."""
+        return Tally(self.adds * n, {k: v * n for k, v in self.norm_params.items()}, self.reductions_forward * n,
+                     self.reductions_backward * n, self.bytes_moved * n, self.saved_bytes * n)
 
     @property
     def norm_parameters(self) -> int:
@@ -318,6 +327,29 @@ def _own_tally(block: Block, env: Env, dtype: DType) -> Tally:
     return Tally(adds, params, own.forward, own.backward, own.bytes_moved, sum(own.saved.values()) + own.stats)
 
 
+def _layer_reads(block: Block) -> tuple[tuple[str, C.ConstExpr], ...]:
+    """What a layer's tally reads from expressions that depend on the layer index: whether a dropout is
+    active, and the depth of the stacks it holds. Everything else a tally reads is a size."""
+    reads: list[tuple[str, C.ConstExpr]] = [("active", op.p) for op in block.ops
+                                            if getattr(op, "p", None) is not None]
+    reads += [("count", d.count) for d in block.decls if isinstance(d, InstanceDecl) and d.count is not None]
+    return tuple((what, e) for what, e in reads if uses_layer(e, block))
+
+
+def _layer_groups(walk: _Walk, sub: Block, n: int) -> list[tuple[int, int]]:
+    """(first layer, layers) for each run of layers of a stack of ``n`` whose tallies are equal: one
+    group for a layer that does not read its index, so the cost of a stack does not grow with ``n``."""
+    reads = _layer_reads(sub)
+    if not reads:
+        return [(0, n)]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for layer in range(n):
+        env = block_env(walk.base, sub, layer, n)
+        key = tuple(value(e, env) != 0 if what == "active" else value(e, env) for what, e in reads)
+        groups.setdefault(key, [layer, 0])[1] += 1
+    return [(first, count) for first, count in groups.values()]
+
+
 def _tally(walk: _Walk, block: Block, env: Env, weight: int) -> Tally:
     """One instance of ``block`` (own ops plus every instance of its sub-blocks); ``weight`` counts the
     instances of this very instance in the whole model."""
@@ -330,9 +362,9 @@ def _tally(walk: _Walk, block: Block, env: Env, weight: int) -> Tally:
         n = 1 if decl.count is None else value(decl.count, env)
         if n is None:
             raise CostError(f"the layer count of '{decl.name}' in '{block.name}' does not evaluate")
-        # each layer is evaluated in its own environment: a constant may depend on the layer index
-        for layer in range(int(n)):
-            total += _tally(walk, sub, block_env(walk.base, sub, layer, int(n)), weight)
+        # layers whose environments give equal tallies are counted once and multiplied
+        for first, count in _layer_groups(walk, sub, int(n)):
+            total += _tally(walk, sub, block_env(walk.base, sub, first, int(n)), weight * count) * count
     walk.first.setdefault(block.name, total)
     walk.instances[block.name] = walk.instances.get(block.name, 0) + weight
     return total
@@ -342,6 +374,44 @@ def _walk(program: Program, root: Block, base: Env, dtype: DType) -> _Walk:
     walk = _Walk(program, base, dtype)
     _tally(walk, root, block_env(base, root), 1)
     return walk
+
+
+def _inlined_walk(program: Program, name: str, base: Env, dtype: DType, layers: Mapping[str, int]) -> Tally:
+    inlined, _ = fuse_program(inline_stacks(program, name, Sizes(base, program.filename), layers)[0])
+    return _walk(inlined, inlined.block(name), base, dtype).first[name]
+
+
+def _inlined_tally(program: Program, name: str, base: Env, dtype: DType) -> Tally:
+    """The root's fused tally with its stacks inlined, without writing out every layer.
+
+    Fusion only joins neighbouring ops, so each further layer of a stack whose layers are alike adds
+    the same tally (its own ops and one boundary with the layer before): with one, two and three
+    layers written out, T(n) = T(1) + (n - 1) (T(2) - T(1)), checked against T(3). A layer that reads
+    its index may differ from its neighbours and is written out in full.
+    """
+    root = program.block(name)
+    env = block_env(base, root)
+    depths = {d.name: value(d.count, env) for d in root.decls if isinstance(d, InstanceDecl) and d.count is not None}
+    alike = {k: int(n) for k, n in depths.items() if n is not None and n > 3
+             and not _reads_layer(program.block(root.decl_map[k].block))}  # type: ignore[union-attr]
+    if not alike:
+        return _inlined_walk(program, name, base, dtype, {})
+    ones = dict.fromkeys(alike, 1)
+    total = one = _inlined_walk(program, name, base, dtype, ones)
+    for stack, n in alike.items():
+        two = _inlined_walk(program, name, base, dtype, ones | {stack: 2})
+        three = _inlined_walk(program, name, base, dtype, ones | {stack: 3})
+        if three - two != two - one:
+            return _inlined_walk(program, name, base, dtype, {})
+        total += (two - one) * (n - 1)
+    return total
+
+
+def _reads_layer(block: Block) -> bool:
+    exprs = [getattr(op, f, None) for op in block.ops for f in ("p", "factor", "branch_factor", "shortcut_factor")]
+    exprs += [v for d in block.decls if isinstance(d, KindDecl) for _, v in d.args]
+    exprs += [d.count for d in block.decls if isinstance(d, InstanceDecl)]
+    return any(isinstance(e, C.EXPRS) and uses_layer(e, block) for e in exprs)
 
 
 def _state(block: Block) -> TensorType:
@@ -362,8 +432,7 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
     fused = _walk(fused_program, fused_program.block(name), base, dtype)
     # the whole graph as backend="fused" compiles it: dropout-free stacks are inlined, so a boundary
     # between layers (and into the final norm) fuses too
-    inlined, _ = fuse_program(inline_stacks(program, name, Sizes.of(program, dims))[0])
-    fused.first[name] = _walk(inlined, inlined.block(name), base, dtype).first[name]
+    fused.first[name] = _inlined_tally(program, name, base, dtype)
     blocks = []
     for block_name in plain.first:  # the order instances finish in: innermost first, the root last
         block = program.block(block_name)

@@ -15,7 +15,7 @@ not reproduce those masks.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -140,8 +140,14 @@ def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
     return _splice(program, parent, decls, calls), True
 
 
-def inline_stacks(program: Program, name: str, sizes: Sizes) -> tuple[Program, bool]:
-    """Inline every dropout-free stack that block ``name`` calls exactly once; depths come from ``sizes``."""
+def inline_stacks(program: Program, name: str, sizes: Sizes,
+                  layers: Mapping[str, int] | None = None) -> tuple[Program, bool]:
+    """Inline every dropout-free stack that block ``name`` calls exactly once; depths come from ``sizes``.
+
+    ``layers`` limits how many layers of the named stacks are written out (analyses that extrapolate
+    a repeating pattern need only the first few); ``num_layers`` keeps the declared count.
+    """
+    layers = layers or {}
     parent = program.block(name)
     scope = sizes.for_block(parent)
     calls: dict[str, list[O.CallOp]] = {}
@@ -155,7 +161,7 @@ def inline_stacks(program: Program, name: str, sizes: Sizes) -> tuple[Program, b
                 and not _draws_dropout(program.block(d.block)):
             n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)  # type: ignore[arg-type]
             call = calls[d.name][0]
-            decls[d.name], ops, out = _inline_call(program, call, d, n)
+            decls[d.name], ops, out = _inline_call(program, call, d, min(n, layers.get(d.name, n)))
             inlined[id(call)] = (ops, out)
     if not inlined:
         return program, False
