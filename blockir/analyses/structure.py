@@ -17,12 +17,12 @@ the op graph:
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import networkx as nx
 
+from blockir.analyses.cache import per_object
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
                             Op, OutputOp, ScaleOp)
@@ -355,19 +355,10 @@ def _sublayer(block: Block, root: AddOp | FusedAddNormOp, state: str, stop: froz
     return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, tuple(branches), post, fused_post, tuple(leaves))
 
 
-# identity-keyed: equal blocks from different files carry different spans
-_CACHE: dict[int, tuple[weakref.ref[Block], Wrapper]] = {}
-
-
+@per_object
 def wrapper(block: Block) -> Wrapper:
     """Decompose ``block`` into its residual sublayers (see the module docstring); cached per block object."""
-    key = id(block)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is block:
-        return hit[1]
-    w = _decompose(block)
-    _CACHE[key] = (weakref.ref(block, lambda _, key=key: _CACHE.pop(key, None)), w)
-    return w
+    return _decompose(block)
 
 
 def _decompose(block: Block) -> Wrapper:

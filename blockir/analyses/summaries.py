@@ -20,12 +20,12 @@ and the summary is all a caller consults:
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import networkx as nx
 
+from blockir.analyses.cache import per_object
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
@@ -245,21 +245,14 @@ class Summaries(dict):
         return Summary(name)
 
 
-_CACHE: dict[int, tuple[weakref.ref[Program], Summaries]] = {}
-
-
+@per_object
 def summaries(program: Program) -> Summaries:
     """The summary of every block, computed once per program object."""
-    key = id(program)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is program:
-        return hit[1]
     base = program_env(program)
     out = Summaries(frozenset(d.block for b in program.blocks for d in b.decls if isinstance(d, InstanceDecl)))
     for name in callees_first(program):
         block = program.block(name)
         out[name] = _summarise(program, block, block_env(base, block), out)
-    _CACHE[key] = (weakref.ref(program, lambda _, key=key: _CACHE.pop(key, None)), out)
     return out
 
 

@@ -12,6 +12,7 @@ Spans never take part in equality.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Any, Callable, Union
 
 from blockir.diagnostics import Span, UNKNOWN_SPAN
@@ -41,7 +42,15 @@ class OpBase:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        return ()
+        """The values it reads, in field order (a tuple field contributes each of its values)."""
+        out: list[str] = []
+        for name in _reads(type(self)):
+            v = getattr(self, name)
+            if isinstance(v, tuple):
+                out += v
+            elif v is not None:
+                out.append(v)
+        return tuple(out)
 
     def type_of(self, value: str) -> TensorType | None:
         """The type of one of this op's results."""
@@ -84,6 +93,12 @@ class OpBase:
         return replace(self, **changes) if changes else self  # type: ignore[type-var]
 
 
+@lru_cache(maxsize=None)
+def _reads(kind: type) -> tuple[str, ...]:
+    """The names of the fields of role ``value`` of an op kind."""
+    return tuple(f.name for f in fields(kind) if f.metadata.get("role") == "value")
+
+
 def _factor(c: ConstExpr) -> str:
     return format_expr(c, 2)
 
@@ -106,10 +121,6 @@ class NormOp(OpBase):
     operand: str = _role("value")
     span: Span = field(**_SPAN)
 
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.operand,)
-
     def label(self) -> str:
         return f"'{self.decl}(…)'"
 
@@ -127,10 +138,6 @@ class CallOp(OpBase):
     args: tuple[str, ...] = _role("value")
     span: Span = field(**_SPAN)
 
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return self.args
-
     def label(self) -> str:
         return f"'{self.decl}(…)'"
 
@@ -145,10 +152,6 @@ class ActivationOp(OpBase):
     fn: str = field()
     operand: str = _role("value")
     span: Span = field(**_SPAN)
-
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.operand,)
 
     def label(self) -> str:
         return f"'{self.fn}(…)'"
@@ -167,10 +170,6 @@ class DropoutOp(OpBase):
     p: ConstExpr = _role("expr")
     mask: str = field()
     span: Span = field(**_SPAN)
-
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.operand,)
 
     def label(self) -> str:
         return "'drop_path(…)'" if self.mask == "sample" else "'dropout(…)'"
@@ -198,10 +197,6 @@ class ScaleOp(OpBase):
         if (self.factor is None) == (self.param is None):
             raise ValueError("a scale has exactly one of a constant factor or a learned parameter")
 
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.operand,)
-
     def label(self) -> str:
         return f"'{self.param} * …'" if self.param else "'… * …' (a constant scale)"
 
@@ -219,10 +214,6 @@ class AddOp(OpBase):
     inplace: bool = False
     span: Span = field(**_SPAN)
 
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.lhs, self.rhs)
-
     def label(self) -> str:
         return "'… + …'"
 
@@ -237,10 +228,6 @@ class CastOp(OpBase):
     operand: str = _role("value")
     dtype: DType = field()
     span: Span = field(**_SPAN)
-
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.operand,)
 
     def label(self) -> str:
         return f"'cast(…, {self.dtype.value})'"
@@ -257,10 +244,6 @@ class ConcatOp(OpBase):
     type: TensorType = field()
     args: tuple[str, ...] = _role("value")
     span: Span = field(**_SPAN)
-
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return self.args
 
     def label(self) -> str:
         return "'concat(…)'"
@@ -297,10 +280,6 @@ class FusedAddNormOp(OpBase):
     def results(self) -> tuple[str, ...]:
         return (self.normalized, self.residual)
 
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.branch, self.shortcut)
-
     def type_of(self, value: str) -> TensorType | None:
         return self.residual_type if value == self.residual else self.type
 
@@ -331,10 +310,6 @@ class OutputOp(OpBase):
     @property
     def results(self) -> tuple[str, ...]:
         return ()
-
-    @property
-    def operands(self) -> tuple[str, ...]:
-        return (self.value,)
 
     def text(self) -> str:
         return f"return {self.value}"
