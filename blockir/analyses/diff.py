@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_edge_match, categorical_node_match
 
-from blockir.analyses.keys import param_keys
+from blockir.analyses.keys import key_layout, param_keys
 from blockir.diagnostics import BlockError
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -135,6 +135,13 @@ def _keys(program: Program, block: Block) -> dict[str, tuple] | None:
     return table.shapes | {f"{p}.*": ("extern",) for p in table.unknown}
 
 
+def _layout(program: Program, block: Block) -> tuple | None:
+    try:
+        return key_layout(program, block.name)
+    except BlockError:  # a dim without a size: keys are not compared
+        return None
+
+
 def diff_blocks(pa: Program, a: Block, pb: Program, b: Block) -> BlockDiff:
     ga, gb = op_graph(a), op_graph(b)
     signature_changed = [str(p.type) for p in a.params] != [str(p.type) for p in b.params] \
@@ -143,6 +150,8 @@ def diff_blocks(pa: Program, a: Block, pb: Program, b: Block) -> BlockDiff:
     ha, hb = _hashes(a), _hashes(b)
     first_a = None if identical else _first_unmatched(a, ha, hb)
     first_b = None if identical else _first_unmatched(b, hb, ha)
+    if _layout(pa, a) == _layout(pb, b) is not None:  # equal layouts: equal keys, without writing layers out
+        return BlockDiff(a, b, identical, first_a, first_b, True, (), signature_changed)
     ka, kb = _keys(pa, a), _keys(pb, b)
     if ka is None or kb is None:
         return BlockDiff(a, b, identical, first_a, first_b, None, (), signature_changed)

@@ -17,8 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import networkx as nx
+
 from blockir.analyses.norms import family
-from blockir.analyses.sizes import Sizes
+from blockir.analyses.sizes import Sizes, reads_layer
+from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
@@ -121,21 +124,72 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
 
 
 def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str]) -> None:
-    for decl in block.decls:
-        path = prefix + decl.name
-        if isinstance(decl, ExternDecl):
-            unknown.append(path)
-        elif isinstance(decl, KindDecl):
-            for name, shape in _kind_keys(block, decl, s):
-                keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
-        elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
-            inner = program.block(decl.block)
-            if decl.count is None:
-                _collect(program, inner, s.for_block(inner), path + ".", keys, unknown)
-                continue
-            n = s.count(decl.count, f"the layer count of '{decl.name}'", decl.span)
-            for i in range(n):
-                _collect(program, inner, s.for_block(inner, i, n), f"{path}.{i}.", keys, unknown)
+    """Every key under ``block``, in declaration order, through sub-blocks and stacks (an explicit work list:
+    nesting depth is bounded by memory, not by Python's stack)."""
+    work: list[tuple[Block, Sizes, str, int]] = [(block, s, prefix, 0)]
+    while work:
+        current, scope, path_prefix, start = work.pop()
+        for index in range(start, len(current.decls)):
+            decl = current.decls[index]
+            path = path_prefix + decl.name
+            if isinstance(decl, ExternDecl):
+                unknown.append(path)
+            elif isinstance(decl, KindDecl):
+                for name, shape in _kind_keys(current, decl, scope):
+                    keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
+            elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+                inner = program.block(decl.block)
+                work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards
+                if decl.count is None:
+                    work.append((inner, scope.for_block(inner), path + ".", 0))
+                else:
+                    n = scope.count(decl.count, f"the layer count of '{decl.name}'", decl.span)
+                    work += [(inner, scope.for_block(inner, i, n), f"{path}.{i}.", 0) for i in reversed(range(n))]
+                break
+
+
+Layout = tuple
+
+
+def key_layout(program: Program, name: str, dims: Mapping[str, int] | None = None) -> Layout:
+    """A value whose equality implies equal key tables, computed in time independent of stack depth.
+
+    A stack of a block that does not read its layer index is one entry (its count and its layer's
+    layout) instead of a key list per layer; a layer that reads its index is laid out per layer. Each
+    distinct block layout is numbered and referred to by number, so the value stays flat however
+    deeply blocks nest.
+    """
+    base = Sizes.of(program, dims)
+    memo: dict[tuple[str, int, int], int] = {}
+    numbered: dict[tuple, int] = {}
+
+    def layout(block: Block, layer: int, n: int) -> int:
+        key = (block.name, layer if reads_layer(block) else 0, n)
+        if key not in memo:
+            scope = base.for_block(block, layer, n)
+            entries: list[tuple] = []
+            for d in block.decls:
+                if isinstance(d, ExternDecl):
+                    entries.append((d.name, "extern"))
+                elif isinstance(d, KindDecl):
+                    entries.append((d.name, d.kind, tuple(_kind_keys(block, d, scope))))
+                elif isinstance(d, InstanceDecl) and d.block in program.block_map:
+                    inner = program.block(d.block)
+                    if d.count is None:
+                        entries.append((d.name, "block", layout(inner, 0, 1)))
+                        continue
+                    count = scope.count(d.count, f"the layer count of '{d.name}'", d.span)
+                    layers = (layout(inner, 0, count),) if not reads_layer(inner) else \
+                        tuple(layout(inner, i, count) for i in range(count))
+                    entries.append((d.name, "stack", count, layers))
+            memo[key] = numbered.setdefault(tuple(entries), len(numbered))
+        return memo[key]
+
+    reachable = nx.descendants(call_graph(program), name) | {name}
+    for block_name in callees_first(program):  # callees first: nested layouts are numbered before use
+        if block_name in reachable:
+            layout(program.block(block_name), 0, 1)
+    return tuple(numbered), memo[(name, 0, 1)]
 
 
 def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = None) -> KeyTable:

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
-from blockir.ir.decls import InstanceDecl
+from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 
 Env = dict[str, float | int]
@@ -193,6 +193,16 @@ def uses_layer(expr: C.ConstExpr, block: Block) -> bool:
             seen.add(name)
             stack += C.names_in(local[name])
     return False
+
+
+def reads_layer(block: Block) -> bool:
+    """Whether anything in ``block`` (an op's constant, a declaration's argument, a layer count) depends on
+    the layer index, so that layers of a stack of it may differ from each other."""
+    exprs: list[Any] = [getattr(op, f, None) for op in block.ops for f in ("p", "factor", "branch_factor",
+                                                                         "shortcut_factor")]
+    exprs += [v for d in block.decls if isinstance(d, KindDecl) for _, v in d.args]
+    exprs += [d.count for d in block.decls if isinstance(d, InstanceDecl)]
+    return any(isinstance(e, C.EXPRS) and uses_layer(e, block) for e in exprs)
 
 
 def contexts(base: Mapping[str, float | int], block: Block, counts: tuple[int, ...],

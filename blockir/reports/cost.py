@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from blockir.analyses.norms import FAMILIES, family
-from blockir.analyses.sizes import Env, Sizes, block_env, program_env, uses_layer, value
+from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_layer, uses_layer, value
 from blockir.analyses.structure import wrapper
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -393,7 +393,7 @@ def _inlined_tally(program: Program, name: str, base: Env, dtype: DType) -> Tall
     env = block_env(base, root)
     depths = {d.name: value(d.count, env) for d in root.decls if isinstance(d, InstanceDecl) and d.count is not None}
     alike = {k: int(n) for k, n in depths.items() if n is not None and n > 3
-             and not _reads_layer(program.block(root.decl_map[k].block))}  # type: ignore[union-attr]
+             and not reads_layer(program.block(root.decl_map[k].block))}  # type: ignore[union-attr]
     if not alike:
         return _inlined_walk(program, name, base, dtype, {})
     ones = dict.fromkeys(alike, 1)
@@ -405,13 +405,6 @@ def _inlined_tally(program: Program, name: str, base: Env, dtype: DType) -> Tall
             return _inlined_walk(program, name, base, dtype, {})
         total += (two - one) * (n - 1)
     return total
-
-
-def _reads_layer(block: Block) -> bool:
-    exprs = [getattr(op, f, None) for op in block.ops for f in ("p", "factor", "branch_factor", "shortcut_factor")]
-    exprs += [v for d in block.decls if isinstance(d, KindDecl) for _, v in d.args]
-    exprs += [d.count for d in block.decls if isinstance(d, InstanceDecl)]
-    return any(isinstance(e, C.EXPRS) and uses_layer(e, block) for e in exprs)
 
 
 def _state(block: Block) -> TensorType:
