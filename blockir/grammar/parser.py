@@ -258,8 +258,16 @@ class _ToAst(Transformer_NonRecursive):
     @_v(meta=True)
     def type(self, meta, c):
         axes = tuple((str(t), _span(self.filename, t)) for t in c[0].children) if c[0] is not None else ()
-        dtype = str(c[1]) if c[1] is not None else None
-        return ast.TypeAst(axes, dtype, _span(self.filename, self._tree(meta)))
+        dtype = str(c[2]) if c[2] is not None else None
+        return ast.TypeAst(axes, dtype, _span(self.filename, self._tree(meta)), c[1] or ())
+
+    def placements(self, c):
+        return tuple(c)
+
+    @_v(meta=True)
+    def placement(self, meta, c):
+        return ast.PlacementAst(str(c[0]), str(c[1]), str(c[2]) if c[2] is not None else None,
+                                _span(self.filename, self._tree(meta)))
 
     @_v(meta=True)
     def param(self, meta, c):
