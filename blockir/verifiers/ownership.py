@@ -24,11 +24,11 @@ from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
 COLLECTIVE = {
-    ("partial", "replicate"): "all-reduce",
-    ("partial", "shard"): "reduce-scatter",
-    ("shard", "replicate"): "all-gather",
+    ("partial", "replicate"): "an all-reduce",
+    ("partial", "shard"): "a reduce-scatter",
+    ("shard", "replicate"): "an all-gather",
     ("replicate", "shard"): "a local slice",
-    ("shard", "shard"): "all-to-all",
+    ("shard", "shard"): "an all-to-all",
 }
 
 
@@ -100,7 +100,7 @@ def _boundaries(ctx: BlockLayouts) -> list[Diagnostic]:
         moves = sorted({COLLECTIVE.get((k, w), "a redistribution") for k in kinds for w in wanted})
         out.append(error(
             "E0605", f"{describe(block, b.value)} is {describe_layout(b.found)}, but {b.target} is "
-            f"{describe_layout(b.declared)}, and nothing between them performs the {' and '.join(moves)}",
+            f"{describe_layout(b.declared)}: moving it takes {' and '.join(moves)}, which nothing between them performs",
             b.op.span, notes=[Note("declared here", b.declared_at)],
             hint="declare the same placement on both sides, or pass the value through a declaration whose "
                  "signature performs the collective"))
