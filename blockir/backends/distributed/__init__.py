@@ -1,0 +1,12 @@
+"""Distributed lowering: a compiled module parallelised on PyTorch's own engine.
+
+The plan comes from :mod:`blockir.analyses.parallel`; this package turns it
+into ``torch.distributed.tensor.parallel`` styles over a ``DeviceMesh`` and
+applies them with ``parallelize_module``. Data parallelism composes through
+FSDP2 ``fully_shard`` on the other mesh axis.
+"""
+from __future__ import annotations
+
+from blockir.backends.distributed.tp import parallelize
+
+__all__ = ["parallelize"]
