@@ -116,7 +116,7 @@ class _Planner:
     def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         if d.category == "norm":
             self.plan.modules.append(ModuleStyle(path, "norm", d.kind))
-            grads = {"sequence": "replicate (gradient summed over tp)", "hidden": "shard(0)"}
+            grads = {"sequence": "replicate (gradient summed over tp)"}
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
             if self.layout == "hidden":

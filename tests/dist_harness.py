@@ -23,8 +23,13 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def _placements(t: Any) -> str:
+    from torch.distributed.tensor import DTensor
+    return ",".join(map(str, t.placements)) if isinstance(t, DTensor) else "local"
+
+
 def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
-         mode: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+         mode: str) -> dict[str, Any]:
     import blockir
     m = blockir.compile(program, name, dims=dims, seed=0)
     m.train(mode == "train")
@@ -35,10 +40,22 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tupl
         from blockir.backends.distributed import parallelize
         mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
         parallelize(m, mesh, program, name, layout=layout, dims=dims)
+    seen: dict[str, str] = {}
+
+    def record(path: str) -> Any:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            seen.setdefault(path, _placements(args[0]))
+        return hook
+
+    hooks = [sub.register_forward_pre_hook(record(path)) for path, sub in m.named_modules()
+             if path.count(".") <= 1 and path]
     y = m(x)
     y.backward(grad_out)
-    grads = {k: _full(p.grad).detach().clone() for k, p in m.named_parameters()}
-    return y.detach(), x.grad.detach(), grads
+    for h in hooks:
+        h.remove()
+    return dict(y=y.detach(), dx=x.grad.detach(),
+                grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
+                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen)
 
 
 def _worker(rank: int, world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
@@ -55,7 +72,8 @@ def _worker(rank: int, world: int, port: int, out: str, args: tuple[Any, ...]) -
 
 def compare(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
             world: int = 2, mode: str = "eval") -> tuple[Any, Any]:
-    """(reference, parallel): each (output, input gradient, parameter gradients by key)."""
+    """(reference, parallel) runs: output ``y``, input gradient ``dx``, parameter gradients ``grads`` (gathered),
+    the placement of each parameter (``params``) and of the first input of each top-level submodule (``inputs``)."""
     ref = _run(program, name, dims, None, shape, mode)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
