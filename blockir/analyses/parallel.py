@@ -62,6 +62,7 @@ class Collective:
 class ParallelPlan:
     layout: str
     world: int
+    per_token: bool = False  # batch or sequence size unknown: collective sizes count one token (one row)
     modules: list[ModuleStyle] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # state_dict key → placement
     collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
@@ -169,16 +170,19 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     if layout not in LAYOUTS:
         raise _fail(block.span, f"unknown layout '{layout}'", "layouts: " + ", ".join(LAYOUTS))
     state = block.params[0].type if block.params else block.result
+    known = {a: sizes.env.get(a) for a in state.names}
+    per_token = any(known[a] is None for a in state.rows)
     elements = 1
     for a in state.names:
-        elements *= sizes.dim(a)
+        elements *= 1 if a in state.rows and per_token else sizes.dim(a)
     if layout == "sequence":
         seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
-        if seq is None or sizes.dim(seq) % world:
+        if seq is None or (known[seq] is not None and int(known[seq]) % world):
             raise _fail(block.span, f"the sequence axis of {state} does not split evenly over {world} ranks",
                         "choose a sequence length divisible by the tensor-parallel degree")
     if layout == "hidden" and sizes.dim(state.names[-1]) % world:
         raise _fail(block.span, f"the model axis of {state} does not split evenly over {world} ranks")
     planner = _Planner(program, sizes, layout, world, elements)
+    planner.plan.per_token = per_token
     planner.block(block, "", "")
     return planner.plan
