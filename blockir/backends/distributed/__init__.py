@@ -2,8 +2,7 @@
 
 The plan comes from :mod:`blockir.analyses.parallel`; this package turns it
 into ``torch.distributed.tensor.parallel`` styles over a ``DeviceMesh`` and
-applies them with ``parallelize_module``. Data parallelism composes through
-FSDP2 ``fully_shard`` on the other mesh axis.
+applies them with ``parallelize_module``.
 """
 from __future__ import annotations
 
