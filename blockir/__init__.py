@@ -15,13 +15,15 @@ from blockir.diagnostics import BlockError, Diagnostic, Note, Span
 if TYPE_CHECKING:
     from blockir.analyses.keys import reconcile
     from blockir.backends.compile import compile
+    from blockir.backends.distributed import parallelize
     from blockir.backends.trace import trace
 
 __version__ = "0.1.0"
-__all__ = ["BlockError", "Diagnostic", "Note", "Span", "compile", "load", "parse", "reconcile", "trace", "verify",
+__all__ = ["BlockError", "Diagnostic", "Note", "Span", "compile", "load", "parallelize", "parse", "reconcile", "trace", "verify",
            "__version__"]
 
-_LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys"}
+_LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",
+         "parallelize": "blockir.backends.distributed"}
 
 
 def __getattr__(name: str) -> Any:

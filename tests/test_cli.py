@@ -115,7 +115,7 @@ TWO_BLOCKS = str(ROOT / "examples" / "torch_encoder.block")
 ONE_BLOCK = str(ROOT / "examples" / "bert.block")
 # every subcommand that takes --block, with the arguments it needs besides FILE
 BLOCK_COMMANDS = {"show": [], "keys": [], "cost": ["--dims", "B=2,S=4"], "liveness": [], "fold": [],
-                  "run": ["--dims", "B=2,S=4"], "recipe": ["rezero"], "diff": []}
+                  "run": ["--dims", "B=2,S=4"], "recipe": ["rezero"], "diff": [], "plan": ["--tp", "2"]}
 
 
 def _argv(command: str, path: str, *extra: str) -> list[str]:

@@ -7,6 +7,7 @@ import networkx as nx
 
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span, error
 from blockir.grammar import ast
+from blockir.grammar.layouts import build_layout
 from blockir.grammar.lowering import BlockSignature, Lowerer, role_of, to_const
 from blockir.grammar.scope import Scope, suggest
 from blockir.ir import consts as C
@@ -82,7 +83,11 @@ class Builder:
     def type(self, t: ast.TypeAst) -> TensorType | None:
         axes, ok = [], True
         for name, span in t.axes:
-            if name not in self.dims:
+            if name in self.dims and self.dims[name].role is Role.MESH:
+                self.err("E0111", f"'{name}' is a mesh axis, not a tensor axis", span,
+                         f"place the value over it instead: [...; {name}=shard(S)]")
+                ok = False
+            elif name not in self.dims:
                 self.err("E0101", f"undefined dim '{name}'", span, suggest(name, self.dims) or "declare it: dim "
                          f"{name}: seq")
                 ok = False
@@ -201,9 +206,10 @@ class Builder:
         if d.kind == "extern":
             params = [self._param(p) for p in d.extern_params or ()]
             result = self.type(d.extern_result) if d.extern_result else None
-            if result is None or any(p is None for p in params):
+            layout = build_layout(d.extern_result, result, self.dims, self.err) if d.extern_result else None
+            if result is None or layout is None or any(p is None for p in params):
                 return None
-            return ExternDecl(d.name, tuple(params), result, d.span)  # type: ignore[arg-type]
+            return ExternDecl(d.name, tuple(params), result, d.span, layout)  # type: ignore[arg-type]
         if d.kind in self.block_asts:
             if d.args or d.kwargs:
                 self.err("E0106", f"block '{d.kind}' takes no arguments", d.kind_span)
@@ -235,7 +241,8 @@ class Builder:
 
     def _param(self, p: ast.ParamAst) -> Param | None:
         t = self.type(p.type)
-        return Param(p.name, t, p.span) if t is not None else None
+        layout = build_layout(p.type, t, self.dims, self.err)
+        return Param(p.name, t, p.span, layout) if t is not None and layout is not None else None
 
     # --- blocks ----------------------------------------------------------
     def signature(self, b: ast.BlockAst) -> BlockSignature | None:
@@ -258,7 +265,8 @@ class Builder:
                 scope.poisoned.add(p.name)
                 continue
             scope.values[p.name] = t
-            params.append(Param(p.name, t, p.span))
+            layout = build_layout(p.type, t, self.dims, self.err)
+            params.append(Param(p.name, t, p.span, layout or ()))
             inputs.append(InputOp(p.name, t, p.span))
         env = dict(self.env, **{C.LAYER: 0, C.NUM_LAYERS: 1})
         consts = []
@@ -296,10 +304,11 @@ class Builder:
             value = lower.tensor(returns[0].value)
             if value is not None:
                 output = OutputOp(value, returns[0].span)
+        result_layout = build_layout(b.result, sig.result if sig else None, self.dims, self.err)
         if sum(d.is_error for d in self.diags) > errors_before or sig is None or output is None:
             return None
         return Block(b.name, b.keyword, tuple(params), sig.result, tuple(consts), tuple(decls),
-                     tuple(lower.ops) + (output,), b.span)
+                     tuple(lower.ops) + (output,), b.span, result_layout or ())
 
     def _equation(self, s: ast.EquationAst, scope: Scope, lower: Lowerer) -> None:
         inplace = False

@@ -286,10 +286,18 @@ class _ToAst(Transformer):
         return tuple(c)
 
     def type(self, c):
-        lsqb, names, rsqb, dtype = c
+        lsqb, names, placements, rsqb, dtype = c
         axes = tuple((str(t), self._token_span(t)) for t in names or ())
         return ast.TypeAst(axes, str(dtype) if dtype is not None else None,
-                           self._span(lsqb, dtype if dtype is not None else rsqb))
+                           self._span(lsqb, dtype if dtype is not None else rsqb), placements or ())
+
+    def placements(self, c):
+        return tuple(c)
+
+    def placement(self, c):
+        mesh, kind, axis = c
+        return ast.PlacementAst(str(mesh), str(kind), str(axis) if axis is not None else None,
+                                self._span(mesh, axis if axis is not None else kind))
 
     def param(self, c):
         return ast.ParamAst(str(c[0]), c[1], self._token_span(c[0]))

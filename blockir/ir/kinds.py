@@ -71,6 +71,13 @@ _GAIN = ArgSpec("init_gain", "expr", None,
                 doc="Xavier init with this gain on value/output and MLP matrices (DeepNorm beta); q/k keep gain 1")
 _TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
 _ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
+# Runtime ownership of a norm under a device mesh; unset means the mathematical norm (global row
+# moments, affine gradients summed over the ranks that own rows), which is what every file without
+# a layout means.
+_MOMENTS = ArgSpec("moments", "enum", None, choices=("global", "local"),
+                   doc="local: statistics of the rank's own slice of the row only")
+_AFFINE_GRAD = ArgSpec("affine_grad", "enum", None, choices=("sum", "local"),
+                       doc="local: each rank keeps the affine gradient of its own rows")
 
 KINDS: dict[str, KindSpec] = {
     k.name: k
@@ -78,7 +85,7 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("layernorm", "norm", (
             _axes(), _eps(1e-5),
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _TIED), "LayerNorm: biased variance, eps inside the square root",
+            _ACCUM, _TIED, _MOMENTS, _AFFINE_GRAD), "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),)),
         KindSpec("rmsnorm", "norm", (
             _axes(), _eps(1e-6),
@@ -87,7 +94,7 @@ KINDS: dict[str, KindSpec] = {
             _ACCUM, ArgSpec("bias", "bool", False),
             # unset means the usual per-channel weight; only an affine fold writes affine=false
             ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED), "RMSNorm: no centering, per-channel scale",
+            _TIED, _MOMENTS, _AFFINE_GRAD), "RMSNorm: no centering, per-channel scale",
             (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
              Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
         KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),

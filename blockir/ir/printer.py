@@ -12,7 +12,7 @@ from blockir.ir import ops as O
 from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program
-from blockir.ir.types import Axis, TensorType
+from blockir.ir.types import Axis, TensorType, format_layout
 
 TYPE_COLUMN = 48
 INDENT = "  "
@@ -34,8 +34,8 @@ def _value(kind: str, v: Any) -> str:
 
 def format_decl(d: Decl) -> str:
     if isinstance(d, ExternDecl):
-        params = ", ".join(f"{p.name}: {p.type}" for p in d.params)
-        return f"{d.name}: extern({params}) -> {d.result}"
+        params = ", ".join(_param(p) for p in d.params)
+        return f"{d.name}: extern({params}) -> {format_layout(d.result, d.result_layout)}"
     if isinstance(d, InstanceDecl):
         return f"{d.name}: {d.block}" + (f" * {format_expr(d.count, 3)}" if d.count is not None else "")
     parts = []
@@ -63,11 +63,12 @@ def _with_type(line: str, t: TensorType | None) -> str:
 
 
 def _param(p: Param) -> str:
-    return f"{p.name}: {p.type}"
+    return f"{p.name}: {format_layout(p.type, p.layout)}"
 
 
 def format_block(b: Block) -> str:
-    lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {b.result} {{"]
+    result = format_layout(b.result, b.result_layout)
+    lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {result} {{"]
     for c in b.consts:
         lines.append(f"{INDENT}const {c.name} = {format_expr(c.value)}")
     for d in b.decls:

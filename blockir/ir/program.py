@@ -8,7 +8,7 @@ from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
 from blockir.ir.ops import InputOp, Op, OutputOp
-from blockir.ir.types import Axis, TensorType
+from blockir.ir.types import Axis, Layout, TensorType
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Block:
     decls: tuple[Decl, ...]
     ops: tuple[Op, ...]
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+    result_layout: Layout = ()  # declared placement of the result over mesh axes
 
     @cached_property
     def decl_map(self) -> dict[str, Decl]:
