@@ -137,15 +137,15 @@ def _check_consistent_eps(program: Program, block: Block) -> list[Diagnostic]:
 def _check_shared_instances(program: Program, block: Block) -> list[Diagnostic]:
     """A block instance that applies an untied norm, called on two values, shares that norm (E0307's rule)."""
     facts = summaries(program)
+    calls: dict[str, dict[tuple[str, ...], Op]] = {}  # instance → first call per distinct argument list
+    for op in block.ops:
+        calls.setdefault(getattr(op, "decl", None) or "", {}).setdefault(op.operands, op)
     out = []
     for d in block.decls:
         if not isinstance(d, InstanceDecl) or d.count is not None or d.block not in facts:
             continue
         norm = facts[d.block].untied_norm
-        first: dict[tuple[str, ...], Op] = {}
-        for op in block.ops:
-            if getattr(op, "decl", None) == d.name:
-                first.setdefault(op.operands, op)
+        first = calls.get(d.name, {})
         if norm is None or len(first) < 2:
             continue
         (a, op_a), (b, op_b) = list(first.items())[:2]
