@@ -79,7 +79,7 @@ def test_run_prints_loss_and_telemetry_table() -> None:
     code, out, err = run_cli("run", LLAMA, "--steps", "2", "--dims", "B=2,S=8")
     assert code == 0
     progress = err.splitlines()
-    assert progress[0].startswith("run LlamaModel: 90,688 parameters, batch 2 x 8 bytes, 2 steps on Python standard "
+    assert progress[0].startswith("run LlamaModel: 106,816 parameters, batch 2 x 8 bytes, 2 steps on Python standard "
                                   "library")
     assert progress[1].startswith("step 1/2  loss ") and progress[1].endswith(" tok/s")
     lines = out.splitlines()
