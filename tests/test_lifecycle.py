@@ -132,3 +132,19 @@ def test_run_reads_a_data_file_and_refuses_a_missing_one(capsys, tmp_path: Path)
     assert code == 0 and f"on {text} (1 files" in err
     code, out, err = _cli(capsys, "run", LLAMA, "--data", str(tmp_path / "nope"), "--steps", "1")
     assert code == 1 and "no such file or directory" in err and "Traceback" not in err
+
+
+def test_compare_trains_both_on_the_same_batches(capsys, stochastic: str) -> None:
+    common = ["--dims", "B=4,S=16", "--steps", "3", "--format", "json"]
+    code, out, err = _cli(capsys, "compare", LLAMA, stochastic, *common)
+    assert code == 0
+    a, b = json.loads(out)["runs"]
+    assert (a["block"], b["block"]) == ("LlamaModel", "Stack")
+    # each side equals its own run: same seed, same windows, its own dropout stream
+    assert a["losses"] == json.loads(_cli(capsys, "run", LLAMA, *common)[1])["losses"]
+    assert b["losses"] == json.loads(_cli(capsys, "run", stochastic, *common)[1])["losses"]
+    assert len(a["sites"]) == len(b["sites"]) == 4
+    code, out, _ = _cli(capsys, "compare", LLAMA, stochastic, "--dims", "B=4,S=16", "--steps", "2")
+    assert code == 0
+    rows = out.splitlines()
+    assert rows[3].split()[:2] == ["depth", "A"] and rows[4].split()[:2] == ["0", "layers.0.h"]
