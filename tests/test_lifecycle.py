@@ -148,3 +148,33 @@ def test_compare_trains_both_on_the_same_batches(capsys, stochastic: str) -> Non
     assert code == 0
     rows = out.splitlines()
     assert rows[3].split()[:2] == ["depth", "A"] and rows[4].split()[:2] == ["0", "layers.0.h"]
+
+
+def test_diverge_finds_a_planted_epsilon_at_its_norm(capsys, tmp_path: Path) -> None:
+    planted = tmp_path / "eps.block"
+    planted.write_text(Path(LLAMA).read_text().replace("post_attention_layernorm: rmsnorm(D, eps=1e-6",
+                                                       "post_attention_layernorm: rmsnorm(D, eps=1e-2"))
+    code, out, _ = _cli(capsys, "diverge", LLAMA, str(planted), "--dims", "B=2,S=8", "--format", "json")
+    assert code == 1
+    found = json.loads(out)["divergence"]
+    assert found["value"] == "layers.0.%2" and found["op"] == "%2 = post_attention_layernorm(h)"
+    assert found["max_error"] > found["bound"] and found["agreed_before"] == 5
+    # one program on two backends, and the same file twice, agree
+    assert _cli(capsys, "diverge", LLAMA, "--backend-b", "fused", "--dims", "B=2,S=8")[0] == 0
+    code, out, _ = _cli(capsys, "diverge", LLAMA, LLAMA, "--dims", "B=2,S=8")
+    assert code == 0 and "all 17 values agree within the fp32 policy" in out
+
+
+def test_first_divergence_names_the_branch_with_a_perturbed_weight() -> None:
+    import blockir
+    from blockir.backends.diverge import POLICIES, first_divergence
+    m = blockir.compile(LLAMA, "LlamaModel", dims={"B": 2, "S": 8}, seed=0).eval()
+    bad = blockir.compile(LLAMA, "LlamaModel", dims={"B": 2, "S": 8}, seed=0).eval()  # the same weights
+    with torch.no_grad():
+        bad.get_parameter("layers.1.mlp.down_proj.weight")[3, 5] += 1e-3
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
+    _, ref = blockir.trace(m, x)
+    _, cand = blockir.trace(bad, x)
+    found, _ = first_divergence(ref, cand, POLICIES["fp32"])
+    assert found is not None and found.value == "layers.1.%3"  # mlp(post_attention_layernorm(h)) of layer 1
+    assert first_divergence(ref, ref, POLICIES["fp32"])[0] is None
