@@ -75,14 +75,16 @@ def test_module_entry_point_and_version() -> None:
     assert out.stdout.strip() == "blockir 0.1.0"
 
 
-def test_run_prints_telemetry_table() -> None:
+def test_run_prints_loss_and_telemetry_table() -> None:
     code, out, err = run_cli("run", LLAMA, "--steps", "2", "--dims", "B=2,S=8")
     assert code == 0
     progress = err.splitlines()
-    assert progress[0] == "run LlamaModel: inputs 2x8x64, 74048 parameters, 2 steps"
-    assert progress[1].startswith("step 1/2  loss ")
+    assert progress[0].startswith("run LlamaModel: 106,816 parameters, batch 2 x 8 bytes, 2 steps on Python standard "
+                                  "library")
+    assert progress[1].startswith("step 1/2  loss ") and progress[1].endswith(" tok/s")
     lines = out.splitlines()
-    header = 0
+    assert lines[0].startswith("train loss ") and " over steps 1-2; validation loss " in lines[0]
+    header = lines.index("") + 1
     assert lines[header].startswith("site")
     sites = [line.split()[0] for line in lines[header + 1: header + 5]]
     assert sites == ["layers.0.h", "layers.0.y", "layers.1.h", "layers.1.y"]
@@ -91,7 +93,7 @@ def test_run_prints_telemetry_table() -> None:
 
 
 def test_run_binds_stand_ins_for_externs_and_says_so() -> None:
-    code, out, err = run_cli("run", str(ROOT / "examples" / "bert.block"), "--dims", "B=2,S=4")
+    code, out, err = run_cli("run", str(ROOT / "examples" / "bert.block"), "--dims", "B=2,S=4", "--steps", "1")
     assert code == 0
     assert err.splitlines()[0] == ("blockir: externs replaced by linear stand-ins (a Linear of their first input; "
                                    "bind real modules with blockir.compile): BertLayer.attention.self")
