@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -156,11 +157,7 @@ class _Planner:
 
 
 def _norm_params(d: KindDecl) -> tuple[str, ...]:
-    if d.kind == "scalenorm":
-        return ("scale",)
-    if d.arg("affine") is False:
-        return ()
-    return ("weight", "bias") if d.arg("bias") else ("weight",)
+    return tuple(name for name, _ in family(d).keys(d, ()))
 
 
 def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int) -> ParallelPlan:

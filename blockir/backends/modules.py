@@ -6,21 +6,23 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from blockir.backends import branches, numerics
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
+from blockir.backends import branches, numerics
 from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.types import TensorType
 
+# which parameters a norm owns comes from the norm-family table; these add only the numerics
 NORMS: dict[str, Callable[..., nn.Module]] = {
-    "layernorm": lambda w, d, s: numerics.LayerNorm(
-        w, s.value(d.arg("eps")), bias=d.arg("bias"), affine=d.arg("affine"), accum=numerics.ACCUM[d.arg("accum")]),
-    "rmsnorm": lambda w, d, s: numerics.RMSNorm(
+    "layernorm": lambda w, d, s, f: numerics.LayerNorm(
+        w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d), accum=numerics.ACCUM[d.arg("accum")]),
+    "rmsnorm": lambda w, d, s, f: numerics.RMSNorm(
         w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")],
-        affine=d.arg("affine") is not False),
-    "scalenorm": lambda w, d, s: numerics.ScaleNorm(w, s.value(d.arg("eps"))),
-    "dyt": lambda w, d, s: numerics.DyT(w, s.value(d.arg("alpha"))),
+        affine=f.weight(d)),
+    "scalenorm": lambda w, d, s, f: numerics.ScaleNorm(w, s.value(d.arg("eps"))),
+    "dyt": lambda w, d, s, f: numerics.DyT(w, s.value(d.arg("alpha"))),
 }
 
 # matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
@@ -73,7 +75,7 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
     """Build the module (or bare parameter, for learned scales) of one declaration."""
     width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes else None
     if d.category == "norm":
-        return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s)
+        return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
     if d.kind == "linear":
         return nn.Linear(s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "scalar":

@@ -12,14 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from blockir.analyses.structure import decl_kind
+from blockir.analyses.fold_legality import (
+    FIRST_LINEAR,
+    LAST_LINEAR,
+    FoldSite,
+    fold_report,
+)
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
+from blockir.analyses.structure import decl_kind
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
-from blockir.analyses.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
-from blockir.rewrites.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
-                                             ShiftBias, rebuild_module)
+from blockir.rewrites.fold_weights import (
+    Drop,
+    Edit,
+    Gain,
+    ScaleInputs,
+    ScaleNormState,
+    ScaleOutputs,
+    ShiftBias,
+    rebuild_module,
+)
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -98,7 +112,7 @@ def _param_key(decl: str, linear: str, leaf: str) -> str:
 
 def _weightless(block: Block, op: Op) -> bool:
     decl = block.decl_map.get(getattr(op, "decl", "") or "")
-    return isinstance(decl, KindDecl) and decl.kind == "rmsnorm" and decl.arg("affine") is False
+    return isinstance(decl, KindDecl) and decl.kind == "rmsnorm" and not family(decl).weight(decl)
 
 
 def _sites(block: Block, mode: str) -> list[tuple[FoldSite, Op]]:

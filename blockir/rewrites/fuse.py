@@ -44,7 +44,7 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
     if not isinstance(decl, KindDecl) or decl.category != "norm" or not family(decl).fusable \
             or len(decl.arg("axes")) != 1:
         return None
-    if decl.arg("accum") != "f32" or decl.arg("affine") is False:  # fp32 statistics and an RMS weight only
+    if decl.arg("accum") != "f32" or not family(decl).weight(decl):  # fp32 statistics and an RMS weight only
         return None
     if block.type_of(add.result).last is None or decl.arg("axes")[0] != block.type_of(add.result).last.name:
         return None

@@ -14,8 +14,16 @@ declares another placement needs the collective that moves it.
 """
 from __future__ import annotations
 
-from blockir.analyses.layouts import (BlockLayouts, all_contexts, describe_layout, norm_sites, partial, same,
-                                      sharded)
+from blockir.analyses.layouts import (
+    BlockLayouts,
+    all_contexts,
+    describe_layout,
+    norm_sites,
+    partial,
+    same,
+    sharded,
+)
+from blockir.analyses.norms import family
 from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import KindDecl
@@ -81,7 +89,7 @@ def _norms(ctx: BlockLayouts) -> list[Diagnostic]:
                      "squares (drop moments=local)"))
         t = op.residual_type if isinstance(op, FusedAddNormOp) else block.type_of(op.operands[0])
         rows = [m for a in t.rows for m in sharded(layout, a)]
-        if rows and decl.arg("affine_grad") == "local" and decl.arg("affine") is not False:
+        if rows and decl.arg("affine_grad") == "local" and family(decl).weight(decl):
             out.append(error(
                 "E0604", f"{decl.kind} '{decl.name}' normalizes rows split over {', '.join(rows)} but keeps each "
                 "rank's affine gradient: every rank sees only its own rows, so the weight update would miss the "

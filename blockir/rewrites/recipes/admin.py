@@ -33,16 +33,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from blockir.analyses.fold_legality import FIRST_LINEAR
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.analyses.fold_legality import FIRST_LINEAR
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish,
-                                  models_stacking, num, replace_blocks, scaled_post_ln, sublayers, target_block)
+from blockir.rewrites.recipes.base import (
+    BlockEdit,
+    RecipeError,
+    RecipeResult,
+    Report,
+    drop_final_norms,
+    finish,
+    models_stacking,
+    num,
+    replace_blocks,
+    scaled_post_ln,
+    sublayers,
+    target_block,
+)
 
-AFFINE_NORMS = ("layernorm", "rmsnorm", "dyt")  # norms whose per-channel state can absorb a vector
 PROFILE_TOKENS = 8192  # the paper profiles on no more than this many tokens
 
 
@@ -185,7 +197,7 @@ def _fold_target(block: Block, s: Sublayer, norm: KindDecl | None, prefix: str) 
     kind = decl_kind(block, b.call) if b.call is not None else None
     if norm is None:
         return (), "it scales the stack input, which no norm inside the module produces"
-    if norm.kind not in AFFINE_NORMS or norm.kind == "layernorm" and not norm.arg("affine"):
+    if family(norm).scale(norm) != "per_channel":
         return (), f"the norm '{norm.name}' ({norm.kind}) has no per-channel affine state to absorb a vector"
     if norm.arg("tied"):
         return (), f"the norm '{norm.name}' is tied: scaling it changes every site"
