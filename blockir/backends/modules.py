@@ -15,12 +15,13 @@ from blockir.ir.types import TensorType
 
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "layernorm": lambda w, d, s: numerics.LayerNorm(
-        w, s.value(d.arg("eps")), bias=d.arg("bias"), affine=d.arg("affine"), accum=numerics.ACCUM[d.arg("accum")]),
+        w, s.value(d.arg("eps")), bias=d.arg("bias"), affine=d.arg("affine"), accum=numerics.ACCUM[d.arg("accum")],
+        offset=d.arg("offset", 0)),
     "rmsnorm": lambda w, d, s: numerics.RMSNorm(
         w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")],
         affine=d.arg("affine") is not False),
-    "scalenorm": lambda w, d, s: numerics.ScaleNorm(w, s.value(d.arg("eps"))),
-    "dyt": lambda w, d, s: numerics.DyT(w, s.value(d.arg("alpha"))),
+    "scalenorm": lambda w, d, s: numerics.ScaleNorm(w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
+    "dyt": lambda w, d, s: numerics.DyT(w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
 }
 
 # matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
@@ -76,10 +77,11 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s)
     if d.kind == "linear":
         return nn.Linear(s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
-    if d.kind == "scalar":
-        return nn.Parameter(torch.tensor(float(s.value(d.arg("init")))))
-    if d.kind == "vector":
-        return nn.Parameter(torch.full((s.dim(d.arg("axis")),), float(s.value(d.arg("init")))))
+    if d.category in ("scale", "shift"):
+        # init is the initial gain; with offset=1 the stored deviation starts at init - 1
+        init = float(s.value(d.arg("init"))) - d.arg("offset", 0)
+        shape = (s.dim(d.arg("axis")),) if d.arg("axis") is not None else ()
+        return nn.Parameter(torch.full(shape, init))
     if d.kind == "activation":
         return Activation(d.arg("fn"))
     if width is None:
