@@ -89,7 +89,8 @@ def _check_add(block: Block, op: AddOp | MulOp, state: str | None) -> Diagnostic
                      if hidden else f"project the branch to {kt.last.name} before the add")
     return error("E0201", f"operands of '{sign}' have different axes: {describe(block, op.lhs)} is {lt}, "
                  f"{describe(block, op.rhs)} is {rt}", op.span, notes=notes,
-                 hint=f"'{sign}' of two tensors is elementwise: both sides need the same axes, in the same order")
+                 hint=f"{'a residual add' if sign == '+' else 'a product of tensors'} is elementwise: both sides "
+                      "need the same axes, in the same order")
 
 
 def _check_channel(block: Block, op: ScaleOp | BiasOp) -> Diagnostic | None:
