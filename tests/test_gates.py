@@ -293,3 +293,21 @@ def test_gated_residual_cost_counts_the_products() -> None:
     assert cost.unfused.bytes_moved == (2 * t + ln_weights + stats) + 3 * t + 3 * t + 3 * t
     # x and the statistics for the norm; z, 1 - z and tanh(…) for the two products (x counted once)
     assert cost.unfused.saved_bytes == t + stats + 3 * t
+
+
+@pytest.mark.parametrize(("decl", "fused"), [("layernorm(D, offset=1)", False), ("rmsnorm(D, offset=1)", True)])
+def test_fusion_keeps_offsets_the_kernels_lack(decl: str, fused: bool) -> None:
+    from blockir.rewrites.fuse import fuse_program
+
+    body = f"""
+block T(x: [B, S, D]) -> [B, S, D] {{
+  n: {decl}
+  ff: linear(D, D)
+  ls: vector(D, offset=1)
+  y = n(x + ls * ff(x))
+  return y
+}}"""
+    program, changed = fuse_program(_program(body))
+    assert changed == fused
+    if fused:  # the (1 + g) gain stays its own op, outside the kernel
+        assert "ls * " in format_program(program) and "branch_scale" not in format_program(program)
