@@ -27,7 +27,7 @@ from blockir.cli import main
 from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.grammar.parser import decode
 from blockir.ir import consts as C
-from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, KINDS, MASKS, ArgSpec
+from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, KINDS, MASKS, ArgSpec
 from blockir.ir.ops import OutputOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
@@ -289,6 +289,10 @@ class Generated:
     results: dict[str, T] = field(default_factory=dict)
 
 
+# precedence of a sum that is not a residual add ('x + b', '1 - z'): parenthesized like a sum, never @inplace
+OTHER_SUM = 0.9
+
+
 class BlockGen:
     """Writes the body of one block: declarations on demand, typed equations, a return."""
 
@@ -471,7 +475,7 @@ class BlockGen:
             text = f"{self.linear(cur.last, t.last, cur)}({text})"
         return text, 5
 
-    def tensor(self, t: T, depth: int, top: bool = False) -> tuple[str, int]:
+    def tensor(self, t: T, depth: int, top: bool = False) -> tuple[str, float]:
         """Text of an expression of type t and its precedence (1 sum, 2 product, 5 atom).
 
         At the top of an equation the expression is never a bare name: `h = x`
@@ -486,7 +490,7 @@ class BlockGen:
             forms = ["add", "add", "act", "dropout", "dropout", "scale"]
             if not t.joined:
                 forms += ["norm", "norm", "branch", "branch", "linear", "extern", "scalar", "vector", "act_decl",
-                          "instance", "instance", "cross"]
+                          "instance", "instance", "cross", "bias", "gate", "product", "complement"]
             if t.dtype is not None:
                 forms.append("cast")
         built = self.form(r.pick(forms), t, depth - 1) or self.form("add", t, depth - 1)
@@ -512,6 +516,21 @@ class BlockGen:
                 left = factor if fp >= 2 else f"({factor})"
                 return f"{left}{sp}*{sp}{operand if op >= 3 else f'({operand})'}", 2
             return f"{operand if op >= 2 else f'({operand})'}{sp}*{sp}{factor if fp >= 3 else f'({factor})'}", 2
+        if form == "bias":
+            name = self.declare(("bias", t.last), lambda: (self.kind_args("bias", t, {"axis": t.last}), None))[0]
+            operand, op = self.tensor(t, sub)
+            if r.coin():
+                return f"{operand}{sp}+{sp}{name}", OTHER_SUM
+            return f"{name}{sp}+{sp}{operand if op > 1 else f'({operand})'}", OTHER_SUM
+        if form == "gate":
+            fn = self.function(GATES)
+            return None if fn is None else (f"{fn}({self.tensor(t, sub)[0]})", 5)
+        if form == "product":  # a gate applied to a value, or any elementwise product
+            (left, lp), (right, rp) = self.tensor(t, sub), self.tensor(t, sub)
+            return f"{left if lp >= 2 else f'({left})'}{sp}*{sp}{right if rp >= 3 else f'({right})'}", 2
+        if form == "complement":
+            operand, op = self.tensor(t, sub)
+            return f"1{sp}-{sp}{operand if op >= 2 else f'({operand})'}", OTHER_SUM
         if form == "act":
             fn = self.function(ACTIVATIONS)
             return None if fn is None else (f"{fn}({self.tensor(t, sub)[0]})", 5)

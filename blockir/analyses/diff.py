@@ -61,6 +61,8 @@ def label(block: Block, op: O.Op) -> tuple:
         return ("dropout", _text(op.p, block), op.mask)
     if isinstance(op, O.ScaleOp):
         return ("scale", _text(op.factor, block), _decl(block, op.param) if op.param else None)
+    if isinstance(op, O.BiasOp):
+        return ("bias", _decl(block, op.param))
     if isinstance(op, O.AddOp):
         return ("add", op.inplace)
     if isinstance(op, O.CastOp):

@@ -118,7 +118,7 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
     if decl.kind == "scalar":
         return [("", ())]
-    if decl.kind == "vector":
+    if decl.kind in ("vector", "bias"):
         return [("", (s.dim(decl.arg("axis")),))]
     return []  # activations own no state
 

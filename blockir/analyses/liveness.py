@@ -20,7 +20,7 @@ from typing import Literal
 
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.ir.consts import Num
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp,
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, MulOp, NormOp, Op, OutputOp,
                             ScaleOp)
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
@@ -108,6 +108,8 @@ def kept(block: Block, op: Op) -> Keep | None:
         return Keep(op, (), (f"mask {_mask(op, op.type)} or its seed",), "dropout keeps a mask or a seed")
     if isinstance(op, ScaleOp) and op.param is not None:
         return Keep(op, (op.operand,), (), "a learned scale keeps its input")
+    if isinstance(op, MulOp):
+        return Keep(op, (op.lhs, op.rhs), (), "a product keeps both factors")
     if isinstance(op, FusedAddNormOp):
         values = (op.residual,) + ((op.branch,) if op.branch_param is not None else ())
         return Keep(op, values, ("row statistics",), "a fused add+norm keeps the residual sum and row statistics")

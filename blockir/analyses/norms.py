@@ -14,6 +14,10 @@ scalenorm  scale (one scalar)      always                     row norm    1 fwd,
 dyt        alpha, weight, bias     always                     none        elementwise
 =========  ======================  =========================  ==========  =============
 
+Every family may store its gain as a deviation from one (``offset=1``: the
+scale is ``1 + weight``, or ``1 + scale`` for ScaleNorm); the keys are the
+same, and the fused kernels implement the offset for RMSNorm only.
+
 (Ba et al., 2016; Zhang and Sennrich, 2019; Nguyen and Salazar, 2019; Zhu et al., 2025.)
 """
 from __future__ import annotations
@@ -37,6 +41,11 @@ class NormFamily:
     _bias: Callable[[KindDecl], bool]
     _scale: str  # per_channel | scalar | none (when not affine)
     _extra: tuple[tuple[str, Shape], ...] = ()  # parameters of fixed shape, before weight and bias
+    _fused_offset: bool = False  # the fused kernels implement a (1 + weight) gain
+
+    def fuses(self, decl: KindDecl) -> bool:
+        """Whether the fused add+norm kernels reproduce this declaration exactly."""
+        return self.fusable and (self._fused_offset or not decl.arg("offset", 0))
 
     def weight(self, decl: KindDecl) -> bool:
         """Whether the norm learns a gain (per channel, or ScaleNorm's one scalar)."""
@@ -77,7 +86,7 @@ FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
                lambda d: bool(d.arg("bias")), "per_channel"),
     # an unset affine means the usual per-channel weight; only an affine fold writes affine=false
     NormFamily("rmsnorm", "RMSNorm", 1, (1, 1), True, lambda d: d.arg("affine") is not False,
-               lambda d: False, "per_channel"),
+               lambda d: False, "per_channel", _fused_offset=True),
     NormFamily("scalenorm", "ScaleNorm", 1, (1, 1), False, lambda d: True, lambda d: False, "scalar"),
     NormFamily("dyt", "DyT", 0, (0, 0), False, lambda d: True, lambda d: True, "per_channel",
                (("alpha", (1,)),)),

@@ -11,8 +11,11 @@ the op graph:
   output passes through (immediate dominators); the stream values live there;
 * each add on the spine is a sublayer root; its operand leaves split into the
   **shortcut** (the leaf reached from the previous stream value through
-  scales, dropouts and casts, else a projection, else a norm) and the
-  **branches**;
+  scales, dropouts, casts and gate products, else a projection, else a norm)
+  and the **branches**;
+* a **gate** is a product ``z * v`` whose factor ``z`` is a sigmoid, tanh or
+  erf of something, or ``1 - z`` of one: a gated residual
+  ``z * x + (1 - z) * u`` is one update whose shortcut and branch are gated;
 * a norm whose only input is the sum is the sublayer's post-norm (Post-LN).
 """
 from __future__ import annotations
@@ -24,12 +27,14 @@ import networkx as nx
 
 from blockir.analyses.cache import per_object
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
-                            Op, OutputOp, ScaleOp)
+from blockir.ir.kinds import GATES
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp,
+                            MulOp, NormOp, Op, OutputOp, ScaleOp)
 from blockir.ir.program import Block
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)
 ROOTS = (AddOp, FusedAddNormOp)
+GATE_FUNCTIONS = (*GATES, "tanh")  # bounded squashing functions whose output gates a value
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,11 @@ class Branch:
     def dropouts(self) -> tuple[DropoutOp, ...]:
         return tuple(op for op in self.modifiers if isinstance(op, DropoutOp))
 
+    @property
+    def gates(self) -> tuple[MulOp, ...]:
+        """Gate products between the computation and the add."""
+        return tuple(op for op in self.modifiers if isinstance(op, MulOp))
+
 
 @dataclass(frozen=True)
 class Sublayer:
@@ -90,6 +100,11 @@ class Sublayer:
         if isinstance(self.root, FusedAddNormOp):
             return self.root.normalized if self.fused_post else self.root.residual
         return self.root.result
+
+    @property
+    def shortcut_gates(self) -> tuple[MulOp, ...]:
+        """Gate products on the shortcut (the ``z * x`` of a gated residual)."""
+        return tuple(op for op in self.shortcut_ops if isinstance(op, MulOp))
 
     @property
     def shortcut_scaled(self) -> bool:
@@ -158,6 +173,39 @@ def state_input(block: Block) -> str | None:
     return inputs[0].result if inputs else None
 
 
+def _gate_rank(block: Block, value: str) -> int:
+    """How surely ``value`` is a gate: 2 for a sigmoid or a complement ``1 - z`` (values in [0, 1]),
+    1 for tanh or erf (they also squash a candidate update, as in a GRU), 0 for anything else."""
+    op = block.producers.get(value)
+    if isinstance(op, ComplementOp):
+        return 2 if _gate_rank(block, op.operand) else 0
+    fn = op.fn if isinstance(op, ActivationOp) else None
+    decl = block.decl_map.get(getattr(op, "decl", "") or "")
+    if isinstance(decl, KindDecl) and decl.kind == "activation":
+        fn = decl.arg("fn")
+    return 2 if fn == "sigmoid" else 1 if fn in GATE_FUNCTIONS else 0
+
+
+def is_gate(block: Block, value: str) -> bool:
+    """Whether ``value`` is a gate: a sigmoid, tanh or erf of something, or one minus a gate."""
+    return _gate_rank(block, value) > 0
+
+
+def gated(block: Block, op: Op | None) -> tuple[str, str] | None:
+    """(the gate, the gated value) of a gate product ``z * v``, or None for any other op.
+
+    When both factors could gate, the one surer to lie in [0, 1] is the gate; a tie is no gate.
+    """
+    if not isinstance(op, MulOp):
+        return None
+    lhs, rhs = _gate_rank(block, op.lhs), _gate_rank(block, op.rhs)
+    if lhs > rhs:
+        return op.lhs, op.rhs
+    if rhs > lhs:
+        return op.rhs, op.lhs
+    return None
+
+
 def _stream_value(block: Block, op: Op) -> str:
     if isinstance(op, FusedAddNormOp):
         # a fused op continues the stream through its residual unless only the normalized value is read
@@ -222,6 +270,11 @@ def _shortcut_path(block: Block, leaf: str, state: str) -> tuple[Op, ...] | None
         if isinstance(op, FusedAddNormOp) and v == op.normalized and op.residual == state:
             path.append(op)  # the normalized output of the add that made the state
             break
+        gate = gated(block, op)
+        if gate is not None:
+            path.append(op)
+            v = gate[1]
+            continue
         if not (isinstance(op, (*MODIFIERS, NormOp)) or is_linear(block, op)):
             return None
         path.append(op)
@@ -282,6 +335,11 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
     v = leaf
     while True:
         op = block.producers.get(v)
+        gate = gated(block, op)
+        if gate is not None:
+            modifiers.append(op)  # type: ignore[arg-type]
+            v = gate[1]
+            continue
         if isinstance(op, MODIFIERS):
             modifiers.append(op)
         elif isinstance(op, NormOp) and out_norm is None and v not in stop and op.operand not in stop:
@@ -289,6 +347,7 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
         else:
             break
         v = op.operands[0]
+    core = v  # the value the modifiers and gates wrap
     pre: list[NormOp | FusedAddNormOp] = [op for op in ops if isinstance(op, NormOp) and op.operand in stop
                                           and op is not out_norm]
     for v in {v for op in ops for v in op.operands} | {leaf}:
@@ -296,7 +355,8 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
         # reading a fused op's normalized output, when that is not the stream itself, is a pre-norm
         if isinstance(fused, FusedAddNormOp) and v == fused.normalized and v != state and fused not in pre:
             pre.append(fused)
-    call, kind = branch_kind(block, ops)
+    # what the branch computes is what its gates pass, not what computes the gates
+    call, kind = branch_kind(block, _closure(block, core, stop, pos) if core != leaf else ops)
     reads = {v for op in ops for v in op.operands} | {leaf}
     memory = tuple(op.result for op in block.inputs if op.result in reads and op.result != state_in)
     return Branch(leaf, tuple(ops), call, kind, tuple(pre), out_norm, tuple(modifiers), memory)

@@ -170,7 +170,16 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         b.dropout(b.env[op.operand], float(b.sizes.value(op.p)), op.mask, op.result)
     elif isinstance(op, O.ScaleOp):
         factor = b.attr(op.param) if op.param is not None else float(b.sizes.value(op.factor))  # type: ignore[arg-type]
+        offset = decls[op.param].arg("offset", 0) if op.param is not None else 0  # type: ignore[union-attr]
+        if offset:
+            factor = b.fn(numerics.offset_weight, (factor, offset))
         b.fn(operator.mul, (factor, b.env[op.operand]), op.result)
+    elif isinstance(op, O.BiasOp):
+        b.fn(operator.add, (b.env[op.operand], b.attr(op.param)), op.result)
+    elif isinstance(op, O.MulOp):
+        b.fn(operator.mul, (b.env[op.lhs], b.env[op.rhs]), op.result)
+    elif isinstance(op, O.ComplementOp):
+        b.fn(numerics.complement, (b.env[op.operand],), op.result)
     elif isinstance(op, O.AddOp):
         target = b.inplace.get(id(op))
         if target is None:

@@ -17,12 +17,13 @@ from blockir.ir.types import TensorType
 # which parameters a norm owns comes from the norm-family table; these add only the numerics
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "layernorm": lambda w, d, s, f: numerics.LayerNorm(
-        w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d), accum=numerics.ACCUM[d.arg("accum")]),
+        w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d), accum=numerics.ACCUM[d.arg("accum")],
+        offset=d.arg("offset", 0)),
     "rmsnorm": lambda w, d, s, f: numerics.RMSNorm(
         w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")],
         affine=f.weight(d)),
-    "scalenorm": lambda w, d, s, f: numerics.ScaleNorm(w, s.value(d.arg("eps"))),
-    "dyt": lambda w, d, s, f: numerics.DyT(w, s.value(d.arg("alpha"))),
+    "scalenorm": lambda w, d, s, f: numerics.ScaleNorm(w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
+    "dyt": lambda w, d, s, f: numerics.DyT(w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
 }
 
 # matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
@@ -78,10 +79,11 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
     if d.kind == "linear":
         return nn.Linear(s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
-    if d.kind == "scalar":
-        return nn.Parameter(torch.tensor(float(s.value(d.arg("init")))))
-    if d.kind == "vector":
-        return nn.Parameter(torch.full((s.dim(d.arg("axis")),), float(s.value(d.arg("init")))))
+    if d.category in ("scale", "shift"):
+        # init is the initial gain; with offset=1 the stored deviation starts at init - 1
+        init = float(s.value(d.arg("init"))) - d.arg("offset", 0)
+        shape = (s.dim(d.arg("axis")),) if d.arg("axis") is not None else ()
+        return nn.Parameter(torch.full(shape, init))
     if d.kind == "activation":
         return Activation(d.arg("fn"))
     if width is None:

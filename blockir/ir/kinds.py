@@ -13,6 +13,8 @@ from blockir.ir.consts import Num
 
 REQUIRED = object()
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity")
+# elementwise functions that make gates; usable in equations, not as a branch's activation
+GATES = ("sigmoid", "erf")
 CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
 MASKS = ("element", "row", "channel", "sample")
 
@@ -79,14 +81,21 @@ _MOMENTS = ArgSpec("moments", "enum", None, choices=("global", "local"),
 _AFFINE_GRAD = ArgSpec("affine_grad", "enum", None, choices=("sum", "local"),
                        doc="local: each rank keeps the affine gradient of its own rows")
 
+
+def _offset(what: str) -> ArgSpec:
+    return ArgSpec("offset", "int", 0, choices=(0, 1), doc=f"1 multiplies by (1 + {what}), stored as a deviation from one")
+
+
 KINDS: dict[str, KindSpec] = {
     k.name: k
     for k in (
         KindSpec("layernorm", "norm", (
             _axes(), _eps(1e-5),
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _TIED, _MOMENTS, _AFFINE_GRAD), "LayerNorm: biased variance, eps inside the square root",
-            (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),)),
+            _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD),
+            "LayerNorm: biased variance, eps inside the square root",
+            (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
+             Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
         KindSpec("rmsnorm", "norm", (
             _axes(), _eps(1e-6),
             ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
@@ -97,8 +106,9 @@ KINDS: dict[str, KindSpec] = {
             _TIED, _MOMENTS, _AFFINE_GRAD), "RMSNorm: no centering, per-channel scale",
             (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
              Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
-        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),
-        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _TIED),
+        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
+                 "ScaleNorm: one learned scalar over x/||x||"),
+        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
         KindSpec("self_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
@@ -121,13 +131,17 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("linear", "linear", (
             ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
             ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),
-        KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)),), "a learned scalar gain (ReZero: init=0)"),
-        KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0))),
+        KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)), _offset("the scalar")),
+                 "a learned scalar gain (ReZero: init=0)"),
+        KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0)),
+                                     _offset("the vector")),
                  "a learned per-channel gain (LayerScale)"),
+        KindSpec("bias", "shift", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(0.0))),
+                 "a learned per-channel bias added to a value"),
         KindSpec("activation", "activation", (ArgSpec("fn", "enum", choices=ACTIVATIONS, positional=True),),
                  "a named activation function"),
     )
 }
 
 # Functions usable inside equations (not declarations).
-FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS
+FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS + GATES

@@ -52,6 +52,11 @@ class OpBase:
                 out.append(v)
         return tuple(out)
 
+    @property
+    def applied(self) -> tuple[str, ...]:
+        """The declarations it applies (fields of role ``decl``), in field order."""
+        return tuple(v for name in _decls(type(self)) if (v := getattr(self, name)) is not None)
+
     def type_of(self, value: str) -> TensorType | None:
         """The type of one of this op's results."""
         return self.type
@@ -91,6 +96,12 @@ class OpBase:
             if new != v:
                 changes[f.name] = new
         return replace(self, **changes) if changes else self  # type: ignore[type-var]
+
+
+@lru_cache(maxsize=None)
+def _decls(kind: type) -> tuple[str, ...]:
+    """The names of the fields of role ``decl`` of an op kind."""
+    return tuple(f.name for f in fields(kind) if f.metadata.get("role") == "decl")
 
 
 @lru_cache(maxsize=None)
@@ -206,6 +217,56 @@ class ScaleOp(OpBase):
 
 
 @dataclass(frozen=True)
+class BiasOp(OpBase):
+    """``operand + param``: a learned per-channel ``bias`` declaration added to a value."""
+
+    result: str = _role("result")
+    type: TensorType = field()
+    operand: str = _role("value")
+    param: str = _role("decl")
+    span: Span = field(**_SPAN)
+
+    def label(self) -> str:
+        return f"'… + {self.param}'"
+
+    def text(self) -> str:
+        return f"{self.result} = {self.operand} + {self.param}"
+
+
+@dataclass(frozen=True)
+class MulOp(OpBase):
+    """``lhs * rhs`` of two tensors of one type, elementwise: a gate applied to a value."""
+
+    result: str = _role("result")
+    type: TensorType = field()
+    lhs: str = _role("value")
+    rhs: str = _role("value")
+    span: Span = field(**_SPAN)
+
+    def label(self) -> str:
+        return "'… * …' (a product of tensors)"
+
+    def text(self) -> str:
+        return f"{self.result} = {self.lhs} * {self.rhs}"
+
+
+@dataclass(frozen=True)
+class ComplementOp(OpBase):
+    """``1 - operand``: the complementary gate of a convex combination."""
+
+    result: str = _role("result")
+    type: TensorType = field()
+    operand: str = _role("value")
+    span: Span = field(**_SPAN)
+
+    def label(self) -> str:
+        return "'1 - …'"
+
+    def text(self) -> str:
+        return f"{self.result} = 1 - {self.operand}"
+
+
+@dataclass(frozen=True)
 class AddOp(OpBase):
     result: str = _role("result")
     type: TensorType = field()
@@ -315,4 +376,5 @@ class OutputOp(OpBase):
         return f"return {self.value}"
 
 
-Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, ScaleOp, AddOp, CastOp, ConcatOp, FusedAddNormOp, OutputOp]
+Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
+           ConcatOp, FusedAddNormOp, OutputOp]

@@ -298,6 +298,15 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
             elements = 1 if gain.kind == "scalar" else _size(gain.arg("axis"), env)
             own.bytes_moved += elements * _itemsize(block.type_of(op.operand), dtype)
             own.saved[op.operand] = nb(op.operand)
+    elif isinstance(op, O.BiasOp):  # its gradient is the sum of the incoming one: nothing saved
+        own.bytes_moved += nb(op.operand) + nb(op.result) + _size(block.decl_map[op.param].arg("axis"), env) \
+            * _itemsize(block.type_of(op.operand), dtype)
+    elif isinstance(op, O.ComplementOp):
+        own.bytes_moved += nb(op.operand) + nb(op.result)
+    elif isinstance(op, O.MulOp):  # each factor's gradient needs the other
+        own.bytes_moved += nb(op.lhs) + nb(op.rhs) + nb(op.result)
+        own.saved[op.lhs] = nb(op.lhs)
+        own.saved[op.rhs] = nb(op.rhs)
     elif isinstance(op, O.NormOp):
         _norm(block, op, env, dtype, own)
     elif isinstance(op, O.FusedAddNormOp):
@@ -310,7 +319,8 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
         own.reductions(b.family, b.rows)
 
 
-WRAPPER_OPS = (O.AddOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.NormOp, O.FusedAddNormOp)
+WRAPPER_OPS = (O.AddOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.BiasOp, O.ComplementOp, O.MulOp, O.NormOp,
+               O.FusedAddNormOp)
 
 
 def _own_tally(block: Block, env: Env, dtype: DType) -> Tally:

@@ -197,7 +197,7 @@ def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: Scale
         if isinstance(param, KindDecl) and param.kind == "vector":
             raise _Refuse("shape", f"a per-channel gain cannot fold into the single scalar of '{decl.name}'")
         _check(site, [f"{decl.name}.scale"])
-        return (ScaleNormState(f"{decl.name}.scale", None, 0, gain),)
+        return (ScaleNormState(f"{decl.name}.scale", None, int(decl.arg("offset", 0)), gain),)
     has_bias = decl.kind == "dyt" or decl.kind == "layernorm" and bool(decl.arg("bias"))
     bias = f"{decl.name}.bias" if has_bias else None
     _check(site, [f"{decl.name}.weight"] + ([bias] if bias else []))
@@ -215,7 +215,9 @@ def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tupl
 
 
 def _fold_scale(block: Block, site: FoldSite, op: ScaleOp, sizes: Sizes) -> _Step:
-    gain = Gain(const=float(sizes.value(op.factor))) if op.factor is not None else Gain(key=op.param)
+    param = block.decl_map.get(op.param or "")
+    gain = Gain(const=float(sizes.value(op.factor))) if op.factor is not None else \
+        Gain(key=op.param, offset=int(param.arg("offset", 0)) if isinstance(param, KindDecl) else 0)
     prod = block.producers.get(op.operand)
     producer_side = site.action.startswith("fold into the producer")
     if producer_side and isinstance(prod, NormOp):
@@ -247,7 +249,7 @@ def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Ste
     edits += [ScaleInputs(w, Gain(key=weight, offset=int(decl.arg("offset", 0)))) for w in dict.fromkeys(
         w for w, _, _ in linears)]
     edits += [Drop(weight)] + ([Drop(bias)] if shift else [])
-    plain = _with_args(decl, affine=False, bias=False) if decl.kind == "layernorm" else \
+    plain = _with_args(decl, affine=False, bias=False, offset=0) if decl.kind == "layernorm" else \
         _with_args(decl, affine=False, offset=0)
     folded = replace(block, decls=tuple(plain if d.name == decl.name else d for d in block.decls))
     return _Step(folded, "affine-into-linears", tuple(edits))

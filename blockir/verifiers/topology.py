@@ -15,8 +15,8 @@ from typing import Iterator
 
 from blockir.analyses.sizes import block_env, layer_counts, program_env, uses_layer, value
 from blockir.analyses.facts import stated
-from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, is_linear, normalized_shortcut,
-                                        wrapper)
+from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, gated, is_linear,
+                                        normalized_shortcut, wrapper)
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.consts import ConstExpr
@@ -93,6 +93,21 @@ def _shortcuts(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                               "across this add is a trained scale, not the identity", op.span,
                               hint="gate the branch instead (ReZero, LayerScale: x + g * f(x)); a recipe's fixed "
                                    "shortcut constant (DeepNorm's alpha) is a constant, not a parameter")
+
+
+def _gates(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+    """A gated shortcut needs gated updates: ``z * x + u`` lets the gate shrink the state while u adds in full."""
+    for s in w.sublayers:
+        if not s.shortcut_gates:
+            continue
+        for b in s.branches:
+            if not b.gates:
+                gate = s.shortcut_gates[0]
+                yield error("E0414", f"the shortcut is gated by {describe(block, gated(block, gate)[0])} but the "
+                            f"update {describe(block, b.leaf)} is not: the gate shrinks the state and the update "
+                            "still adds in full", gate.span,
+                            notes=[Note("the ungated update", block.producers[b.leaf].span)],
+                            hint="gate both sides of the convex combination: z * x + (1 - z) * u")
 
 
 def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
@@ -317,7 +332,7 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
     w = wrapper(block)
     env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
     out: list[Diagnostic] = []
-    for check in (_dropouts(program, block, w, env), _training(block, env), _shortcuts(block, w),
+    for check in (_dropouts(program, block, w, env), _training(block, env), _shortcuts(block, w), _gates(block, w),
                   _normalized_shortcut(block, w), _final_norm(program, block, env),
                   _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
                   _deepnorm(program, block, w, base, counts)):

@@ -177,7 +177,7 @@ def _rewrite(program: Program, block: Block) -> tuple[Program, list[str]]:
     subs = sublayers(block)
     for i, s in enumerate(subs, 1):
         omega = f"omega_{i}"
-        edit.add_decl(KindDecl(omega, "vector", (("axis", width), ("init", num(1.0)))))
+        edit.add_decl(KindDecl(omega, "vector", (("axis", width), ("init", num(1.0)), ("offset", 0))))
         changes.append(scaled_post_ln(edit, s, "Admin", param=omega) + f", by {omega} = vector({width}, init=1)")
     converted = any(s.post_norm is None for s in subs)  # Pre-LN sublayers became Post-LN
     models, removed = drop_final_norms(program, block.name) if converted else ([], [])

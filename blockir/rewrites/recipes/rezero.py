@@ -31,7 +31,7 @@ def apply(program: Program, block_name: str, *, remove_norms: bool = True) -> Re
                 raise RecipeError(f"branch '{b.name}' of '{block_name}' is already gated by a learned scale")
             index += 1
             gate = f"resweight_{index}"
-            edit.add_decl(KindDecl(gate, "scalar", (("init", num(0.0)),)))
+            edit.add_decl(KindDecl(gate, "scalar", (("init", num(0.0)), ("offset", 0))))
             add = next(a for a in s.adds if b.leaf in a.operands)  # the add of the sum tree reading this update
             edit.reroute(add, b.leaf, edit.scale(add, b.leaf, param=gate))
             changes.append(f"'{b.name}': update gated by {gate} = scalar(init=0)")
