@@ -128,6 +128,11 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         return gate_up + _linear(names["down"], width, hidden, bias)
     if decl.kind == "linear":
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
+    if decl.kind == "embedding":
+        return [("weight", (s.dim(decl.arg("vocab")), s.dim(decl.arg("width"))))]
+    if decl.kind == "head":
+        width = _width(block, _first_use(block, decl.name), 0, s)
+        return _linear("", s.dim(decl.arg("vocab")), width, bool(decl.arg("bias")))
     if decl.kind == "scalar":
         return [("", ())]
     if decl.kind == "vector":

@@ -390,6 +390,49 @@ class GatedMLP(nn.Module):
         return f"act={self.act_name}"
 
 
+class Embedding(nn.Module):
+    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
+
+    ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
+    """
+
+    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
+        self.positions, self.scale = positions, scale
+
+    def forward(self, ids: Tensor, **ctx: object) -> Tensor:
+        if self.positions:
+            index = torch.arange(ids.shape[-1], device=ids.device)
+            return F.embedding(index, self.weight).expand(*ids.shape, -1)
+        y = F.embedding(ids.long(), self.weight)
+        if self.scale is not None:
+            y = y * torch.tensor(self.scale, dtype=y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, positions={self.positions}, scale={self.scale}"
+
+
+class Head(nn.Module):
+    """Projection to vocabulary logits (``weight`` [V, D]); its weight may be the token embedding's."""
+
+    def __init__(self, width: int, vocab: int, bias: bool = False, softcap: float | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, width) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
+        self.softcap = softcap
+
+    def forward(self, x: Tensor, **ctx: object) -> Tensor:
+        logits = F.linear(x, self.weight, self.bias)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1]} -> {self.weight.shape[0]}, softcap={self.softcap}"
+
+
 BRANCH_KINDS: dict[str, type[nn.Module]] = {
     "self_attention": SelfAttention,
     "cross_attention": CrossAttention,

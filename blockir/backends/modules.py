@@ -12,6 +12,7 @@ from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.kinds import layer_names
+from blockir.ir.program import Block
 from blockir.ir.types import TensorType
 
 NORMS: dict[str, Callable[..., nn.Module]] = {
@@ -95,11 +96,18 @@ def _branch(d: KindDecl, width: int, s: Sizes) -> nn.Module:
 
 def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module | nn.Parameter:
     """Build the module (or bare parameter, for learned scales) of one declaration."""
-    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes else None
+    # an embedding reads token ids, whose last axis is the sequence: it takes its width from its arguments
+    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes and \
+        d.kind != "embedding" else None
     if d.category == "norm":
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s)
     if d.kind == "linear":
         return nn.Linear(s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
+    if d.kind == "embedding":
+        return branches.Embedding(s.dim(d.arg("vocab")), s.dim(d.arg("width")), positions=d.arg("positions"),
+                                  scale=_opt_float(s, d, "scale"))
+    if d.kind == "head" and width is not None:
+        return branches.Head(width, s.dim(d.arg("vocab")), bias=d.arg("bias"), softcap=_opt_float(s, d, "softcap"))
     if d.kind == "scalar":
         return nn.Parameter(torch.tensor(float(s.value(d.arg("init")))))
     if d.kind == "vector":
@@ -112,6 +120,15 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
     if d.arg("init_gain") is not None:
         _apply_gain(module, d.kind, float(s.value(d.arg("init_gain"))))
     return module
+
+
+def tie_heads(module: nn.Module, block: Block) -> None:
+    """Give every ``head(tied=true)`` of ``block`` the weight of the block's token embedding (one tensor)."""
+    table = next((d.name for d in block.decls if isinstance(d, KindDecl) and d.kind == "embedding"
+                  and not d.arg("positions")), None)
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.kind == "head" and d.arg("tied") and table is not None:
+            module.get_submodule(d.name).weight = module.get_submodule(table).weight
 
 
 def bound_extern(d: ExternDecl, bind: Mapping[str, Binding], s: Sizes) -> BoundExtern:

@@ -46,7 +46,7 @@ class Implies:
 @dataclass(frozen=True)
 class KindSpec:
     name: str
-    category: str  # norm | branch | linear | scale | activation
+    category: str  # norm | branch | linear | scale | activation | embedding | head
     args: tuple[ArgSpec, ...]
     doc: str
     implies: tuple[Implies, ...] = ()
@@ -162,6 +162,17 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("linear", "linear", (
             ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
             ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),
+        KindSpec("embedding", "embedding", (
+            ArgSpec("vocab", "dim", positional=True, doc="rows of the table: the vocabulary, or the positions"),
+            ArgSpec("width", "dim", positional=True),
+            ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
+            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)")),
+            "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
+        KindSpec("head", "head", (
+            ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
+            ArgSpec("tied", "bool", False, doc="share the weight of the token embedding declared in the same model"),
+            ArgSpec("softcap", "expr", None, doc="logits become softcap * tanh(logits / softcap) (Gemma 2)")),
+            "the output projection to vocabulary logits (HF's lm_head)"),
         KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)),), "a learned scalar gain (ReZero: init=0)"),
         KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0))),
                  "a learned per-channel gain (LayerScale)"),

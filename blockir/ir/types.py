@@ -15,6 +15,7 @@ class Role(str, Enum):
     HIDDEN = "hidden"
     HEADS = "heads"
     HEAD_DIM = "head_dim"
+    VOCAB = "vocab"
 
 
 class DType(str, Enum):
