@@ -11,6 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from blockir.api import load, parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span
+from blockir.ir.program import Program
+
+
+def from_hf_config(config: Any, exact: bool = False) -> Program:
+    """The program of a transformers config (dict or config object): ``compile`` its ``*ForCausalLM`` model."""
+    from blockir.importers.hf import block_text
+    return parse(block_text(config, exact), f"<hf {getattr(config, 'model_type', None) or config.get('model_type')}>")
 
 if TYPE_CHECKING:
     from blockir.analyses.keys import reconcile
@@ -19,7 +26,8 @@ if TYPE_CHECKING:
     from blockir.backends.trace import trace
 
 __version__ = "0.1.0"
-__all__ = ["BlockError", "Diagnostic", "Note", "Span", "compile", "load", "parallelize", "parse", "reconcile", "trace", "verify",
+__all__ = ["BlockError", "Diagnostic", "Note", "Span", "compile", "from_hf_config", "load", "parallelize", "parse",
+           "reconcile", "trace", "verify",
            "__version__"]
 
 _LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",

@@ -1,8 +1,6 @@
 """Spawn gloo process groups on the loopback interface and compare a parallelised module with one process."""
 from __future__ import annotations
 
-import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -10,12 +8,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -58,10 +50,10 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tupl
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen)
 
 
-def _worker(rank: int, world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, store: str, out: str, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file rendezvous: no port to race for when several test runs share the machine
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         result = _run(*args)
         if rank == 0:
@@ -77,7 +69,7 @@ def compare(program: str, name: str, dims: dict[str, int], layout: str, shape: t
     ref = _run(program, name, dims, None, shape, mode)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
-        mp.spawn(_worker, args=(world, free_port(), out, (program, name, dims, layout, shape, mode)),
+        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, (program, name, dims, layout, shape, mode)),
                  nprocs=world, join=True)
         par = torch.load(out)
     return ref, par

@@ -379,6 +379,8 @@ class BlockGen:
             return r.pick([t.last, t.last, f"[{t.last}]", "[" + ", ".join(others + [t.last]) + "]"])
         if a.kind == "dim":
             return r.pick(prog.by_role["hidden"] if a.name == "hidden" else [t.last])
+        if a.kind == "name":
+            return r.pick(["proj", "dense", "c_proj", "fc_1"])
         if a.kind != "expr":
             raise AssertionError(f"the generator does not know argument kind {a.kind!r}; teach it")
         if a.name == "eps":

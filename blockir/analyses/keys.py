@@ -24,6 +24,7 @@ from blockir.analyses.sizes import Sizes, reads_layer
 from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.kinds import layer_names
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 
@@ -73,9 +74,10 @@ def _width(block: Block, op: Op | None, arg: int, s: Sizes) -> int:
     return s.dim(t.last.name)
 
 
-def _linear(prefix: str, out: int, inp: int, bias: bool) -> list[tuple[str, Shape]]:
+def _linear(prefix: str, out: int, inp: int, bias: bool, conv1d: bool = False) -> list[tuple[str, Shape]]:
+    """A projection's keys; GPT-2's Conv1D stores the weight transposed, ``[in, out]``."""
     dot = f"{prefix}." if prefix else ""
-    return [(f"{dot}weight", (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
+    return [(f"{dot}weight", (inp, out) if conv1d else (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
 
 
 def _norm(decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
@@ -96,10 +98,20 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
                                 f"{width}", decl.span, hint="give head_dim=…, or a number of heads that divides the width")])
     else:
         hd = width // heads
-    bias = bool(decl.arg("bias"))
-    out_bias = bool(decl.arg("out_bias"))
-    return (_linear("q_proj", heads * hd, width, bias) + _linear("k_proj", kv * hd, kv_width, bias)
-            + _linear("v_proj", kv * hd, kv_width, bias) + _linear("o_proj", width, heads * hd, out_bias))
+    bias, out_bias, conv1d = bool(decl.arg("bias")), bool(decl.arg("out_bias")), bool(decl.arg("conv1d"))
+    names = layer_names(decl.kind, dict(decl.args))
+    if decl.arg("fused") == "none":
+        keys = (_linear(names["q"], heads * hd, width, bias, conv1d) + _linear(names["k"], kv * hd, kv_width, bias, conv1d)
+                + _linear(names["v"], kv * hd, kv_width, bias, conv1d))
+    else:
+        keys = _linear(names["qkv"], (heads + 2 * kv) * hd, width, bias, conv1d)
+    keys += _linear(names["o"], width, heads * hd, out_bias, conv1d)
+    if decl.arg("qk_norm") != "none":
+        for role, count in (("q_norm", heads), ("k_norm", kv)):
+            n = hd if decl.arg("qk_norm_axis") == "head" else count * hd
+            keys += [(f"{names[role]}.weight", (n,))] + \
+                ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
+    return keys
 
 
 def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
@@ -110,12 +122,20 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     if decl.kind in ("mlp", "gated_mlp"):
         width = _width(block, _first_use(block, decl.name), 0, s)
         hidden, bias = s.dim(decl.arg("hidden")), bool(decl.arg("bias"))
+        names = layer_names(decl.kind, dict(decl.args))
         if decl.kind == "mlp":
-            return _linear("fc1", hidden, width, bias) + _linear("fc2", width, hidden, bias)
-        return (_linear("gate_proj", hidden, width, bias) + _linear("up_proj", hidden, width, bias)
-                + _linear("down_proj", width, hidden, bias))
+            conv1d = bool(decl.arg("conv1d"))
+            return _linear(names["fc1"], hidden, width, bias, conv1d) + _linear(names["fc2"], width, hidden, bias, conv1d)
+        gate_up = _linear(names["gate_up"], 2 * hidden, width, bias) if decl.arg("fused") else \
+            _linear(names["gate"], hidden, width, bias) + _linear(names["up"], hidden, width, bias)
+        return gate_up + _linear(names["down"], width, hidden, bias)
     if decl.kind == "linear":
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
+    if decl.kind == "embedding":
+        return [("weight", (s.dim(decl.arg("vocab")), s.dim(decl.arg("width"))))]
+    if decl.kind == "head":
+        width = _width(block, _first_use(block, decl.name), 0, s)
+        return _linear("", s.dim(decl.arg("vocab")), width, bool(decl.arg("bias")))
     if decl.kind == "scalar":
         return [("", ())]
     if decl.kind in ("vector", "bias"):

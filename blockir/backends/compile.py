@@ -11,6 +11,7 @@ import torch.fx as fx
 from blockir.api import load, verify
 from blockir.backends.bind import check_bind
 from blockir.backends.fx import lower_block
+from blockir.backends.modules import tie_heads
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.program import Program
@@ -101,4 +102,5 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         if seed is not None:
             torch.manual_seed(seed)
         module = lower_block(program, program.block(name), sizes, bindings, act_dtype=dtype, mode=mode)
+    tie_heads(module, program.block(name))
     return module

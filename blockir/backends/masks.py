@@ -81,13 +81,26 @@ class MaskBuilder:
         else:
             self._add(mask[:, None, None, :])
 
-    def build(self, causal: bool, dtype: torch.dtype, device: torch.device) -> tuple[Tensor | None, bool]:
-        """The mask for ``scaled_dot_product_attention`` and its ``is_causal`` flag."""
-        if self.allowed is None and self.bias is None:
+    def window(self, size: int, device: torch.device) -> None:
+        """Sliding window: query ``i`` sees key ``j`` only while ``i - j < size`` (HF's convention)."""
+        _, _, queries, keys = self.sizes
+        rows = torch.arange(keys - queries, keys, device=device)[:, None]
+        self._allow(rows - torch.arange(keys, device=device)[None, :] < size)
+
+    def build(self, causal: bool, dtype: torch.dtype, device: torch.device,
+              additive: bool = False) -> tuple[Tensor | None, bool]:
+        """The mask for ``scaled_dot_product_attention`` and its ``is_causal`` flag.
+
+        ``additive`` asks for the form an eager reference adds to its scores: causality included,
+        masked scores at the dtype's minimum (never a boolean, never ``is_causal``).
+        """
+        if self.allowed is None and self.bias is None and not (additive and causal):
             return None, causal  # the kernels' own causal path
         if causal:
             _, _, queries, keys = self.sizes
-            self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril())
+            self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries))
+        if additive and self.bias is None:
+            self.bias = torch.zeros((), dtype=dtype, device=device)
         if self.bias is None:
             return self.allowed, False
         # HF's convention: masked scores sit at the dtype's minimum, so a row with nothing to attend stays finite

@@ -179,10 +179,16 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
+def _gelu_new(x: Tensor) -> Tensor:
+    """The tanh GELU as GPT-2's code spells it (HF ``gelu_new``); not bit-equal to ``F.gelu(approximate="tanh")``."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_new": _gelu_new,
     "silu": F.silu,
     "tanh": torch.tanh,
     "identity": _identity,

@@ -120,6 +120,11 @@ class Builder:
                 return word == "true"
             self.err("E0107", f"'{spec.name}' must be true or false", e.span)
             return None
+        if spec.kind == "name":
+            if word is None or word in ("true", "false") or "." in word:
+                self.err("E0107", f"'{spec.name}' must be a parameter name (an identifier)", e.span)
+                return None
+            return word
         if spec.kind in ("enum", "dtype"):
             choices = spec.choices if spec.kind == "enum" else tuple(d.value for d in DType)
             if word in choices:

@@ -258,8 +258,12 @@ class Lowerer:
         t = self.scope.values[args[0]]
         if decl.category == "norm":
             return self.emit(O.NormOp(name or self.fresh(), t, decl.name, args[0], span=e.span))
-        if decl.kind == "linear":
-            out = self.scope.dims.get(decl.arg("out_dim"))
+        if decl.kind == "embedding":
+            width = self.scope.dims.get(decl.arg("width"))
+            if width is not None:
+                t = TensorType(t.axes + (width,), t.dtype)
+        if decl.kind in ("linear", "head"):
+            out = self.scope.dims.get(decl.arg("out_dim" if decl.kind == "linear" else "vocab"))
             if out is not None and t.axes:
                 t = t.with_last(out)
         return self.emit(O.CallOp(name or self.fresh(), t, decl.name, tuple(args), span=e.span))

@@ -16,6 +16,7 @@ class Role(str, Enum):
     HEADS = "heads"
     HEAD_DIM = "head_dim"
     MESH = "mesh"  # a device-mesh axis (``dim tp: mesh``): names where values are placed, never a tensor axis
+    VOCAB = "vocab"
 
 
 class DType(str, Enum):
