@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import networkx as nx
@@ -224,7 +224,6 @@ def _numel(shape: Shape) -> int:
 
 def _strip_scales(block: Block, params: frozenset[str]) -> Block:
     """``block`` without its scale ops by the learned parameters ``params``: their readers read the unscaled value."""
-    from dataclasses import replace
     renames: dict[str, str] = {}
     ops: list[O.Op] = []
     for op in block.ops:
