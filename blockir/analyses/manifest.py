@@ -146,6 +146,18 @@ class _Dumper(yaml.SafeDumper):
         return True  # repeated values are written out, never as anchors
 
 
-def to_yaml(data: dict[str, Any]) -> str:
-    """YAML with short scalar lists inline ([B, S, D]) and no anchors."""
+class _ReportDumper(_Dumper):
+    """Mappings always in block style, one field a line: reports hold hashes and sentences."""
+
+
+_ReportDumper.add_representer(dict, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(),
+                                                                         flow_style=False))
+
+
+def to_yaml(data: dict[str, Any], report: bool = False) -> str:
+    """YAML with short scalar lists inline ([B, S, D]) and no anchors; a ``report`` keeps every mapping in
+    block style and does not fold long lines."""
+    if report:
+        return yaml.dump(data, Dumper=_ReportDumper, sort_keys=False, default_flow_style=None, allow_unicode=True,
+                         width=1 << 16)
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, allow_unicode=True)
