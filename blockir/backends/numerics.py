@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blockir.backends.rng import keep_mask
+from blockir.backends.rng import keep_mask, layer_keep
 
 ACCUM: dict[str, torch.dtype] = {
     "f32": torch.float32,
@@ -173,6 +173,17 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     rows = math.prod(mask_shape[:-1])
     keep = keep_mask(key, p, rows=rows, cols=mask_shape[-1], device=x.device).reshape(mask_shape)
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+def layer_drop(x: Tensor, p: float, training: bool, key: int | Tensor | None) -> Tensor:
+    """LayerDrop: ``x`` or zeros, one decision for the whole tensor, kept values not rescaled.
+
+    The decision depends on ``key`` alone, so every site that shares the key
+    (all updates of one layer) is kept or dropped together.
+    """
+    if not training or p == 0.0:
+        return x
+    return torch.where(layer_keep(key, p).to(x.device), x, 0.0)  # type: ignore[arg-type]
 
 
 def _identity(x: Tensor) -> Tensor:

@@ -144,4 +144,4 @@ KINDS: dict[str, KindSpec] = {
 }
 
 # Functions usable inside equations (not declarations).
-FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS + GATES
+FUNCTIONS = ("dropout", "drop_path", "layer_drop", "cast", "concat") + ACTIVATIONS + GATES
