@@ -140,7 +140,10 @@ def _gates(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                             hint="gate both sides of the convex combination: z * x + (1 - z) * u")
 
 
-def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+def _normalized_shortcut(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
+    fact = stated(block, env).get("residual_from_norm")
+    if fact is not None and fact.value == 1:
+        return  # stated on purpose; the classification verifier checks the statement holds
     for s in w.sublayers:
         norm = normalized_shortcut(block, s)
         if norm is None:
@@ -151,7 +154,8 @@ def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                     notes=[Note("normalized here", norm.span)],
                     hint="add the update to the un-normalized state (Pre-LN: h + f(norm(h))) or normalize the sum "
                          "(Post-LN: norm(h + f(h))); a fused add+norm returns (normalized, residual) and the "
-                         "residual is the stream")
+                         "residual is the stream; if the model is wired this way on purpose, state it with "
+                         "`const residual_from_norm = 1`")
 
 
 # --- stacks --------------------------------------------------------------------
@@ -364,7 +368,7 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
     out: list[Diagnostic] = []
     for check in (_dropouts(program, block, w, env), _layer_drops(block, w, env), _training(block, env),
                   _shortcuts(block, w), _gates(block, w),
-                  _normalized_shortcut(block, w), _final_norm(program, block, env),
+                  _normalized_shortcut(block, w, env), _final_norm(program, block, env),
                   _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
                   _deepnorm(program, block, w, base, counts)):
         out += check
