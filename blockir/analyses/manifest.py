@@ -15,7 +15,7 @@ import yaml
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Env, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
-from blockir.analyses.structure import Branch, Sublayer, wrapper
+from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
@@ -122,6 +122,9 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
     fields["norm_sites"] = norms
     fields["residual"] = {"shortcut_scale": [_product(block, s.shortcut_ops, env) for s in subs],
                           "updates": [[_branch_fields(block, b, env) for b in s.branches] for s in subs]}
+    from_norm = [normalized_shortcut(block, s) for s in subs]
+    if any(n is not None for n in from_norm):  # the stream continues from these norms' outputs, on purpose
+        fields["residual"]["from_norm"] = [n.decl if n is not None else None for n in from_norm]
     branch_drops = {id(d) for s in subs for b in s.branches for d in b.dropouts}
     inner = [{"value": op.result, **_dropout(op, env)} for op in block.ops
              if isinstance(op, DropoutOp) and id(op) not in branch_drops]

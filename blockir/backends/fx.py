@@ -71,6 +71,13 @@ def dropout_site(x: torch.Tensor, p: float, mask: str, training: bool, seed: tor
     return numerics.dropout(x, p, mask, training, dropout_key(seed, layer, site))
 
 
+def layer_drop_site(x: torch.Tensor, p: float, training: bool, seed: torch.Tensor, layer: int) -> torch.Tensor:
+    """LayerDrop keyed by (seed, layer) only: every ``layer_drop`` of one layer shares the draw."""
+    if not training or p == 0.0:
+        return x
+    return numerics.layer_drop(x, p, training, dropout_key(seed, layer, LAYER_DROP_SITE))
+
+
 def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) -> None:
     """Install a module or parameter at a dotted path, creating plain containers on the way."""
     *path, leaf = dotted.split(".")
@@ -90,6 +97,10 @@ def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) ->
 def site_id(ssa: str) -> int:
     """A dropout site's RNG identity: a hash of its value name, stable under fusion and reordering."""
     return zlib.crc32(ssa.encode())
+
+
+# no value can be called layer_drop (a built-in name), so no dropout site shares this identity
+LAYER_DROP_SITE = site_id("layer_drop")
 
 
 def node_name(ssa: str) -> str:
@@ -166,6 +177,12 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
             b.fn(invoke, (b.attr(op.decl), b.ctx, *args), op.result)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
+    elif isinstance(op, O.LayerDropOp):
+        p = float(b.sizes.value(op.p))
+        if p == 0.0:
+            b.bind(op.result, b.env[op.operand])
+        else:
+            b.fn(layer_drop_site, (b.env[op.operand], p, b.training_flag(), b.seed_node(), b.layer), op.result)
     elif isinstance(op, O.DropoutOp):
         b.dropout(b.env[op.operand], float(b.sizes.value(op.p)), op.mask, op.result)
     elif isinstance(op, O.ScaleOp):
