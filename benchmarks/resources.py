@@ -58,11 +58,22 @@ def inputs() -> dict[str, str]:
 
 
 def argv(command: str, path: str) -> list[str]:
+    """The command on ``path``; a file of flat blocks has no model, so every command that works on one block
+    names the last (the same choice for each command, and one that the whole file was parsed to reach)."""
+    flat = "model Model" not in Path(path).read_text()
+    block = ["--block", "Layer0" if command == "keys" or not flat else _last_block(path)]
+    if command == "check":
+        return ["check", path]
     if command == "cost":
-        return ["cost", path, "--dims", "B=1,S=8"]
+        return ["cost", path, "--dims", "B=1,S=8", *block]
     if command == "keys":
-        return ["keys", path, "--block", "Layer0"]  # every block's keys of the stack would be 100,000 tables
-    return [command, path, path] if command == "diff" else [command, path]
+        return ["keys", path, "--block", "Layer0"]  # the stack's keys would be 100,000 tables
+    return [command, path, path, *block] if command == "diff" else [command, path, *block]
+
+
+def _last_block(path: str) -> str:
+    text = Path(path).read_text()
+    return text.rsplit("block ", 1)[1].split("(", 1)[0] if "block " in text else "Layer0"
 
 
 def best(fn: Callable[[], object], repeat: int, other: Callable[[], object]) -> tuple[float, float]:
