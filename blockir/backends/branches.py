@@ -215,3 +215,7 @@ BRANCH_KINDS: dict[str, type[nn.Module]] = {
     "mlp": MLP,
     "gated_mlp": GatedMLP,
 }
+
+# torch.fx.symbolic_trace records these as single calls: their bodies read shapes as Python values.
+torch.fx.wrap("_split_heads")
+torch.fx.wrap("_attend")

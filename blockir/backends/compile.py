@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-import torch.fx as fx
 
 from blockir.api import load, verify
-from blockir.backends.fx import lower_block
+from blockir.backends.fx import BlockModule, lower_block
 from blockir.backends.sizes import program_sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.program import Program
@@ -20,8 +19,12 @@ BACKENDS = ("fx", "fused")
 def compile(program: Program | str | Path, name: str, backend: str = "fx", *, dims: Mapping[str, int] | None = None,
             bind: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None, seed: int | None = None,
-            mode: str = "train") -> fx.GraphModule:
+            mode: str = "train") -> BlockModule:
     """Compile block or model ``name`` to a GraphModule whose state_dict keys are the declared names.
+
+    The module's forward checks its inputs against the block's declared axes (a floating
+    tensor per input, one size per axis, sizes fixed at compile time kept, one size per axis
+    name across inputs) and raises ``BlockError`` (E0706) naming the input and the axis.
 
     ``bind`` maps extern declaration paths (``"self_attn"``, ``"layers.3.attn"``) to a module or
     ``(module, adapter)``; ``dtype`` is the parameter dtype of every declaration whose input the
@@ -55,5 +58,6 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     with rng, place:
         if seed is not None:
             torch.manual_seed(seed)
-        module = lower_block(program, program.block(name), sizes, dict(bind or {}), act_dtype=dtype, mode=mode)
+        module = lower_block(program, program.block(name), sizes, dict(bind or {}), act_dtype=dtype, mode=mode,
+                             check=True)
     return module

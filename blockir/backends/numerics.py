@@ -10,7 +10,6 @@ a checkpoint is only reproduced by the order it was trained with.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Callable
 
 import torch
@@ -165,17 +164,26 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
-def _identity(x: Tensor) -> Tensor:
+def identity(x: Tensor) -> Tensor:
     return x
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU with the tanh approximation (GPT-2's ``gelu_new``).
+
+    A named function rather than a ``functools.partial``: fx code generation
+    refers to every call target by its qualified name.
+    """
+    return F.gelu(x, approximate="tanh")
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu_tanh": gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,
-    "identity": _identity,
+    "identity": identity,
 }
 
 
@@ -266,3 +274,9 @@ class DyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.width}"
+
+
+# torch.fx.symbolic_trace records each norm as one call (as it does F.layer_norm) instead of
+# tracing into the dtype checks that pick its cast order.
+for _name in ("layer_norm", "rms_norm", "scale_norm", "dyt"):
+    torch.fx.wrap(_name)
