@@ -24,7 +24,9 @@ is an attribute (``blockir_layer``) read by the graph, not a constant in it.
 """
 from __future__ import annotations
 
+import builtins
 import copy
+import keyword
 import operator
 import re
 import zlib
@@ -195,7 +197,8 @@ class BlockModule(fx.GraphModule):
     def _blockir_private_class(self) -> None:
         cls = type(self)
         if cls._blockir_shared:
-            self.__class__ = type(cls.__name__, (cls,), {"_blockir_shared": False, "__module__": cls.__module__})
+            # a sibling of the shared class, not a subclass: fx's call wrapper would recurse through both
+            self.__class__ = type(cls.__name__, (BlockModule,), {"_blockir_shared": False, "__module__": cls.__module__})
 
     @property  # type: ignore[override]
     def graph(self) -> fx.Graph:
@@ -304,17 +307,22 @@ def node_name(ssa: str) -> str:
 
 
 _OWN_NAMES = frozenset({"self", "ctx"})
+# globals the generated code may refer to, besides builtins; a parameter must not shadow them
+_CODE_GLOBALS = frozenset({"torch", "inf", "nan", "device", "fx_pytree", "pytree", "NoneType", "operator"})
 
 
 def _parameter_names(block: Block) -> list[str]:
-    """The forward's parameter names: the input names, made safe Python identifiers and unique."""
-    import keyword
+    """The forward's parameter names: the input names, made safe Python identifiers and unique.
 
+    A name that is a keyword, a builtin, a global of the generated code or ``self``/``ctx``
+    gets a trailing underscore (``class`` → ``class_``); IR names and traces keep the input's name.
+    """
     out: list[str] = []
     for op in block.inputs:
         name = op.result.replace(".", "_")
-        if keyword.iskeyword(name) or name in _OWN_NAMES or name.startswith("__"):
-            name = f"{name.strip('_')}_"
+        if keyword.iskeyword(name) or name in vars(builtins) or name in _OWN_NAMES or name in _CODE_GLOBALS \
+                or name.startswith("__"):
+            name = f"{name.strip('_') or 'input'}_"
         while name in out:
             name += "_"
         out.append(name)
@@ -544,7 +552,8 @@ class Lowering:
                 declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
                 set_nested(root, d.name, _placed(make_kind(d, input_type, s), declared or self.act_dtype))
             elif isinstance(d, ExternDecl):
-                bound = {k[len(prefix):]: v for k, v in self.bind.items() if k.startswith(prefix)}
+                path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
+                bound = {d.name: self.bind[path]} if path in self.bind else {}
                 set_nested(root, d.name, _placed(bound_extern(d, bound), self.act_dtype))
             elif d.count is None:
                 set_nested(root, d.name, self.block(self.program.block(d.block), prefix=f"{prefix}{d.name}.",
