@@ -91,7 +91,8 @@ def test_reserved_names_of_stacks_externs_and_scales() -> None:
 
 def test_the_reserved_lists_cover_the_installed_torch() -> None:
     def public(names: set[str]) -> set[str]:
-        return {n for n in names if not (n.startswith("__") and n.endswith("__"))}
+        # dunders are reserved as a class; torch.compile marks nn.Module with ___-prefixed flags at run time
+        return {n for n in names if not (n.startswith("__") and n.endswith("__")) and not n.startswith("___")}
 
     assert public(set(dir(nn.Module()))) <= MODULE_ATTRIBUTES
     m = blockir.compile(LLAMA, "LlamaDecoderLayer")

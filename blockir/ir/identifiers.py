@@ -47,7 +47,7 @@ def reserved_part(part: str, first: bool) -> str | None:
     """Why one part of a declaration's dotted name cannot be an attribute, or None."""
     if keyword.iskeyword(part):
         return "a Python keyword"
-    if part.startswith("__") and part.endswith("__"):
+    if len(part) > 4 and part.startswith("__") and part.endswith("__"):
         return "a Python special name"
     if part in (BLOCK_ATTRIBUTES if first else MODULE_ATTRIBUTES):
         owner = "a compiled block (a torch.fx.GraphModule)" if part not in MODULE_ATTRIBUTES else "torch.nn.Module"
