@@ -3,8 +3,10 @@
 Measures forward and forward+backward time of LlamaDecoderLayer at a tiny
 shape (Python overhead dominates) and a medium one, interleaving the two
 candidates so drift hits both, and reports blockir/HF time ratios; then the
-compile time (parse + verify + lower with weights on the meta device) of
-LLaMA-style models with 1, 10, 100 and 1000 layers.
+cost of the input check a compiled module runs on its inputs (the same module
+with and without it, and the check alone); then the compile time (parse +
+verify + lower with weights on the meta device) of LLaMA-style models with 1,
+10, 100 and 1000 layers.
 
     python benchmarks/overhead.py [--repeats 30]
 """
@@ -81,6 +83,32 @@ def compare(label: str, b: int, s: int, width: int, inter: int, heads: int, kv: 
     return rows
 
 
+def input_check(repeats: int) -> list[str]:
+    """Forward of a tiny LlamaDecoderLayer with and without the input check, and the check alone."""
+    from blockir.backends.fx import check_inputs, lower_block
+    from blockir.backends.sizes import program_sizes
+
+    program = blockir.parse(LLAMA_TEXT, "llama.block")
+    checked = blockir.compile(program, "LlamaDecoderLayer", seed=0).eval()
+    plain = lower_block(program, program.block("LlamaDecoderLayer"), program_sizes(program), {}).eval()
+    plain.load_state_dict(checked.state_dict())
+    x = torch.randn(1, 8, 64)
+    spec = next(n for n in checked.graph.nodes if n.target is check_inputs).args[:3]
+    rows = []
+    with torch.no_grad():
+        for fn in (lambda: checked(x), lambda: plain(x)):
+            timed(fn, 20)
+        t_checked, t_plain = [], []
+        for _ in range(repeats * 10):
+            t_checked += timed(lambda: checked(x), 1)
+            t_plain += timed(lambda: plain(x), 1)
+    alone = timed(lambda: [check_inputs(*spec, x) for _ in range(1000)], repeats)
+    mc, mp = statistics.median(t_checked), statistics.median(t_plain)
+    rows.append(f"| tiny B=1 S=8 D=64, forward | {mp * 1e6:.1f} | {mc * 1e6:.1f} | {(mc - mp) * 1e6:+.1f} | "
+                f"{mc / mp:.3f} | {statistics.median(alone) * 1e3:.2f} |")
+    return rows
+
+
 def compile_times(depths: tuple[int, ...]) -> list[str]:
     rows = []
     for n in depths:
@@ -107,6 +135,10 @@ def main() -> None:
     print("\n| shape | mode | HF ms | blockir ms | blockir/HF |\n|---|---|---|---|---|")
     for row in compare("tiny", 1, 8, 64, 128, 4, 2, args.repeats) + \
             compare("medium", 4, 256, 1024, 2816, 16, 4, max(args.repeats // 3, 5)):
+        print(row)
+    print("\nInput check of the compiled root (same weights, medians of interleaved calls):\n")
+    print("| shape | unchecked µs | checked µs | difference µs | ratio | check alone µs |\n|---|---|---|---|---|---|")
+    for row in input_check(args.repeats):
         print(row)
     print("\nCompile time, LLaMA-style model at D=4096 (weights on the meta device):\n")
     print("| layers | parse ms | verify ms | lower ms | total ms per layer |\n|---|---|---|---|---|")
