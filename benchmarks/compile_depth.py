@@ -10,7 +10,9 @@ heads) with every parameter on ``torch.device("meta")``:
   layers (parse and verify are included; they do not depend on N).
 
 The three are interleaved over ``--repeats`` rounds so that machine noise hits
-each alike; the table reports median and fastest run and their ratios to ``bare``.
+each alike; times are the process's CPU time (``time.process_time``), which other
+jobs on a shared machine disturb far less than wall time. The table reports the
+median and the fastest run and their ratios to ``bare``.
 
     python benchmarks/compile_depth.py [--layers 1000] [--repeats 5] [--markdown]
 """
@@ -73,9 +75,9 @@ def timed(build, n: int) -> float:
     # blockir.compile(device="meta") enters the meta device itself; the others run under it
     place = torch.device("meta") if build is not ours else contextlib.nullcontext()
     with place:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         module = build(n)
-        elapsed = time.perf_counter() - t0
+        elapsed = time.process_time() - t0
     assert all(p.is_meta for p in module.parameters())
     del module
     return elapsed

@@ -47,7 +47,7 @@ def _llama_ctx() -> dict[str, object]:
 
 def test_a_stack_is_a_module_list_of_compiled_layers() -> None:
     m = blockir.compile(LLAMA, "LlamaModel", seed=0)
-    assert isinstance(m.layers, nn.ModuleList)
+    assert isinstance(m.layers, nn.ModuleList) and isinstance(m.layers, bfx.Stack)
     assert len(m.layers) == 2
     layers = list(m.layers)
     assert layers[0] is m.layers[0] is m.get_submodule("layers.0")
@@ -57,19 +57,20 @@ def test_a_stack_is_a_module_list_of_compiled_layers() -> None:
     x = _x(2, 5, 64)
     with torch.no_grad():
         torch.testing.assert_close(m.norm(m.layers[1](m.layers[0](x))), m(x), rtol=0, atol=0)
+        torch.testing.assert_close(m.layers(x), m.layers[1](m.layers[0](x)), rtol=0, atol=0)
 
 
 def test_branches_sub_blocks_and_layers_are_call_module_nodes() -> None:
     m = blockir.compile(LLAMA, "LlamaModel", seed=0)
     called = [n.target for n in m.graph.nodes if n.op == "call_module"]
-    assert called == ["layers.0", "layers.1", "norm"]
+    assert called == ["layers", "norm"]  # the stack runs its layers; the model's graph does not grow with depth
     inner = [n.target for n in m.layers[0].graph.nodes if n.op == "call_module"]
     assert inner == ["input_layernorm", "self_attn", "post_attention_layernorm", "mlp"]
     assert not [n for n in m.layers[0].graph.nodes if n.op == "get_attr"]
     code = m.layers[0].code
     for line in ("t1 = self.self_attn(t0, **context)", "t3 = self.mlp(t2, **context)"):
         assert line in code, line
-    assert 'getattr(self.layers, "0")(x, **context)' in m.code
+    assert "t0 = self.layers(x, **context)" in m.code
     # norms, linears and activations take no context
     assert "t0 = self.input_layernorm(x)\n" in code
 

@@ -38,7 +38,7 @@ import torch.fx as fx
 from torch import nn
 
 from blockir.backends import numerics
-from blockir.backends.modules import bound_extern, make_kind
+from blockir.backends.modules import bound_extern, kind_factory
 from blockir.backends.rng import dropout_key
 from blockir.backends.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
@@ -160,6 +160,19 @@ def _input_specs(block: Block, sizes: Sizes) -> tuple[InputSpec, ...]:
         specs.append((p.name, tuple(a.name for a in p.type.axes), fixed,
                       p.type.dtype.value if p.type.dtype is not None else None, p.span.line, p.span.column))
     return tuple(specs)
+
+
+class Stack(nn.ModuleList):
+    """The layers of a stack ``name: Block * N``: an ``nn.ModuleList`` whose forward runs them in order.
+
+    Its items are the compiled layers (``m.layers[3]``, keys ``layers.3.…``); each receives the
+    previous one's output, the stack's other inputs (a decoder's ``memory``) and the context.
+    """
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor, **ctx: Any) -> torch.Tensor:
+        for layer in self:
+            x = layer(x, *rest, **ctx)
+        return x
 
 
 # ---------------------------------------------------------------- code generation
@@ -412,10 +425,8 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         if isinstance(decl, KindDecl):
             b.module(op.decl, args, op.result, with_ctx=decl.category not in ("linear", "activation"))
         elif isinstance(decl, InstanceDecl) and decl.count is not None:
-            x = args[0]
-            count = int(b.value(decl.count))
-            for i in range(count):
-                x = b.module(f"{op.decl}.{i}", (x, *args[1:]), op.result if i == count - 1 else None, with_ctx=True)
+            b.value(decl.count)  # the number of layers is part of what the graph was built for
+            b.module(op.decl, args, op.result, with_ctx=True)
         elif isinstance(decl, ExternDecl):
             b.fn(call_extern, (b.attr(op.decl), *args), op.result, {SPLAT: b.ctx})
         else:
@@ -523,6 +534,8 @@ class Lowering:
     mode: str = "train"
     codes: dict[tuple, list[_Code]] = field(default_factory=dict)
     input_types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    factories: dict[tuple, Callable[[], nn.Module | nn.Parameter]] = field(default_factory=dict)
+    reads_layer: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def code(self, block: Block, s: Sizes, donated: bool, check: bool) -> _Code:
         """The generated class for ``block`` under sizes ``s``: reused when its constants agree."""
@@ -534,6 +547,24 @@ class Lowering:
         code = _generate(block.name, b.graph, dict(b.names), tuple(b.consts))
         candidates.append(code)
         return code
+
+    def factory(self, block: Block, d: KindDecl, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
+        """The constructor of declaration ``d`` under sizes ``s``, shared by the layers it agrees across.
+
+        Within one compilation the dims are fixed, so the arguments depend on the layer only
+        through ``num_layers``, the block's constants, and ``layer`` where an argument names it.
+        """
+        reads_layer = self.reads_layer.get((block.name, d.name))
+        if reads_layer is None:
+            reads_layer = self.reads_layer[(block.name, d.name)] = any(
+                C.LAYER in C.names_in(v) for _, v in d.args if isinstance(v, (C.Num, C.Name, C.Bin, C.Neg)))
+        env = s.env
+        key = (block.name, d.name, env[C.NUM_LAYERS], env[C.LAYER] if reads_layer else None,
+               tuple((type(env[c.name]), env[c.name]) for c in block.consts))
+        build = self.factories.get(key)
+        if build is None:
+            build = self.factories[key] = kind_factory(d, self.input_type(block, d.name), s)
+        return build
 
     def input_type(self, block: Block, decl: str):
         types = self.input_types.get(block.name)
@@ -550,7 +581,7 @@ class Lowering:
             if isinstance(d, KindDecl):
                 input_type = self.input_type(block, d.name)
                 declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
-                set_nested(root, d.name, _placed(make_kind(d, input_type, s), declared or self.act_dtype))
+                set_nested(root, d.name, _placed(self.factory(block, d, s)(), declared or self.act_dtype))
             elif isinstance(d, ExternDecl):
                 path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
                 bound = {d.name: self.bind[path]} if path in self.bind else {}
@@ -562,7 +593,7 @@ class Lowering:
                 n = int(s.value(d.count))
                 first = infer and _donates_to(block, d.name, donated)
                 sub = self.program.block(d.block)
-                set_nested(root, d.name, nn.ModuleList(
+                set_nested(root, d.name, Stack(
                     self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
                                donated=first if i == 0 else infer) for i in range(n)))
         return root

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from blockir.backends.fx import SPLAT, BlockModule
+from blockir.backends.fx import SPLAT, BlockModule, Stack
 
 
 class _Recorder(fx.Interpreter):
@@ -31,6 +31,11 @@ class _Recorder(fx.Interpreter):
         kwargs = self._kwargs(kwargs)
         if is_compiled(submod):
             return _Recorder(submod, f"{self.prefix}{target}.", self.values, kwargs).run(*args)
+        if isinstance(submod, Stack):
+            x, *rest = args
+            for i, layer in enumerate(submod):
+                x = _Recorder(layer, f"{self.prefix}{target}.{i}.", self.values, kwargs).run(x, *rest)
+            return x
         return submod(*args, **kwargs)
 
     def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
