@@ -1,6 +1,8 @@
 """Names that collide with nn.Module / fx / Python, built-in functions in every form, and input checks."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.fx as fx
@@ -94,10 +96,30 @@ def test_the_reserved_lists_cover_the_installed_torch() -> None:
         # dunders are reserved as a class; torch.compile marks nn.Module with ___-prefixed flags at run time
         return {n for n in names if not (n.startswith("__") and n.endswith("__")) and not n.startswith("___")}
 
-    assert public(set(dir(nn.Module()))) <= MODULE_ATTRIBUTES
+    def torchs(cls: type, names: set[str]) -> set[str]:
+        """Leave out what other libraries add to the class at run time (transformers: smart_apply)."""
+        out = set()
+        for n in names:
+            attr = inspect.getattr_static(cls, n, None)
+            where = getattr(attr, "__module__", None) or getattr(getattr(attr, "fget", None), "__module__", None)
+            if where is None or where.startswith(("torch", "blockir")):
+                out.add(n)
+        return out
+
+    assert torchs(nn.Module, public(set(dir(nn.Module())))) <= MODULE_ATTRIBUTES
     m = blockir.compile(LLAMA, "LlamaDecoderLayer")
     own = {n for n, _ in m.named_children()} | {n for n, _ in m.named_parameters(recurse=False)}
-    assert public(set(dir(m))) - own <= BLOCK_ATTRIBUTES
+    assert torchs(type(m), public(set(dir(m))) - own) <= BLOCK_ATTRIBUTES
+
+
+def test_an_attribute_another_library_adds_is_a_located_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nn.Module, "smart_apply", lambda self: None, raising=False)
+    text = _program("  smart_apply: rmsnorm(D)\n  y = x + smart_apply(x)\n  return y")
+    with pytest.raises(blockir.BlockError) as info:
+        blockir.compile(blockir.parse(text, "t.block"), "T")
+    (d,) = info.value.diagnostics
+    assert d.code == "E0707" and (d.span.line, d.span.column) == (6, 3)
+    assert d.message == "declaration 'smart_apply' cannot be registered: attribute 'smart_apply' already exists"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if "." not in n])

@@ -286,20 +286,30 @@ def _generate(name: str, graph: fx.Graph, values: dict[str, str],
 # ---------------------------------------------------------------- graph building
 
 
-def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) -> None:
-    """Install a module or parameter at a dotted path, creating plain containers on the way."""
+def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, span: Span | None = None) -> None:
+    """Install a module or parameter at a dotted path, creating plain containers on the way.
+
+    ``check`` refuses the names torch itself defines; one that another library added to
+    ``nn.Module`` at run time is reported here (E0707), located at ``span``.
+    """
     *path, leaf = dotted.split(".")
     owner = root
-    for part in path:
-        child = owner._modules.get(part)
-        if child is None:
-            child = nn.Module()
-            owner.add_module(part, child)
-        owner = child
-    if isinstance(value, nn.Parameter):
-        owner.register_parameter(leaf, value)
-    else:
-        owner.add_module(leaf, value)
+    try:
+        for part in path:
+            child = owner._modules.get(part)
+            if child is None:
+                child = nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        if isinstance(value, nn.Parameter):
+            owner.register_parameter(leaf, value)
+        else:
+            owner.add_module(leaf, value)
+    except KeyError as exc:
+        if span is None:
+            raise
+        raise BlockError([error("E0707", f"declaration '{dotted}' cannot be registered: {exc.args[0]}", span,
+                                hint="rename the declaration")]) from None
 
 
 def site_id(ssa: str) -> int:
@@ -581,21 +591,21 @@ class Lowering:
             if isinstance(d, KindDecl):
                 input_type = self.input_type(block, d.name)
                 declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
-                set_nested(root, d.name, _placed(self.factory(block, d, s)(), declared or self.act_dtype))
+                set_nested(root, d.name, _placed(self.factory(block, d, s)(), declared or self.act_dtype), d.span)
             elif isinstance(d, ExternDecl):
                 path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
                 bound = {d.name: self.bind[path]} if path in self.bind else {}
-                set_nested(root, d.name, _placed(bound_extern(d, bound), self.act_dtype))
+                set_nested(root, d.name, _placed(bound_extern(d, bound), self.act_dtype), d.span)
             elif d.count is None:
                 set_nested(root, d.name, self.block(self.program.block(d.block), prefix=f"{prefix}{d.name}.",
-                                                    donated=infer and _donates_to(block, d.name, donated)))
+                                                    donated=infer and _donates_to(block, d.name, donated)), d.span)
             else:
                 n = int(s.value(d.count))
                 first = infer and _donates_to(block, d.name, donated)
                 sub = self.program.block(d.block)
                 set_nested(root, d.name, Stack(
                     self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
-                               donated=first if i == 0 else infer) for i in range(n)))
+                               donated=first if i == 0 else infer) for i in range(n)), d.span)
         return root
 
 
