@@ -128,20 +128,19 @@ def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *input
     seen: dict[str, tuple[int, str]] = {}
     for spec, t in zip(specs, inputs):
         name, axes, sizes, dtype, _, _ = spec
-        shape = f"[{', '.join(axes)}]"
         if not isinstance(t, torch.Tensor):
-            raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor {shape}, "
+            raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor [{', '.join(axes)}], "
                                                f"got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise _input_error(filename, spec, f"input '{name}' of {block} must be a floating-point tensor, "
-                                               f"got {t.dtype}")
-        if dtype is not None and t.dtype != TORCH_DTYPES[DType(dtype)]:
-            raise _input_error(filename, spec, f"input '{name}' of {block} is declared {dtype}, got {t.dtype}",
+        shape, dt = t.shape, t.dtype
+        if not dt.is_floating_point:
+            raise _input_error(filename, spec, f"input '{name}' of {block} must be a floating-point tensor, got {dt}")
+        if dtype is not None and dt != TORCH_DTYPES[DType(dtype)]:
+            raise _input_error(filename, spec, f"input '{name}' of {block} is declared {dtype}, got {dt}",
                                hint=f"cast it first: x.to({TORCH_DTYPES[DType(dtype)]})")
-        if t.dim() != len(axes):
-            raise _input_error(filename, spec, f"input '{name}' of {block} has {t.dim()} axes "
-                                               f"{list(t.shape)}, expected {len(axes)}: {shape}")
-        for axis, size, actual in zip(axes, sizes, t.shape):
+        if len(shape) != len(axes):
+            raise _input_error(filename, spec, f"input '{name}' of {block} has {len(shape)} axes {list(shape)}, "
+                                               f"expected {len(axes)}: [{', '.join(axes)}]")
+        for axis, size, actual in zip(axes, sizes, shape):
             if size is not None and actual != size:
                 raise _input_error(filename, spec, f"input '{name}' of {block}: axis {axis} has size {actual}, "
                                                    f"but the module was compiled with {axis} = {size}",
