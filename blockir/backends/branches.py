@@ -103,7 +103,9 @@ class _Projections(nn.Module):
             if width % heads:
                 raise ValueError(f"width ({width}) is not divisible by heads ({heads}); pass head_dim")
             head_dim = width // heads
-        self.width, self.heads, self.kv_heads, self.head_dim = width, heads, kv_heads, head_dim
+        # plain settings go straight to __dict__: nn.Module.__setattr__ costs ~1.5 µs each, which a
+        # 1,000-layer compile pays thousands of times (benchmarks/compile_depth.py)
+        vars(self).update(width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
         self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
@@ -129,9 +131,7 @@ class SelfAttention(_Projections):
         out_bias: bool = False,
     ) -> None:
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias)
-        self.causal = causal
-        self.rope = rope
-        self.rope_theta = rope_theta
+        vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta)  # plain settings, as above
 
     def forward(
         self,
@@ -179,8 +179,7 @@ class MLP(nn.Module):
 
     def __init__(self, width: int, hidden: int, act: str = "gelu", bias: bool = True) -> None:
         super().__init__()
-        self.act_name = act
-        self.act = _activation(act)
+        vars(self).update(act_name=act, act=_activation(act))  # plain settings, as in _Projections
         self.fc1 = nn.Linear(width, hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, width, bias=bias)
 
@@ -196,8 +195,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, width: int, hidden: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
-        self.act_name = act
-        self.act = _activation(act)
+        vars(self).update(act_name=act, act=_activation(act))  # plain settings, as in _Projections
         self.gate_proj = nn.Linear(width, hidden, bias=bias)
         self.up_proj = nn.Linear(width, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, width, bias=bias)
