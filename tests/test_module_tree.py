@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx as fx
+from conftest import EXAMPLES, ROOT
+from test_fx_backend import _externs, _size
 from torch import Tensor, nn
 
 import blockir
@@ -14,11 +16,9 @@ from blockir.analyses.keys import param_keys
 from blockir.backends import fx as bfx
 from blockir.backends.adapters import call_module
 from blockir.backends.branches import rope_cos_sin
-from conftest import EXAMPLES, ROOT
 
 LLAMA = ROOT / "examples" / "llama.block"
 HEADER = "dim B: batch\ndim S: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"
-OPEN = {"B": 2, "S": 5, "T": 3}
 
 
 def _x(*shape: int, seed: int = 0) -> Tensor:
@@ -136,7 +136,8 @@ def test_context_reaches_externs_inside_stack_layers_and_sub_blocks() -> None:
 
 
 def test_an_extern_bound_without_adapter_is_called_with_its_inputs_only() -> None:
-    text = "block T(x: [B, S, D]) -> [B, S, D] {\n  f: extern(x: [B, S, D]) -> [B, S, D]\n  y = x + f(x)\n  return y\n}\n"
+    text = ("block T(x: [B, S, D]) -> [B, S, D] {\n  f: extern(x: [B, S, D]) -> [B, S, D]\n  y = x + f(x)\n"
+            "  return y\n}\n")
     lin = nn.Linear(8, 8)
     m = _compile(text, "T", bind={"f": lin})
     assert lin.blockir_adapter is call_module
@@ -182,7 +183,8 @@ def test_code_is_generated_once_per_distinct_block(monkeypatch: pytest.MonkeyPat
 
 
 def test_layer_dependent_constants_get_a_graph_per_value() -> None:
-    body = "  const g = 1 / (layer + 1)\n  const a = (2 * num_layers) ** 0.25\n  p: linear(D, D)\n  y = a * x + g * p(x)"
+    body = ("  const g = 1 / (layer + 1)\n  const a = (2 * num_layers) ** 0.25\n  p: linear(D, D)\n"
+            "  y = a * x + g * p(x)")
     m = _compile(_stack(3, body), "M")
     assert len({type(layer) for layer in m.layers}) == 3
     x = _x(2, 3, 8)
@@ -269,12 +271,11 @@ def test_symbolic_trace_every_example(path: Path) -> None:
     program = blockir.load(path)
     for name, block in program.block_map.items():
         bind = {}
-        sys_test = __import__("test_fx_backend")
-        for bind_path, decl in sys_test._externs(program, name):
-            width = sys_test._size(program, decl.params[0].type.axes[-1])
+        for bind_path, decl in _externs(program, name):
+            width = _size(program, decl.params[0].type.axes[-1])
             bind[bind_path] = nn.Linear(width, width)
         m = blockir.compile(program, name, bind=bind, seed=0).eval()
-        inputs = [_x(*(sys_test._size(program, a) for a in op.type.axes), seed=i) for i, op in enumerate(block.inputs)]
+        inputs = [_x(*(_size(program, a) for a in op.type.axes), seed=i) for i, op in enumerate(block.inputs)]
         traced = fx.symbolic_trace(m)
         with torch.no_grad():
             torch.testing.assert_close(traced(*inputs), m(*inputs), rtol=1e-5, atol=1e-5)

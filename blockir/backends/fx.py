@@ -210,7 +210,8 @@ class BlockModule(fx.GraphModule):
         cls = type(self)
         if cls._blockir_shared:
             # a sibling of the shared class, not a subclass: fx's call wrapper would recurse through both
-            self.__class__ = type(cls.__name__, (BlockModule,), {"_blockir_shared": False, "__module__": cls.__module__})
+            attrs = {"_blockir_shared": False, "__module__": cls.__module__}
+            self.__class__ = type(cls.__name__, (BlockModule,), attrs)
 
     @property  # type: ignore[override]
     def graph(self) -> fx.Graph:
