@@ -97,6 +97,14 @@ def test_state_dict_keys_are_the_declared_names(path: Path) -> None:
         assert set(blockir.compile(program, name, seed=0).state_dict()) == set(table.shapes), name
 
 
+@pytest.mark.parametrize("name", ["TransformerEncoderLayer", "TransformerEncoderLayerNormFirst"])
+def test_key_order_is_the_declaration_order_of_the_real_module(name: str) -> None:
+    """Declared in the real module's order, the keys come in its order (fx's graph-use order did not)."""
+    real = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=name.endswith("NormFirst"))
+    m = blockir.compile(ROOT / "examples" / "torch_encoder.block", name, bind={"self_attn": real.self_attn})
+    assert list(m.state_dict()) == list(real.state_dict())
+
+
 def test_unused_declarations_keep_their_state() -> None:
     m = _compile("block T(x: [B, S, D]) -> [B, S, D] {\n  n: rmsnorm(D)\n  spare: linear(D, D)\n"
                  "  y = x + n(x)\n  return y\n}\n", "T")
