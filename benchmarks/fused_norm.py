@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from blockir.analyses.cost import fused_boundary_bytes
+from blockir.reports.cost import fused_boundary_bytes
 from blockir.backends import numerics
 from blockir.backends.fused import add_layer_norm, add_rms_norm
 

@@ -86,11 +86,11 @@ def compare(label: str, b: int, s: int, width: int, inter: int, heads: int, kv: 
 def input_check(repeats: int) -> list[str]:
     """Forward of a tiny LlamaDecoderLayer with and without the input check, and the check alone."""
     from blockir.backends.fx import check_inputs, lower_block
-    from blockir.backends.sizes import program_sizes
+    from blockir.analyses.sizes import Sizes
 
     program = blockir.parse(LLAMA_TEXT, "llama.block")
     checked = blockir.compile(program, "LlamaDecoderLayer", seed=0).eval()
-    plain = lower_block(program, program.block("LlamaDecoderLayer"), program_sizes(program), {}).eval()
+    plain = lower_block(program, program.block("LlamaDecoderLayer"), Sizes.of(program), {}).eval()
     plain.load_state_dict(checked.state_dict())
     x = torch.randn(1, 8, 64)
     spec = next(n for n in checked.graph.nodes if n.target is check_inputs).args[:3]

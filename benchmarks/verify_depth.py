@@ -1,11 +1,13 @@
-"""Verification cost vs depth: models of 1 … 10,000 layers, as one stacked block and written out.
+"""Verification cost vs depth: models of 1 … 10,000 layers, stacked, written out and nested.
 
 A stack (``layers: Layer * N``) is verified once whatever N is; N distinct
 blocks called one after another make the program itself N times larger, so
 their cost must grow linearly. The written-out program is built as IR (one
 parsed layer copied under N names, and a model calling each), because 10,000
 layers of text exceed the parser's file-size limit; where the text fits, its
-parse time is reported too. Every measurement verifies fresh objects
+parse time is reported too. A nested chain of N blocks, each calling the
+previous one as its first sub-layer, must verify in time linear in N too:
+each block is summarised once and callers read the summary. Every measurement verifies fresh objects
 (analyses cache per block object).
 
     python benchmarks/verify_depth.py [--max 10000] [--repeat 5] [--markdown]
@@ -52,6 +54,24 @@ def written_out(n: int) -> str:
     return HEAD + "".join(LAYER.format(i=i) for i in range(n)) + (
         f"model M(x: [B, S, D]) -> [B, S, D] {{\n{decls}  norm: rmsnorm(D, eps=1e-6)\n{calls}"
         f"  return norm(h{n - 1})\n}}\n")
+
+
+NESTED = """block C{i}(x: [B, S, D]) -> [B, S, D] {{
+  inner: C{prev}
+  n: rmsnorm(D, eps=1e-6)
+  mlp: gated_mlp(F, act=silu)
+  h = inner(x)
+  y = h + mlp(n(h))
+  return y
+}}
+
+"""
+
+
+def nested(n: int) -> str:
+    """C0 is a LLaMA layer; C{i} calls C{i-1} and adds one more MLP update: N nested blocks."""
+    return HEAD + LAYER.format(i=0).replace("block L0", "block C0") + "".join(
+        NESTED.format(i=i, prev=i - 1) for i in range(1, n))
 
 
 def written_out_ir(n: int) -> Program:
@@ -115,6 +135,10 @@ def main() -> None:
         stack_s = verify_seconds(lambda: blockir.parse(stacked(n)), repeat)
         out_s = verify_seconds(lambda: written_out_ir(n), repeat)
         rows.append((n, stack_s, out_s, parse_seconds(written_out(n))))
+    nested_rows = []
+    for n in (d for d in (10, 100, 300, 1_000) if d <= args.max):
+        text = nested(n)
+        nested_rows.append((n, verify_seconds(lambda: blockir.parse(text), args.repeat)))
     header = "| layers | stack: verify (ms) | written out: verify (ms) | per layer (µs) | written out: parse (s) |"
     lines = [header, "|---:|---:|---:|---:|---:|"]
     lines += [f"| {n:,} | {s * 1e3:.2f} | {o * 1e3:.1f} | {o / n * 1e6:.0f} | "
@@ -129,6 +153,9 @@ def main() -> None:
               "programs (median of 5 below 10,000 layers, one run at 10,000); the parse column times the "
               "written-out text where it fits in one file.\n")
     print("\n".join(lines))
+    print("\nNested chain (block i calls block i-1, then adds one update):\n")
+    print("| nested blocks | verify (ms) | per block (µs) |\n|---:|---:|---:|")
+    print("\n".join(f"| {n:,} | {s * 1e3:.1f} | {s / n * 1e6:.0f} |" for n, s in nested_rows))
 
 
 if __name__ == "__main__":

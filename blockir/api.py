@@ -1,11 +1,12 @@
 """The public entry points: parse, load, verify."""
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
 
-from blockir.diagnostics import BlockError, Diagnostic, Span, error
+from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.grammar.builder import build
-from blockir.grammar.parser import decode, parse_ast
+from blockir.grammar.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
 from blockir.verifiers.registry import run_verifiers
 
@@ -16,14 +17,23 @@ def parse(text: str, filename: str = "<string>") -> Program:
     Raises BlockError carrying every diagnostic found; the exception's text is
     the rendered diagnostics with source lines.
     """
+    if not isinstance(text, str):
+        raise BlockError([argument_error("parse", "text", f"parse expects the program text as a str, got "
+                                         f"{type(text).__name__}", "read a file with blockir.load(path)")])
+    if not isinstance(filename, str):
+        raise BlockError([argument_error("parse", "filename", f"filename must be a str, got {type(filename).__name__}")])
     try:
-        return build(parse_ast(text, filename))
+        with gc_paused():
+            return build(parse_ast(text, filename))
     except BlockError as exc:
         raise BlockError(exc.diagnostics, {filename: text}) from None
 
 
 def read_source(path: str | Path) -> str:
     """Read a file as UTF-8, turning I/O and encoding problems into BlockError."""
+    if not isinstance(path, (str, PathLike)):
+        raise BlockError([argument_error("load", "path", f"expected a file path (str or os.PathLike), got "
+                                         f"{type(path).__name__}", "parse text with blockir.parse(text)")])
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -34,7 +44,12 @@ def read_source(path: str | Path) -> str:
 
 def verify(program: Program) -> list[Diagnostic]:
     """Run every registered verifier; returns errors and warnings sorted by position."""
-    return run_verifiers(program)
+    if not isinstance(program, Program):
+        raise BlockError([argument_error("verify", "program", f"verify expects a Program, got {type(program).__name__}",
+                                         "parse text with blockir.parse(text), or read and verify a file with "
+                                         "blockir.load(path)")])
+    with gc_paused():
+        return run_verifiers(program)
 
 
 def load(path: str | Path) -> Program:

@@ -14,7 +14,11 @@ Severity = Literal["error", "warning", "note"]
 
 @dataclass(frozen=True)
 class Span:
-    """A 1-based source range; ``end_column`` is exclusive and on ``line``."""
+    """A 1-based source range; ``end_column`` is exclusive and on ``line``.
+
+    Line 0 marks a place outside any file, such as an argument of a Python call
+    (``blockir.compile(mode=…)``): it prints as its name alone.
+    """
 
     filename: str
     line: int
@@ -22,6 +26,8 @@ class Span:
     end_column: int | None = None
 
     def __str__(self) -> str:
+        if self.line < 1:
+            return self.filename
         return f"{self.filename}:{self.line}:{self.column}"
 
 
@@ -54,6 +60,11 @@ def error(code: str, message: str, span: Span, *, hint: str | None = None, notes
 
 def warning(code: str, message: str, span: Span, *, hint: str | None = None, notes: Iterable[Note] = ()) -> Diagnostic:
     return Diagnostic(code, "warning", message, span, tuple(notes), hint)
+
+
+def argument_error(function: str, argument: str, message: str, hint: str | None = None) -> Diagnostic:
+    """A bad argument to a public function, located at the argument: ``blockir.compile(mode=…)``."""
+    return error("E0722", message, Span(f"blockir.{function}({argument}=…)", 0, 0), hint=hint)
 
 
 class BlockError(Exception):

@@ -1,4 +1,4 @@
-"""The residual-update ledger: the seed's worked example, hand-counted blocks, fused byte counts, saved bytes."""
+"""The residual-update ledger: a worked example, hand-counted blocks, fused byte counts, saved bytes."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import blockir
-from blockir.analyses.cost import CostError, FusedBoundary, fused_boundary_bytes, ledger, ledger_data
+from blockir.reports.cost import CostError, FusedBoundary, fused_boundary_bytes, ledger, ledger_data
 from blockir.cli import main
 from blockir.ir.program import Program
 from blockir.ir.types import DType
@@ -59,7 +59,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-# --- the seed's worked example (0x0AA) ------------------------------------------------------------
+# --- a worked example ------------------------------------------------------------
 
 def test_seed_worked_example_standalone_add() -> None:
     led = ledger(blockir.parse(MERGE), "Merge", SEED_DIMS, DType.BF16)
@@ -271,7 +271,7 @@ def test_cost_usage_errors() -> None:
     code, _, err = run_cli("cost", llama, "--dims", "B=8,D=4096")
     assert code == 2 and "dim 'S' has no size" in err
     code, _, err = run_cli("cost", llama, "--dims", "B=8,S=2,Q=3")
-    assert code == 2 and "unknown dim(s): Q" in err
+    assert code == 1 and "error[E0702]: unknown dim(s) in dims=: Q" in err
     with pytest.raises(CostError, match="no block named 'Nope'"):
         ledger(example("llama"), "Nope", SEED_DIMS)
 

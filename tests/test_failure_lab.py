@@ -1,4 +1,4 @@
-"""Failure lab (seed 0x0D): one fixture per bug in a block's scope, with reviewed golden diagnostics.
+"""Failure lab: one fixture per bug in a block's scope, with reviewed golden diagnostics.
 
 Each fixture starts with ``# expect: CODE at LINE:COL`` lines naming every
 diagnostic it must produce, in order; its ``.expected`` file holds the exact
@@ -23,7 +23,7 @@ from conftest import ROOT, check_golden
 
 LAB = ROOT / "tests" / "failure_lab"
 FIXTURES = sorted(LAB.glob("*.block"))
-REQUIRED = {*range(1, 9), *range(11, 21), *range(23, 27), 32, 33, 37}
+REQUIRED = {*range(1, 9), *range(11, 21), *range(23, 27), 32, 33, 36, 37, 52}
 EXPECT = re.compile(r"^# expect: ([EW]\d{4}) at (\d+):(\d+)$")
 
 

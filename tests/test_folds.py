@@ -3,7 +3,7 @@ folded state, and leaves alone, with the legality reason, every site it may not 
 from __future__ import annotations
 
 import io
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 import torch
@@ -234,10 +234,12 @@ def test_dyt_affine_is_kept_because_no_affine_free_dyt_exists() -> None:
 
 
 def test_fold_apply_cli_prints_the_folded_program_and_the_log() -> None:
-    out = io.StringIO()
-    with redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
         assert main(["fold", str(ROOT / "examples" / "rezero.block"), "--block", "ReZeroLayer", "--apply"]) == 0
-    text, _, log = out.getvalue().partition("\nfolds of ReZeroLayer (mode infer)\n")
+    text = out.getvalue()  # the program on stdout, the log on stderr
+    head, _, log = err.getvalue().partition("folds of ReZeroLayer (mode infer)\n")
+    assert head == ""
     folded = blockir.parse(text)
     assert not [d for d in blockir.verify(folded) if d.is_error]
     assert not [op for op in folded.block("ReZeroLayer").ops if isinstance(op, (ScaleOp, DropoutOp))]
@@ -255,7 +257,7 @@ def test_fold_cli_without_apply_keeps_the_legality_table(mode: str) -> None:
 
 
 def test_a_folded_weightless_rmsnorm_is_understood_by_keys_cost_fusion_and_legality() -> None:
-    from blockir.analyses.cost import norm_parameters
+    from blockir.reports.cost import norm_parameters
     from blockir.analyses.keys import reconcile
     from blockir.analyses.fold_legality import fold_report
     from blockir.rewrites.fuse import fuse_program

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.backends.branches import rope_cos_sin
-from blockir.backends.sizes import program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Program
 from blockir.ir.types import Axis
@@ -38,8 +38,9 @@ def test_state_dict_keys_are_the_declared_dotted_names() -> None:
     declared = ["attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
                 "output.LayerNorm", "attention.self"]
     assert set(m.state_dict()) == {f"{d}.{p}" for d in declared for p in ("weight", "bias")}
-    # the extern is the bound module itself, at its declared path
-    assert m.get_submodule("attention.self") is attn
+    # the extern holds the bound module itself, and its parameters are the module's, at the declared path
+    assert m.get_submodule("attention.self").bound is attn
+    assert m.get_parameter("attention.self.weight") is attn.weight
 
 
 def test_stack_keys_are_numbered_per_layer() -> None:
@@ -159,8 +160,8 @@ def test_unknown_block_is_e0700() -> None:
     assert d.message == "no block named 'LlamaLayer' (blocks: LlamaDecoderLayer, LlamaModel)"
 
 
-def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'jit'"):
+def test_unknown_backend_is_e0722() -> None:
+    with pytest.raises(blockir.BlockError, match="unknown backend 'jit'"):
         blockir.compile(LLAMA, "LlamaDecoderLayer", backend="jit")
 
 
@@ -237,7 +238,7 @@ def test_compile_accepts_a_parsed_program_and_rejects_an_invalid_one() -> None:
 
 def _externs(program: Program, block: str, prefix: str = "") -> list[tuple[str, ExternDecl]]:
     """Every extern reachable from ``block``, at the bind path compile expects."""
-    sizes = program_sizes(program)
+    sizes = Sizes.of(program)
     found: list[tuple[str, ExternDecl]] = []
     for d in program.block(block).decls:
         if isinstance(d, ExternDecl):
@@ -253,7 +254,7 @@ def _externs(program: Program, block: str, prefix: str = "") -> list[tuple[str, 
 
 def _size(program: Program, axis: Axis) -> int:
     if axis.size is not None:
-        return int(program_sizes(program).value(axis.size))
+        return int(Sizes.of(program).value(axis.size))
     return OPEN_SIZES[axis.name]
 
 

@@ -2,7 +2,7 @@
 
 Every test compiles a small block text with the fx backend and checks what
 the module computes against the formula of the norm, dropout policy or
-scaling recipe it declares (seed sections 0x02, 0x03, 0x09A, 0x0A).
+scaling recipe it declares.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _norm_block(decl: str) -> str:
     return f"block T(x: [B, S, D]) -> [B, S, D] {{\n  n: {decl}\n  y = n(x)\n  return y\n}}"
 
 
-# ------------------------------------------------------------ LayerNorm (0x02)
+# ------------------------------------------------------------ LayerNorm
 
 
 def _layer_norm(x: Tensor, w: Tensor, b: Tensor, eps: float, denom: int | None = None,
@@ -98,7 +98,7 @@ def test_layernorm_statistics_in_the_declared_accumulation_dtype() -> None:
     assert 1e-3 < err < 2 ** -5 * exact.abs().max().item()
 
 
-# ------------------------------------------------------------ RMSNorm (0x03)
+# ------------------------------------------------------------ RMSNorm
 
 
 def _rms(xf: Tensor, eps: float) -> Tensor:
@@ -123,7 +123,7 @@ def test_rmsnorm_fp32_is_the_formula(cast: str, offset: int) -> None:
 
 
 def _rms_bf16(x: Tensor, w: Tensor, eps: float, offset: int, cast: str) -> Tensor:
-    """The seed's LlamaRMSNorm trace (before_weight) and its weight-first neighbour (after_weight)."""
+    """The paper's LlamaRMSNorm trace (before_weight) and its weight-first neighbour (after_weight)."""
     normalized = _rms(x.float(), eps)
     if cast == "before_weight":
         return (offset + w) * normalized.to(x.dtype)
@@ -167,7 +167,7 @@ def test_rmsnorm_weight_dtype_follows_the_weight(weight_dtype: torch.dtype) -> N
         assert not torch.equal(before(x), y)
 
 
-# ------------------------------------------------------------ ScaleNorm and DyT (0x09A)
+# ------------------------------------------------------------ ScaleNorm and DyT
 
 
 def test_scalenorm_is_one_scalar_over_the_l2_norm() -> None:
@@ -199,7 +199,7 @@ def test_dyt_is_elementwise_tanh_with_its_derivative() -> None:
                                rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------ dropout (0x0A)
+# ------------------------------------------------------------ dropout
 
 
 def _drop_block(call: str) -> str:
@@ -359,7 +359,7 @@ def test_checkpoint_recompute_replays_the_masks() -> None:
         assert (m.eval()(x) - y).abs().max() > 1e-2
 
 
-# ------------------------------------------------------------ residual scales (0x09A)
+# ------------------------------------------------------------ residual scales
 
 
 def test_constant_scale() -> None:
@@ -430,7 +430,7 @@ def test_layerscale_is_a_per_channel_gain() -> None:
     torch.testing.assert_close(gamma.grad, (cot * branch).sum((0, 1)), rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------ DeepNorm (0x09A)
+# ------------------------------------------------------------ DeepNorm
 
 
 DEEPNORM = ROOT / "examples" / "deepnorm.block"

@@ -6,12 +6,14 @@ import torch
 import blockir
 from blockir.ir import ops as O
 from blockir.rewrites.fuse import fuse_program
+from blockir.analyses.sizes import Sizes
 from blockir.rewrites.inline import inline_stacks
 from conftest import ROOT
 
 
 def _fused_ops(path: str, name: str) -> list[O.FusedAddNormOp]:
-    program, _ = fuse_program(inline_stacks(blockir.load(ROOT / "examples" / path), name))
+    program = blockir.load(ROOT / "examples" / path)
+    program, _ = fuse_program(inline_stacks(program, name, Sizes.of(program))[0])
     return [op for op in program.block(name).ops if isinstance(op, O.FusedAddNormOp)]
 
 
@@ -39,7 +41,9 @@ def test_inlined_module_keeps_keys_and_trace_names() -> None:
 
 
 def test_per_layer_constants_are_substituted() -> None:
-    program = inline_stacks(blockir.load(ROOT / "examples" / "deepnorm.block"), "DeepNormDecoder")
+    program = blockir.load(ROOT / "examples" / "deepnorm.block")
+    program, changed = inline_stacks(program, "DeepNormDecoder", Sizes.of(program))
+    assert changed
     block = program.block("DeepNormDecoder")
     gains = {d.name: d.arg("init_gain") for d in block.decls if d.name.endswith(".self_attn")}
     assert len(gains) == 24
@@ -50,4 +54,4 @@ def test_per_layer_constants_are_substituted() -> None:
 def test_stacks_that_draw_dropout_stay_separate_layers() -> None:
     for path, name in (("layerscale.block", "LayerScaleEncoder"), ("rezero.block", "ReZeroModel")):
         program = blockir.load(ROOT / "examples" / path)
-        assert inline_stacks(program, name) is program
+        assert inline_stacks(program, name, Sizes.of(program)) == (program, False)

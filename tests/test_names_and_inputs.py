@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.backends import fx as bfx
-from blockir.backends.sizes import program_sizes
+from blockir.analyses.sizes import Sizes
 from blockir.ir.identifiers import BLOCK_ATTRIBUTES, MODULE_ATTRIBUTES
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS
 
@@ -118,7 +118,7 @@ def test_an_attribute_another_library_adds_is_a_located_error(monkeypatch: pytes
     with pytest.raises(blockir.BlockError) as info:
         blockir.compile(blockir.parse(text, "t.block"), "T")
     (d,) = info.value.diagnostics
-    assert d.code == "E0707" and (d.span.line, d.span.column) == (6, 3)
+    assert d.code == "E0709" and (d.span.line, d.span.column) == (6, 3)
     assert d.message == "declaration 'smart_apply' cannot be registered: attribute 'smart_apply' already exists"
 
 
@@ -153,15 +153,21 @@ def test_inputs_named_like_generated_code_globals_keep_their_positions() -> None
 
 # ------------------------------------------------------------ built-in functions in every form
 
+def _gelu_new(t: Tensor) -> Tensor:
+    from transformers.activations import ACT2FN  # GPT-2's spelling has no torch function; HF's is the reference
+    return ACT2FN["gelu_new"](t)
+
+
 TORCH_ACTIVATIONS = {
     "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
-    "tanh": torch.tanh, "identity": lambda t: t,
+    "tanh": torch.tanh, "identity": lambda t: t, "gelu_new": _gelu_new,
 }
+TORCH_GATES = {"sigmoid": torch.sigmoid, "erf": torch.erf}
 
 
 def test_every_activation_has_a_torch_reference() -> None:
     assert set(TORCH_ACTIVATIONS) == set(ACTIVATIONS)
-    assert set(FUNCTIONS) == set(ACTIVATIONS) | {"dropout", "drop_path", "cast", "concat"}
+    assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | {"dropout", "drop_path", "cast", "concat"}
 
 
 def _activation_cases() -> list[tuple[str, str]]:
@@ -192,6 +198,18 @@ def test_every_activation_in_every_form_is_torchs(fn: str, form: str, backend: s
 
 
 @pytest.mark.parametrize("backend", ["fx", "fused"])
+@pytest.mark.parametrize("fn", sorted(TORCH_GATES))
+def test_every_gate_function_is_torchs(fn: str, backend: str) -> None:
+    body = f"  p: linear(D, D)\n  q: linear(D, D)\n  n: rmsnorm(D)\n  h = x + p(x) * {fn}(q(x))\n  y = n(h)"
+    m = blockir.compile(blockir.parse(_program(body + "\n  return y"), "t.block"), "T", seed=0, backend=backend)
+    x = _x(2, 3, 8)
+    with torch.no_grad():
+        h = x + m.p(x) * TORCH_GATES[fn](m.q(x))
+        want = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * m.n.weight
+        torch.testing.assert_close(_runs(m, x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["fx", "fused"])
 def test_dropout_drop_path_and_cast_are_torchs(backend: str) -> None:
     body = ("  n: rmsnorm(D)\n  a = dropout(x, p=0.25)\n  b = drop_path(x, p=0.5)\n  c = cast(x, bf16)\n"
             "  h = x + a\n  g = h + b\n  y = n(g + cast(c, f32))")
@@ -216,7 +234,7 @@ def test_concat_is_torch_cat() -> None:
     # verifies uses one; the lowering still compiles it as torch.cat
     text = HEADER + "block T(x: [B, S, D]) -> [B, S, D] {\n  y = concat(x, dropout(x, p=0.0))\n  return y\n}\n"
     program = blockir.parse(text, "t.block")
-    m = bfx.lower_block(program, program.block("T"), program_sizes(program), {})
+    m = bfx.lower_block(program, program.block("T"), Sizes.of(program), {})
     x = _x(2, 3, 8)
     torch.testing.assert_close(_runs(m, x), torch.cat((x, x), dim=-1), rtol=0, atol=0)
 
@@ -237,7 +255,7 @@ def _error(m: nn.Module, *inputs: object) -> blockir.Diagnostic:
     with pytest.raises(blockir.BlockError) as info:
         m(*inputs)
     (d,) = info.value.diagnostics
-    assert d.code == "E0706"
+    assert d.code == "E0708"
     return d
 
 
@@ -307,3 +325,15 @@ def test_the_check_is_traced_away_by_torch_compile_and_export(llama: nn.Module) 
     exported = torch.export.export(m, (x,), strict=False).module()
     assert not any(n.target is bfx.check_inputs for n in exported.graph.nodes)
     torch.testing.assert_close(exported(x), m(x))
+
+
+def test_token_ids_read_by_an_embedding_are_integers() -> None:
+    text = HEADER + ("dim V: vocab = 11\n"
+                     "block Inner(ids: [B, S]) -> [B, S, D] {\n  embed: embedding(V, D)\n  n: rmsnorm(D)\n"
+                     "  x = embed(ids)\n  y = n(x)\n  return y\n}\n"
+                     "model M(input_ids: [B, S]) -> [B, S, D] {\n  inner: Inner\n  return inner(input_ids)\n}\n")
+    m = blockir.compile(blockir.parse(text, "t.block"), "M", seed=0)
+    ids = torch.randint(0, 11, (2, 3))
+    assert m(ids).shape == (2, 3, 8)
+    d = _error(m, ids.float())
+    assert d.message == "input 'input_ids' of M holds token ids and must be an integer tensor, got torch.float32"

@@ -414,10 +414,13 @@ def test_activations_match_hf(name: str, hf_name: str) -> None:
 
 def test_activation_formulas() -> None:
     x = _x(4, 33, dtype=torch.float64)
-    assert set(ACTIVATIONS) == {"relu", "gelu", "gelu_tanh", "silu", "tanh", "identity"}
+    assert set(ACTIVATIONS) == {"relu", "gelu", "gelu_tanh", "gelu_new", "silu", "tanh", "identity", "sigmoid", "erf"}
+    torch.testing.assert_close(ACTIVATIONS["sigmoid"](x), 1 / (1 + torch.exp(-x)))
+    torch.testing.assert_close(ACTIVATIONS["erf"](x), torch.special.erf(x))
     torch.testing.assert_close(ACTIVATIONS["gelu"](x), 0.5 * x * (1 + torch.erf(x / math.sqrt(2))))
     tanh_gelu = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     torch.testing.assert_close(ACTIVATIONS["gelu_tanh"](x), tanh_gelu)
+    torch.testing.assert_close(ACTIVATIONS["gelu_new"](x), tanh_gelu)
     torch.testing.assert_close(ACTIVATIONS["silu"](x), x * torch.sigmoid(x))
     assert ACTIVATIONS["identity"](x) is x
     assert not torch.equal(ACTIVATIONS["gelu"](x), ACTIVATIONS["gelu_tanh"](x))

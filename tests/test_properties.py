@@ -28,8 +28,8 @@ from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.grammar.parser import decode
 from blockir.ir import consts as C
 from blockir.ir.identifiers import reserved_declaration
-from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, KINDS, MASKS, ArgSpec
-from blockir.ir.ops import OutputOp, results_of
+from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, KINDS, MASKS, ArgSpec
+from blockir.ir.ops import OutputOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 from blockir.ir.types import DType, TensorType
@@ -293,6 +293,10 @@ class Generated:
     results: dict[str, T] = field(default_factory=dict)
 
 
+# precedence of a sum that is not a residual add ('x + b', '1 - z'): parenthesized like a sum, never @inplace
+OTHER_SUM = 0.9
+
+
 class BlockGen:
     """Writes the body of one block: declarations on demand, typed equations, a return."""
 
@@ -379,6 +383,8 @@ class BlockGen:
             return r.pick([t.last, t.last, f"[{t.last}]", "[" + ", ".join(others + [t.last]) + "]"])
         if a.kind == "dim":
             return r.pick(prog.by_role["hidden"] if a.name == "hidden" else [t.last])
+        if a.kind == "name":
+            return r.pick(["proj", "dense", "c_proj", "fc_1"])
         if a.kind != "expr":
             raise AssertionError(f"the generator does not know argument kind {a.kind!r}; teach it")
         if a.name == "eps":
@@ -396,11 +402,17 @@ class BlockGen:
         """Arguments for a built-in kind, from its schema: a prefix positional, the rest by keyword."""
         r, spec, fixed = self.r, KINDS[kind], fixed or {}
         n_positional = r.int(0, len(spec.positional))
+        chosen = {a.name: fixed.get(a.name) or self.arg_value(a, t) for a in spec.args
+                  if a.required or a.name in fixed or r.coin()}
+        for rule in spec.implies:  # an argument its neighbour rules out takes the only value it may have
+            when = chosen.get(rule.when, {True: "true", False: "false"}.get(spec.arg(rule.when).default))
+            if when == str(rule.given).lower() and rule.arg in chosen:
+                chosen[rule.arg] = str(rule.value.value if hasattr(rule.value, "value") else rule.value).lower()
         positional, keywords = [], []
         for a in spec.args:
-            if not (a.required or a.name in fixed or r.coin()):
+            if a.name not in chosen:
                 continue
-            value = fixed.get(a.name) or self.arg_value(a, t)
+            value = chosen[a.name]
             if a.positional and spec.positional.index(a) == len(positional) < n_positional:
                 positional.append(value)
             else:
@@ -469,7 +481,7 @@ class BlockGen:
             text = f"{self.linear(cur.last, t.last, cur)}({text})"
         return text, 5
 
-    def tensor(self, t: T, depth: int, top: bool = False) -> tuple[str, int]:
+    def tensor(self, t: T, depth: int, top: bool = False) -> tuple[str, float]:
         """Text of an expression of type t and its precedence (1 sum, 2 product, 5 atom).
 
         At the top of an equation the expression is never a bare name: `h = x`
@@ -484,7 +496,7 @@ class BlockGen:
             forms = ["add", "add", "act", "dropout", "dropout", "scale"]
             if not t.joined:
                 forms += ["norm", "norm", "branch", "branch", "linear", "extern", "scalar", "vector", "act_decl",
-                          "instance", "instance", "cross"]
+                          "instance", "instance", "cross", "bias", "gate", "product", "complement"]
             if t.dtype is not None:
                 forms.append("cast")
         built = self.form(r.pick(forms), t, depth - 1) or self.form("add", t, depth - 1)
@@ -510,6 +522,21 @@ class BlockGen:
                 left = factor if fp >= 2 else f"({factor})"
                 return f"{left}{sp}*{sp}{operand if op >= 3 else f'({operand})'}", 2
             return f"{operand if op >= 2 else f'({operand})'}{sp}*{sp}{factor if fp >= 3 else f'({factor})'}", 2
+        if form == "bias":
+            name = self.declare(("bias", t.last), lambda: (self.kind_args("bias", t, {"axis": t.last}), None))[0]
+            operand, op = self.tensor(t, sub)
+            if r.coin():
+                return f"{operand}{sp}+{sp}{name}", OTHER_SUM
+            return f"{name}{sp}+{sp}{operand if op > 1 else f'({operand})'}", OTHER_SUM
+        if form == "gate":
+            fn = self.function(GATES)
+            return None if fn is None else (f"{fn}({self.tensor(t, sub)[0]})", 5)
+        if form == "product":  # a gate applied to a value, or any elementwise product
+            (left, lp), (right, rp) = self.tensor(t, sub), self.tensor(t, sub)
+            return f"{left if lp >= 2 else f'({left})'}{sp}*{sp}{right if rp >= 3 else f'({right})'}", 2
+        if form == "complement":
+            operand, op = self.tensor(t, sub)
+            return f"1{sp}-{sp}{operand if op >= 2 else f'({operand})'}", OTHER_SUM
         if form == "act":
             fn = self.function(ACTIVATIONS)
             return None if fn is None else (f"{fn}({self.tensor(t, sub)[0]})", 5)
@@ -716,7 +743,7 @@ def test_generated_programs_parse_and_type_as_predicted(gen: Generated) -> None:
         defined: set[str] = set()
         for op in block.ops:
             assert set(op.operands) <= defined, f"{op} uses a value before its definition"
-            for result in results_of(op):
+            for result in op.results:
                 assert isinstance(block.type_of(result), TensorType)
                 defined.add(result)
         for name, t in gen.values[block.name].items():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import blockir
-from blockir.analyses.env import block_env, program_env
+from blockir.analyses.sizes import block_env, program_env
 from blockir.backends import session
-from blockir.backends.sizes import program_sizes
-from blockir.backends.telemetry import residual_sites
+from blockir.analyses.sizes import Sizes
+from blockir.analyses.sites import residual_sites
 from blockir.cli import main
 from blockir.ir.ops import NormOp, ScaleOp
 from blockir.ir.printer import format_program
@@ -139,9 +139,9 @@ def test_deepnorm_puts_alpha_on_the_shortcut_of_a_post_ln_sum() -> None:
     x = torch.randn(2, 8, 32)
     _, values = blockir.trace(module, x)
     alpha = 2 ** 0.25  # compiled alone: num_layers = 1
-    sites = residual_sites(result.program, block, program_sizes(result.program, DIMS))
+    sites = residual_sites(result.program, block, Sizes.of(result.program, DIMS))
     assert [site for site, _, _ in sites] == [op.operand for op in block.ops if isinstance(op, NormOp)]
-    for (total, shortcut, update), state, norm in zip(sites, ("x", "h"), (module.ln_1, module.ln_2)):
+    for (total, shortcut, (update,)), state, norm in zip(sites, ("x", "h"), (module.ln_1, module.ln_2)):
         torch.testing.assert_close(values[shortcut], alpha * values[state])
         torch.testing.assert_close(values[total], values[shortcut] + values[update])
     torch.testing.assert_close(values["h"], module.ln_1(values[sites[0][0]]))
@@ -189,7 +189,7 @@ def test_rezero_starts_as_the_identity_and_its_gates_get_the_gradient() -> None:
     (y * target).sum().backward()
     gate = module.get_parameter("layers.0.resweight_1")
     # dL/dg = <dL/dx_{l+1}, F(x_l)> and the branch's own weights get nothing while g = 0
-    gated = residual_sites(new, new.block("PreLNModel"), program_sizes(new, DIMS))[0][2]  # layers.0.(g * F)
+    (gated,) = residual_sites(new, new.block("PreLNModel"), Sizes.of(new, DIMS))[0].updates  # layers.0.(g * F)
     scale = new.block("PreLNLayer").producers[gated.removeprefix("layers.0.")]
     assert isinstance(scale, ScaleOp) and scale.param == "resweight_1"
     branch = values[f"layers.0.{scale.operand}"]
@@ -222,7 +222,7 @@ def test_layerscale_scales_each_branch_output_by_its_gain() -> None:
     x = torch.randn(2, 8, 32)
     _, values = blockir.trace(layer, x)
     new = result.program
-    (_, _, first), _ = residual_sites(new, new.block("PreLNLayer"), program_sizes(new, DIMS))
+    (_, _, (first,)), _ = residual_sites(new, new.block("PreLNLayer"), Sizes.of(new, DIMS))
     torch.testing.assert_close(values[first], 1e-5 * layer.attn(layer.ln_1(x)))  # dropout is off in eval
     assert layerscale.apply(program(4), "PreLNLayer", eps=0.5).report.constants[0][1] == 0.5
 
@@ -272,9 +272,9 @@ def test_admin_omega_is_the_profiled_cumulative_variance() -> None:
     reference = blockir.compile(new, "PostLNModel", dims=DIMS, seed=0).eval()
     x = session.random_inputs(new, new.block("PostLNModel"), DIMS, torch.Generator().manual_seed(3))[0]
     _, values = blockir.trace(reference, x)
-    sites = residual_sites(new, new.block("PostLNModel"), program_sizes(new, DIMS))
+    sites = residual_sites(new, new.block("PostLNModel"), Sizes.of(new, DIMS))
     total = x.double().var(unbiased=False).item()
-    for i, (site, _, update) in enumerate(sites):
+    for i, (site, _, (update,)) in enumerate(sites):
         layer, sub = divmod(i, 2)
         omega = module.get_parameter(f"layers.{layer}.omega_{sub + 1}")
         assert torch.allclose(omega, torch.full_like(omega, math.sqrt(total))), site

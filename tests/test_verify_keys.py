@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import blockir
-from blockir.analyses.keys import SizeError, param_keys, reconcile
+from blockir.analyses.keys import key_layout, param_keys, reconcile
+from blockir.diagnostics import BlockError
 from blockir.cli import main
 from conftest import EXAMPLES, ROOT
 
@@ -63,8 +64,11 @@ block N(x: [B, S, D]) -> [B, S, D] {
   return y
 }
 """)
-    with pytest.raises(SizeError, match="dim 'D' has no size; give it with --dims D=…"):
+    with pytest.raises(BlockError) as info:
         param_keys(program, "N")
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message, d.span.line, d.hint) == (
+        "E0701", "dim 'D' has no size", 3, "give it when compiling: dims={'D': …} (CLI: --dims D=…)")
     table = param_keys(program, "N", {"D": 8})
     assert table.shapes == {"ln.weight": (8,), "scale.scale": (), "dyt.alpha": (1,), "dyt.weight": (8,),
                             "dyt.bias": (8,), "g": (), "v": (8,)}
@@ -109,10 +113,48 @@ def test_keys_cli(tmp_path: Path) -> None:
     open_dims.write_text("dim B: batch\ndim D: model\nblock A(x: [B, D]) -> [B, D] {\n  n: rmsnorm(D)\n"
                          "  return n(x)\n}\n")
     with redirect_stderr(err), redirect_stdout(io.StringIO()):
-        assert main(["keys", str(open_dims)]) == 2
-        assert main(["keys", str(open_dims), "--dims", "D=x"]) == 2
-    assert "dim 'D' has no size" in err.getvalue()
+        assert main(["keys", str(open_dims)]) == 1
+        with pytest.raises(SystemExit) as usage:  # a malformed --dims is argparse's usage error
+            main(["keys", str(open_dims), "--dims", "D=x"])
+    assert usage.value.code == 2
+    assert f"{open_dims}:2:5: error[E0701]: dim 'D' has no size" in err.getvalue()
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["keys", str(open_dims), "--dims", "D=16"]) == 0
     assert "n.weight  [16]" in out.getvalue()
+
+
+def _stack(count: int, heads: str = "2", extra: str = "") -> blockir.ir.Program:
+    return blockir.parse(f"""dim B: batch
+dim S: seq
+dim D: model = 8
+block L(x: [B, S, D]) -> [B, S, D] {{
+  n: rmsnorm(D)
+  a: self_attention(heads={heads})
+  {extra}
+  y = x + a(n(x))
+  return y
+}}
+model M(x: [B, S, D]) -> [B, S, D] {{
+  layers: L * {count}
+  return layers(x)
+}}
+""", "stack.block")
+
+
+def test_equal_key_layouts_mean_equal_key_tables() -> None:
+    variants = [_stack(3), _stack(3), _stack(4), _stack(3, heads="4, kv_heads=2"), _stack(3, extra="g: vector(D)"),
+                _stack(3, heads="4, kv_heads=2 ** layer"), _stack(3, heads="4, kv_heads=2 ** layer")]
+    for i, a in enumerate(variants):
+        for j, b in enumerate(variants):
+            same_layout = key_layout(a, "M") == key_layout(b, "M")
+            assert same_layout == (param_keys(a, "M").shapes == param_keys(b, "M").shapes), (i, j)
+
+
+def test_keys_of_a_deeply_nested_chain_need_no_recursion() -> None:
+    text = "dim B: batch\ndim D: model = 4\nblock C0(x: [B, D]) -> [B, D] {\n  n: rmsnorm(D)\n  return n(x)\n}\n"
+    text += "".join(f"block C{i}(x: [B, D]) -> [B, D] {{\n  inner: C{i - 1}\n  return inner(x)\n}}\n"
+                    for i in range(1, 1500))
+    program = blockir.parse(text, "chain.block")
+    assert param_keys(program, "C1499").shapes == {"inner." * 1499 + "n.weight": (4,)}
+    assert key_layout(program, "C1499") == key_layout(program, "C1499")

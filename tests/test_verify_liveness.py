@@ -42,9 +42,9 @@ def test_llama_train_writes_none_in_place_and_names_the_saved_value() -> None:
     text = _cli("liveness", str(LLAMA), "--block", "LlamaDecoderLayer", "--mode", "train")
     assert "in place" not in text.replace("out of place", "")
     assert ("h = x + %1                         out of place: 'x' stays: 'input_layernorm' saves it for backward "
-            "(a norm keeps its input and row statistics), at 29:21") in text
+            f"(a norm keeps its input and row statistics), at {LLAMA}:29:21") in text
     assert ("y = h + %3                         out of place: 'h' stays: 'post_attention_layernorm' saves it for "
-            "backward (a norm keeps its input and row statistics), at 30:15") in text
+            f"backward (a norm keeps its input and row statistics), at {LLAMA}:30:15") in text
     assert "%0 = input_layernorm(x)            'x', row statistics [B, S, 1]" in text
 
 

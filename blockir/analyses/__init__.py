@@ -1,13 +1,27 @@
-"""Analyses that answer questions about a program rather than report errors.
+"""Read-only analyses: facts about a program that the verifiers, rewrites, backends and commands share.
 
-``structure`` (the residual wrapper every topology verifier reads), ``env``
-(constants per layer), ``facts`` (stated facts), ``keys`` (parameter keys,
-shapes and checkpoint reconciliation), ``diff`` (graph comparison) and
-``manifest`` (the architecture manifest). The buffer plan and the fold report
-live with their verifiers: ``blockir.analyses.liveness.plan`` and
-``blockir.analyses.fold_legality.fold_report``.
+Each fact has one owner: ``sizes`` (the size environment), ``structure`` (the
+residual wrapper: state, spine, each update's shortcut and branches),
+``sites`` (residual sites through a model), ``summaries`` (what a block does
+to its inputs, seen from a call), ``facts`` (stated facts), ``keys``
+(parameter keys, shapes and checkpoint reconciliation), ``classify``
+(topology names), ``liveness`` (the buffer plan), ``fold_legality`` (the fold
+report), ``diff`` and ``manifest``.
+
+The names below are imported on first use, so that a verifier importing one
+analysis does not load the others.
 """
-from blockir.analyses.diff import BlockDiff, diff_blocks
-from blockir.analyses.keys import KeyTable, Reconciliation, SizeError, param_keys, reconcile
+from __future__ import annotations
 
-__all__ = ["BlockDiff", "KeyTable", "Reconciliation", "SizeError", "diff_blocks", "param_keys", "reconcile"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"BlockDiff": "diff", "diff_blocks": "diff", "KeyTable": "keys", "Reconciliation": "keys",
+            "param_keys": "keys", "reconcile": "keys"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'blockir.analyses' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"blockir.analyses.{_EXPORTS[name]}"), name)

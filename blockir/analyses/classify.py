@@ -1,4 +1,4 @@
-"""Topology classification: name each block after the registry of seed 0x04.
+"""Topology classification: name each block after the topology registry (docs/verifiers.md).
 
 The block's residual wrapper is condensed into a small graph (state, norm,
 branch and add nodes; see :func:`wrapper_graph`) and matched, by labelled
@@ -16,10 +16,11 @@ from typing import Callable
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_node_match
 
-from blockir.analyses.env import block_env, program_env, value
+from blockir.analyses.sizes import block_env, program_env, value
+from blockir.analyses.summaries import callees_first, output_source
 from blockir.analyses.structure import Sublayer, Wrapper, wrapper
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import CallOp, CastOp, NormOp
+from blockir.ir.ops import CallOp, NormOp
 from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]  # branches per residual update
@@ -88,7 +89,7 @@ class Topology:
     pattern: Callable[[Shape], nx.DiGraph | None]
 
 
-# seed 0x04's registry, in the order patterns are tried
+# the topology registry, in the order patterns are tried
 REGISTRY: tuple[Topology, ...] = (
     Topology("post_ln", "N(x + F(x))", _sequential(pre=False, out=False, post=True)),
     Topology("pre_ln", "x + F(N(x))", _sequential(pre=True, out=False, post=False)),
@@ -230,40 +231,47 @@ def _members(program: Program, block: Block, cache: dict[str, Classification]) -
         decl = block.decl_map.get(getattr(op, "decl", "") or "")
         if isinstance(op, CallOp) and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
             count = value(decl.count, env) if decl.count is not None else None
-            inner = classify(program, program.block(decl.block), cache)
+            inner = cache[decl.block]
             out.append(Member(decl.name, decl.block, int(count) if count is not None else None, inner.topology))
     return tuple(out)
 
 
 def final_norm(block: Block) -> NormOp | None:
-    """The norm that produces the returned value, looking through casts."""
-    out = block.output
-    v = out.value if out is not None else None
-    while v is not None:
-        op = block.producers.get(v)
-        if isinstance(op, NormOp):
-            return op
-        if not isinstance(op, CastOp):
-            return None
-        v = op.operand
-    return None
+    """The norm that produces the returned value, looking through casts, scales and identities."""
+    _, op = output_source(block)
+    return op if isinstance(op, NormOp) else None
 
 
-def placement(block: Block, s: Sublayer) -> str:
-    # a norm closing a pre-normed block's output is the block's final norm, not a Post-LN norm
+def placements(block: Block, w: Wrapper) -> tuple[str, ...]:
+    """Each update's norm placement.
+
+    A norm closing the last update of a pre-normed block is the block's final
+    norm, not a Post-LN norm, unless every update normalizes its sum
+    (pre+post on every update is one consistent sandwich placement).
+    """
+    own = tuple(s.placement for s in w.sublayers)
+    if not own or len(set(own)) == 1:
+        return own
+    last = w.sublayers[-1]
     out = block.output.value if block.output is not None else None
-    if s.post_norm is not None and s.post_norm.result == out and "pre" in s.placement:
-        return s.placement.replace("+post", "")
-    return s.placement
+    if last.post_norm is not None and last.post_norm.result == out and "pre" in last.placement:
+        return own[:-1] + (last.placement.replace("+post", ""),)
+    return own
 
 
 def classify(program: Program, block: Block, cache: dict[str, Classification] | None = None) -> Classification:
-    """Name the topology of ``block`` (see REGISTRY and RECIPES)."""
+    """Name the topology of ``block`` (see REGISTRY and RECIPES); callees are classified first, iteratively."""
     cache = {} if cache is None else cache
-    if block.name in cache:
-        return cache[block.name]
+    if block.name not in cache:
+        for name in callees_first(program):
+            if name not in cache:
+                cache[name] = _classify_one(program, program.block(name), cache)
+    return cache[block.name] if block.name in cache else _classify_one(program, block, cache)
+
+
+def _classify_one(program: Program, block: Block, cache: dict[str, Classification]) -> Classification:
     w = wrapper(block)
-    placements = tuple(placement(block, s) for s in w.sublayers)
+    placed = placements(block, w)
     order = tuple(b.label for s in w.sublayers for b in s.branches)
     members = _members(program, block, cache)
     if not w.sublayers:
@@ -274,11 +282,10 @@ def classify(program: Program, block: Block, cache: dict[str, Classification] | 
         form = "parallel" if len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1 else "sequential"
         base = match_registry(w)
         if base is None:
-            name = "mixed" if len(set(placements)) > 1 else "custom"
+            name = "mixed" if len(set(placed)) > 1 else "custom"
         else:
             name = _refine(block, w, base)
-        result = Classification(block.name, name, form, placements, order, members)
-    cache[block.name] = result
+        result = Classification(block.name, name, form, placed, order, members)
     return result
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from blockir.analyses.env import value
+from blockir.analyses.sizes import value
 from blockir.ir.program import Block, Const
 
 FACTS = ("norm_first", "parallel_residual", "final_norm", "training")

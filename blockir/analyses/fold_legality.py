@@ -1,6 +1,6 @@
 """Fold legality: which scales, norm affines and dropouts may fold into a linear, and where.
 
-A report, not diagnostics (seed 0x09A: a scale folds into a weight only if
+A report, not diagnostics (docs/folds.md: a scale folds into a weight only if
 that preserves dtype, quantization and weight sharing):
 
     dropout(x)  -> x                      in inference, always
@@ -18,11 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from blockir.analyses.norms import family
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import ActivationOp, AddOp, CallOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp, ScaleOp
+from blockir.ir.ops import (
+    ActivationOp,
+    AddOp,
+    CallOp,
+    DropoutOp,
+    FusedAddNormOp,
+    NormOp,
+    Op,
+    OutputOp,
+    ScaleOp,
+)
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 
@@ -110,7 +121,7 @@ def _into_producer(block: Block, op: ScaleOp) -> tuple[str, ...]:
 
 def _into_norm(block: Block, norm: NormOp) -> tuple[str, ...]:
     decl = _kind_decl(block, norm)
-    if decl is None or decl.kind == "layernorm" and not decl.arg("affine"):
+    if decl is None or not family(decl).weight(decl):
         raise _No("not_linear", f"the norm {describe(block, norm.result)} has no affine state to absorb it")
     if decl.arg("tied") or _sites(block, decl.name) > 1:
         raise _No("tied", f"the norm '{decl.name}' is applied at several sites")
@@ -182,7 +193,7 @@ def _scale_site(block: Block, op: ScaleOp, mode: str, shortcut_of: dict[int, str
 
 def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
     decl = _kind_decl(block, op)
-    if decl is None or decl.arg("affine") is False or decl.kind == "layernorm" and not decl.arg("affine"):
+    if decl is None or not family(decl).weight(decl):
         return None  # already affine-free: nothing to fold
     params = {"layernorm": "weight and bias" if decl.arg("bias") else "weight", "rmsnorm": "weight",
               "scalenorm": "scale", "dyt": "weight and bias (alpha stays inside tanh)"}[decl.kind]
@@ -233,9 +244,9 @@ def format_report(block: Block, mode: str, sites: list[FoldSite]) -> str:
     if not sites:
         lines.append("  nothing to fold: no scales, affine norms or dropouts")
     width = max((len(s.name) for s in sites), default=0)
+    at = max((len(str(s.span)) for s in sites), default=0)
     for s in sites:
-        where = f"{s.span.line}:{s.span.column}"
-        head = f"  {where:<7} {s.kind:<8} {s.name:<{width}}"
+        head = f"  {str(s.span):<{at}}  {s.kind:<8} {s.name:<{width}}"
         if s.legal:
             target = f" -> {', '.join(s.into)}" if s.into else ""
             lines.append(f"{head}  yes  {s.action}{target}")

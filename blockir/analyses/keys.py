@@ -10,23 +10,25 @@ its keys are unknown and reported as such.
 
 Reconciliation never loads anything: it reports every missing, unexpected and
 mis-shaped key and explains family mismatches (a LayerNorm bias offered to an
-RMSNorm), because a partial load silently changes the model (seed 0x01).
+RMSNorm), because a partial load silently changes the model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from blockir.analyses.env import Env, block_env, program_env, value
+import networkx as nx
+
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import Sizes, reads_layer
+from blockir.analyses.summaries import call_graph, callees_first
+from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.kinds import layer_names
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]
-
-
-class SizeError(ValueError):
-    """A shape cannot be sized: a dim without a value (give it with ``dims``), or a count that is not positive."""
 
 
 @dataclass(frozen=True)
@@ -54,30 +56,11 @@ class KeyTable:
         return "\n".join(lines)
 
 
-@dataclass
-class _Sizes:
-    env: Env
-    block: Block
-
-    def dim(self, name: str) -> int:
-        if name not in self.env:
-            raise SizeError(f"dim '{name}' has no size; give it with --dims {name}=… (dims={{'{name}': …}})")
-        return int(self.env[name])
-
-    def expr(self, expr: Any, what: str) -> int:
-        v = value(expr, self.env)
-        if v is None:
-            raise SizeError(f"{what} in '{self.block.name}' does not evaluate; give the dims it uses with --dims")
-        if not float(v).is_integer() or v < 1:
-            raise SizeError(f"{what} in '{self.block.name}' must be a positive integer, got {v}")
-        return int(v)
-
-
 def _first_use(block: Block, decl: str) -> Op | None:
     return next((op for op in block.ops if getattr(op, "decl", None) == decl), None)
 
 
-def _width(block: Block, op: Op | None, arg: int, s: _Sizes) -> int:
+def _width(block: Block, op: Op | None, arg: int, s: Sizes) -> int:
     if isinstance(op, CallOp) and len(op.args) > arg:
         t = block.type_of(op.args[arg])
     elif isinstance(op, NormOp):
@@ -87,48 +70,51 @@ def _width(block: Block, op: Op | None, arg: int, s: _Sizes) -> int:
     else:
         t = block.result
     if t.last is None:
-        raise SizeError(f"'{block.name}' has no model axis to size its branches")
+        raise BlockError([error("E0701", f"'{block.name}' has no model axis to size its branches", block.span)])
     return s.dim(t.last.name)
 
 
-def _linear(prefix: str, out: int, inp: int, bias: bool) -> list[tuple[str, Shape]]:
+def _linear(prefix: str, out: int, inp: int, bias: bool, conv1d: bool = False) -> list[tuple[str, Shape]]:
+    """A projection's keys; GPT-2's Conv1D stores the weight transposed, ``[in, out]``."""
     dot = f"{prefix}." if prefix else ""
-    return [(f"{dot}weight", (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
+    return [(f"{dot}weight", (inp, out) if conv1d else (out, inp))] + ([(f"{dot}bias", (out,))] if bias else [])
 
 
-def _norm(decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
-    shape = tuple(s.dim(a) for a in decl.arg("axes"))
-    if decl.kind == "layernorm":
-        if not decl.arg("affine"):
-            return []
-        return [("weight", shape)] + ([("bias", shape)] if decl.arg("bias") else [])
-    if decl.kind == "scalenorm":
-        return [("scale", ())]
-    if decl.kind == "dyt":
-        return [("alpha", (1,)), ("weight", shape), ("bias", shape)]
-    return [] if decl.arg("affine") is False else [("weight", shape)]
+def _norm(decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
+    return family(decl).keys(decl, tuple(s.dim(a) for a in decl.arg("axes")))
 
 
-def _attention(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     use = _first_use(block, decl.name)
     width = _width(block, use, 0, s)
     kv_width = _width(block, use, 1, s) if decl.kind == "cross_attention" else width
-    heads = s.expr(decl.arg("heads"), f"heads of '{decl.name}'")
-    kv = s.expr(decl.arg("kv_heads"), f"kv_heads of '{decl.name}'") if decl.arg("kv_heads") is not None else heads
+    heads = s.count(decl.arg("heads"), f"heads of '{decl.name}'", decl.span)
+    kv = s.count(decl.arg("kv_heads"), f"kv_heads of '{decl.name}'", decl.span) \
+        if decl.arg("kv_heads") is not None else heads
     if decl.arg("head_dim") is not None:
-        hd = s.expr(decl.arg("head_dim"), f"head_dim of '{decl.name}'")
+        hd = s.count(decl.arg("head_dim"), f"head_dim of '{decl.name}'", decl.span)
     elif width % heads:
-        raise SizeError(f"{heads} heads of '{decl.name}' in '{block.name}' do not divide its width {width}; "
-                        "give head_dim=…")
+        raise BlockError([error("E0701", f"{heads} heads of '{decl.name}' in '{block.name}' do not divide its width "
+                                f"{width}", decl.span, hint="give head_dim=…, or a number of heads that divides the width")])
     else:
         hd = width // heads
-    bias = bool(decl.arg("bias"))
-    out_bias = bool(decl.arg("out_bias"))
-    return (_linear("q_proj", heads * hd, width, bias) + _linear("k_proj", kv * hd, kv_width, bias)
-            + _linear("v_proj", kv * hd, kv_width, bias) + _linear("o_proj", width, heads * hd, out_bias))
+    bias, out_bias, conv1d = bool(decl.arg("bias")), bool(decl.arg("out_bias")), bool(decl.arg("conv1d"))
+    names = layer_names(decl.kind, dict(decl.args))
+    if decl.arg("fused") == "none":
+        keys = (_linear(names["q"], heads * hd, width, bias, conv1d) + _linear(names["k"], kv * hd, kv_width, bias, conv1d)
+                + _linear(names["v"], kv * hd, kv_width, bias, conv1d))
+    else:
+        keys = _linear(names["qkv"], (heads + 2 * kv) * hd, width, bias, conv1d)
+    keys += _linear(names["o"], width, heads * hd, out_bias, conv1d)
+    if decl.arg("qk_norm") != "none":
+        for role, count in (("q_norm", heads), ("k_norm", kv)):
+            n = hd if decl.arg("qk_norm_axis") == "head" else count * hd
+            keys += [(f"{names[role]}.weight", (n,))] + \
+                ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
+    return keys
 
 
-def _kind_keys(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape]]:
+def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     if decl.category == "norm":
         return _norm(decl, s)
     if decl.kind in ("self_attention", "cross_attention"):
@@ -136,49 +122,105 @@ def _kind_keys(block: Block, decl: KindDecl, s: _Sizes) -> list[tuple[str, Shape
     if decl.kind in ("mlp", "gated_mlp"):
         width = _width(block, _first_use(block, decl.name), 0, s)
         hidden, bias = s.dim(decl.arg("hidden")), bool(decl.arg("bias"))
+        names = layer_names(decl.kind, dict(decl.args))
         if decl.kind == "mlp":
-            return _linear("fc1", hidden, width, bias) + _linear("fc2", width, hidden, bias)
-        return (_linear("gate_proj", hidden, width, bias) + _linear("up_proj", hidden, width, bias)
-                + _linear("down_proj", width, hidden, bias))
+            conv1d = bool(decl.arg("conv1d"))
+            return _linear(names["fc1"], hidden, width, bias, conv1d) + _linear(names["fc2"], width, hidden, bias, conv1d)
+        gate_up = _linear(names["gate_up"], 2 * hidden, width, bias) if decl.arg("fused") else \
+            _linear(names["gate"], hidden, width, bias) + _linear(names["up"], hidden, width, bias)
+        return gate_up + _linear(names["down"], width, hidden, bias)
     if decl.kind == "linear":
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
+    if decl.kind == "embedding":
+        return [("weight", (s.dim(decl.arg("vocab")), s.dim(decl.arg("width"))))]
+    if decl.kind == "head":
+        width = _width(block, _first_use(block, decl.name), 0, s)
+        return _linear("", s.dim(decl.arg("vocab")), width, bool(decl.arg("bias")))
     if decl.kind == "scalar":
         return [("", ())]
-    if decl.kind == "vector":
+    if decl.kind in ("vector", "bias"):
         return [("", (s.dim(decl.arg("axis")),))]
     return []  # activations own no state
 
 
-def _collect(program: Program, block: Block, env: Env, prefix: str, keys: list[Key], unknown: list[str]) -> None:
-    s = _Sizes(env, block)
-    for decl in block.decls:
-        path = prefix + decl.name
-        if isinstance(decl, ExternDecl):
-            unknown.append(path)
-        elif isinstance(decl, KindDecl):
-            for name, shape in _kind_keys(block, decl, s):
-                keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
-        elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
-            inner = program.block(decl.block)
-            if decl.count is None:
-                _collect(program, inner, block_env(env, inner), path + ".", keys, unknown)
-                continue
-            n = s.expr(decl.count, f"the layer count of '{decl.name}'")
-            for i in range(n):
-                _collect(program, inner, block_env(env, inner, i, n), f"{path}.{i}.", keys, unknown)
+def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str]) -> None:
+    """Every key under ``block``, in declaration order, through sub-blocks and stacks (an explicit work list:
+    nesting depth is bounded by memory, not by Python's stack)."""
+    work: list[tuple[Block, Sizes, str, int]] = [(block, s, prefix, 0)]
+    while work:
+        current, scope, path_prefix, start = work.pop()
+        for index in range(start, len(current.decls)):
+            decl = current.decls[index]
+            path = path_prefix + decl.name
+            if isinstance(decl, ExternDecl):
+                unknown.append(path)
+            elif isinstance(decl, KindDecl):
+                for name, shape in _kind_keys(current, decl, scope):
+                    keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
+            elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+                inner = program.block(decl.block)
+                work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards
+                if decl.count is None:
+                    work.append((inner, scope.for_block(inner), path + ".", 0))
+                else:
+                    n = scope.count(decl.count, f"the layer count of '{decl.name}'", decl.span)
+                    work += [(inner, scope.for_block(inner, i, n), f"{path}.{i}.", 0) for i in reversed(range(n))]
+                break
+
+
+Layout = tuple
+
+
+def key_layout(program: Program, name: str, dims: Mapping[str, int] | None = None) -> Layout:
+    """A value whose equality implies equal key tables, computed in time independent of stack depth.
+
+    A stack of a block that does not read its layer index is one entry (its count and its layer's
+    layout) instead of a key list per layer; a layer that reads its index is laid out per layer. Each
+    distinct block layout is numbered and referred to by number, so the value stays flat however
+    deeply blocks nest.
+    """
+    base = Sizes.of(program, dims)
+    memo: dict[tuple[str, int, int], int] = {}
+    numbered: dict[tuple, int] = {}
+
+    def layout(block: Block, layer: int, n: int) -> int:
+        key = (block.name, layer if reads_layer(block) else 0, n)
+        if key not in memo:
+            scope = base.for_block(block, layer, n)
+            entries: list[tuple] = []
+            for d in block.decls:
+                if isinstance(d, ExternDecl):
+                    entries.append((d.name, "extern"))
+                elif isinstance(d, KindDecl):
+                    entries.append((d.name, d.kind, tuple(_kind_keys(block, d, scope))))
+                elif isinstance(d, InstanceDecl) and d.block in program.block_map:
+                    inner = program.block(d.block)
+                    if d.count is None:
+                        entries.append((d.name, "block", layout(inner, 0, 1)))
+                        continue
+                    count = scope.count(d.count, f"the layer count of '{d.name}'", d.span)
+                    layers = (layout(inner, 0, count),) if not reads_layer(inner) else \
+                        tuple(layout(inner, i, count) for i in range(count))
+                    entries.append((d.name, "stack", count, layers))
+            memo[key] = numbered.setdefault(tuple(entries), len(numbered))
+        return memo[key]
+
+    reachable = nx.descendants(call_graph(program), name) | {name}
+    for block_name in callees_first(program):  # callees first: nested layouts are numbered before use
+        if block_name in reachable:
+            layout(program.block(block_name), 0, 1)
+    return tuple(numbered), memo[(name, 0, 1)]
 
 
 def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = None) -> KeyTable:
     """The parameter keys and shapes block (or model) ``name`` owns; ``dims`` sizes open dims."""
     if name not in program.block_map:
-        raise KeyError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
-    unknown_dims = set(dims or {}) - set(program.dim_map)
-    if unknown_dims:
-        raise SizeError(f"unknown dim(s) {', '.join(sorted(unknown_dims))}; dims: {', '.join(program.dim_map)}")
+        raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})",
+                                Span(program.filename, 1, 1))])
     block = program.block(name)
     keys: list[Key] = []
     unknown: list[str] = []
-    _collect(program, block, block_env(program_env(program, dims), block), "", keys, unknown)
+    _collect(program, block, Sizes.of(program, dims).for_block(block), "", keys, unknown)
     return KeyTable(name, tuple(keys), tuple(unknown))
 
 
@@ -219,8 +261,30 @@ class Reconciliation:
         return "\n".join(lines)
 
 
-def _shape(v: Any) -> Shape:
-    return tuple(int(n) for n in (v.shape if hasattr(v, "shape") else v))
+def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
+    return BlockError([argument_error("reconcile", argument, message, hint)])
+
+
+def _shape(key: Any, v: Any) -> Shape:
+    """A tensor's shape, or a shape given as a sequence of non-negative ints."""
+    dims = v.shape if hasattr(v, "shape") else v
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in dims):
+        raise _bad("state_dict_or_shapes", f"key {key!r} maps to {type(v).__name__} {v!r:.60}, neither a tensor nor "
+                   "a shape", "give a state_dict (key -> tensor) or key -> shape, e.g. {'norm.weight': (64,)}")
+    return tuple(int(n) for n in dims)
+
+
+def _checked_arguments(program: Any, name: Any, given: Any) -> None:
+    if not isinstance(program, Program):
+        raise _bad("program", f"reconcile expects a Program, got {type(program).__name__}",
+                   "blockir.load(path) or blockir.parse(text)")
+    if not isinstance(name, str) or name not in program.block_map:
+        raise BlockError([error("E0700", f"no block named {name!r} (blocks: {', '.join(program.block_map)})",
+                                Span(program.filename, 1, 1))])
+    if not isinstance(given, Mapping):
+        raise _bad("state_dict_or_shapes", f"expected a mapping of keys to tensors or shapes, got "
+                   f"{type(given).__name__}", "pass module.state_dict(), or {key: shape}")
 
 
 def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[FamilyMismatch]:
@@ -247,9 +311,10 @@ def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[
 def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, Any],
               dims: Mapping[str, int] | None = None) -> Reconciliation:
     """Compare block ``name``'s keys with a state_dict (tensors) or a key → shape mapping."""
-    table = param_keys(program, name, dims)
+    _checked_arguments(program, name, state_dict_or_shapes)
+    table = param_keys(program, name, dims)  # sizes are validated, with located diagnostics, by Sizes
     expected = table.shapes
-    given = {k: _shape(v) for k, v in state_dict_or_shapes.items()}
+    given = {k: _shape(k, v) for k, v in state_dict_or_shapes.items()}
     unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
     missing = {k for k in expected if k not in given}
     unexpected = {k for k in given if k not in expected and k not in unchecked}

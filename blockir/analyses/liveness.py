@@ -2,7 +2,7 @@
 
 One analysis serves the buffer plan (which a lowering follows) and the
 verifier of user-asserted ``@inplace`` adds. In training every op
-keeps what its backward needs (seed 0x0AA): a norm its input and row
+keeps what its backward needs (docs/verifiers.md, liveness): a norm its input and row
 statistics, a branch its input, dropout a mask or seed, a learned scale its
 input. In inference nothing is kept. An add may write in place over its
 target operand (the shortcut of a residual add, the left operand otherwise)
@@ -20,8 +20,8 @@ from typing import Literal
 
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.ir.consts import Num
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp,
-                            ScaleOp, results_of)
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, MulOp, NormOp, Op, OutputOp,
+                            ScaleOp)
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 from blockir.ir.types import DType, TensorType
@@ -108,6 +108,8 @@ def kept(block: Block, op: Op) -> Keep | None:
         return Keep(op, (), (f"mask {_mask(op, op.type)} or its seed",), "dropout keeps a mask or a seed")
     if isinstance(op, ScaleOp) and op.param is not None:
         return Keep(op, (op.operand,), (), "a learned scale keeps its input")
+    if isinstance(op, MulOp):
+        return Keep(op, (op.lhs, op.rhs), (), "a product keeps both factors")
     if isinstance(op, FusedAddNormOp):
         values = (op.residual,) + ((op.branch,) if op.branch_param is not None else ())
         return Keep(op, values, ("row statistics",), "a fused add+norm keeps the residual sum and row statistics")
@@ -118,7 +120,7 @@ def _aliases(block: Block, mode: str) -> dict[str, set[str]]:
     """value → the values it may share storage with (views and no-op results)."""
     alias: dict[str, set[str]] = {}
     for op in block.ops:
-        for r in results_of(op):
+        for r in op.results:
             alias[r] = {r}
         if isinstance(op, CastOp) or isinstance(op, DropoutOp) and (mode == "infer" or _zero(op.p)):
             alias[op.result] |= alias.get(op.operand, {op.operand})
@@ -212,7 +214,7 @@ def _allocate(block: Block, mode: str, decisions: list[AddDecision],
     """Linear scan: in-place results and inference no-ops take their operand's buffer, others reuse freed ones."""
     last: dict[str, int] = {}
     for i, op in enumerate(block.ops):
-        for r in results_of(op):
+        for r in op.results:
             last[r] = i  # a value nobody reads dies where it is made
         for v in op.operands:
             last[v] = i
@@ -238,7 +240,7 @@ def _allocate(block: Block, mode: str, decisions: list[AddDecision],
         order.append((v, b))
 
     for i, op in enumerate(block.ops):
-        for r in results_of(op):
+        for r in op.results:
             same = inplace.get(id(op)) if r == getattr(op, "residual", r) else None
             if same is None and isinstance(op, DropoutOp) and mode == "infer":
                 same = op.operand  # dropout is the identity in inference
@@ -252,11 +254,11 @@ def _allocate(block: Block, mode: str, decisions: list[AddDecision],
                 shape[count] = key(r)
                 take(r, count)
                 count += 1
-        live = {buffer[v] for v in buffer if last[v] >= i} | {buffer[r] for r in results_of(op)}
+        live = {buffer[v] for v in buffer if last[v] >= i} | {buffer[r] for r in op.results}
         width = sum(shape[b][0] == stream for b in live)
         if width > peak:
-            peak, peak_at = width, ", ".join(results_of(op)) or "the return"
-        for v in [*op.operands, *results_of(op)]:
+            peak, peak_at = width, ", ".join(op.results) or "the return"
+        for v in [*op.operands, *op.results]:
             if v in buffer and 0 <= last[v] <= i and v not in saved and not isinstance(op, OutputOp):
                 b = buffer[v]
                 holders[b] -= 1
@@ -274,7 +276,7 @@ def format_plan(block: Block, p: BufferPlan) -> str:
         if d.inplace:
             lines.append(f"    {text:<34} in place: writes over '{d.target}'")
         else:
-            where = f", at {d.blocker.span.line}:{d.blocker.span.column}" if d.blocker is not None else ""
+            where = f", at {d.blocker.span}" if d.blocker is not None else ""
             lines.append(f"    {text:<34} out of place: '{d.target}' stays: {d.reason}{where}")
     if not p.adds:
         lines.append("    (none)")

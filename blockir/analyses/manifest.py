@@ -1,4 +1,4 @@
-"""The block manifest of seed 0x01: the architecture fields tensor shapes cannot tell.
+"""The block manifest: the architecture fields tensor shapes cannot tell.
 
 For a block: topology, state layout, branch order, every norm site (family,
 placement, reduction axes, epsilon, centering, scale, bias, accumulation
@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from blockir.analyses.env import Env, block_env, layer_counts, program_env, value
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import Env, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.ir.decls import KindDecl
@@ -32,14 +33,13 @@ def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: En
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
     kind = decl.kind
-    affine = decl.arg("affine") is not False if kind != "layernorm" else bool(decl.arg("affine"))
+    fam = family(decl)
     site: dict[str, Any] = {
         "name": decl.name, "family": kind, "placement": PLACEMENT.get(placement, "other"),
         "reduction_axes": [] if kind == "dyt" else list(decl.arg("axes")),
         "epsilon": _number(value(decl.arg("eps"), env)) if decl.arg("eps") is not None else None,
         "center": kind == "layernorm" and bool(decl.arg("center")),
-        "scale": "none" if not affine else "scalar" if kind == "scalenorm" else "per_channel",
-        "bias": affine and (kind == "dyt" or kind == "layernorm" and bool(decl.arg("bias"))),
+        "scale": fam.scale(decl), "bias": fam.bias(decl),
         "accum": decl.arg("accum"), "tied": bool(decl.arg("tied")),
     }
     if kind == "rmsnorm":

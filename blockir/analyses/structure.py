@@ -11,23 +11,30 @@ the op graph:
   output passes through (immediate dominators); the stream values live there;
 * each add on the spine is a sublayer root; its operand leaves split into the
   **shortcut** (the leaf reached from the previous stream value through
-  scales, dropouts and casts, else a projection, else a norm) and the
-  **branches**;
+  scales, dropouts, casts and gate products, else a projection, else a norm)
+  and the **branches**;
+* a **gate** is a product ``z * v`` whose factor ``z`` is a sigmoid, tanh or
+  erf of something, or ``1 - z`` of one: a gated residual
+  ``z * x + (1 - z) * u`` is one update whose shortcut and branch are gated;
 * a norm whose only input is the sum is the sublayer's post-norm (Post-LN).
 """
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
+import networkx as nx
+
+from blockir.analyses.cache import per_object
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ConcatOp, DropoutOp, FusedAddNormOp, InputOp, NormOp,
-                            Op, OutputOp, ScaleOp, results_of)
+from blockir.ir.kinds import GATES
+from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp,
+                            MulOp, NormOp, Op, OutputOp, ScaleOp)
 from blockir.ir.program import Block
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)
 ROOTS = (AddOp, FusedAddNormOp)
+GATE_FUNCTIONS = (*GATES, "tanh")  # bounded squashing functions whose output gates a value
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,11 @@ class Branch:
     def dropouts(self) -> tuple[DropoutOp, ...]:
         return tuple(op for op in self.modifiers if isinstance(op, DropoutOp))
 
+    @property
+    def gates(self) -> tuple[MulOp, ...]:
+        """Gate products between the computation and the add."""
+        return tuple(op for op in self.modifiers if isinstance(op, MulOp))
+
 
 @dataclass(frozen=True)
 class Sublayer:
@@ -73,6 +85,12 @@ class Sublayer:
     branches: tuple[Branch, ...]
     post_norm: NormOp | None
     fused_post: bool = False  # a fused root whose normalized output continues the stream (Post-LN)
+    leaves: tuple[str, ...] = ()  # the operands of the sum tree: the shortcut and the update operands
+
+    @property
+    def updates(self) -> tuple[str, ...]:
+        """The add operands that make the update u (their sum), the shortcut excluded."""
+        return tuple(v for v in self.leaves if v != self.shortcut)
 
     @property
     def result(self) -> str:
@@ -82,6 +100,11 @@ class Sublayer:
         if isinstance(self.root, FusedAddNormOp):
             return self.root.normalized if self.fused_post else self.root.residual
         return self.root.result
+
+    @property
+    def shortcut_gates(self) -> tuple[MulOp, ...]:
+        """Gate products on the shortcut (the ``z * x`` of a gated residual)."""
+        return tuple(op for op in self.shortcut_ops if isinstance(op, MulOp))
 
     @property
     def shortcut_scaled(self) -> bool:
@@ -150,6 +173,39 @@ def state_input(block: Block) -> str | None:
     return inputs[0].result if inputs else None
 
 
+def _gate_rank(block: Block, value: str) -> int:
+    """How surely ``value`` is a gate: 2 for a sigmoid or a complement ``1 - z`` (values in [0, 1]),
+    1 for tanh or erf (they also squash a candidate update, as in a GRU), 0 for anything else."""
+    op = block.producers.get(value)
+    if isinstance(op, ComplementOp):
+        return 2 if _gate_rank(block, op.operand) else 0
+    fn = op.fn if isinstance(op, ActivationOp) else None
+    decl = block.decl_map.get(getattr(op, "decl", "") or "")
+    if isinstance(decl, KindDecl) and decl.kind == "activation":
+        fn = decl.arg("fn")
+    return 2 if fn == "sigmoid" else 1 if fn in GATE_FUNCTIONS else 0
+
+
+def is_gate(block: Block, value: str) -> bool:
+    """Whether ``value`` is a gate: a sigmoid, tanh or erf of something, or one minus a gate."""
+    return _gate_rank(block, value) > 0
+
+
+def gated(block: Block, op: Op | None) -> tuple[str, str] | None:
+    """(the gate, the gated value) of a gate product ``z * v``, or None for any other op.
+
+    When both factors could gate, the one surer to lie in [0, 1] is the gate; a tie is no gate.
+    """
+    if not isinstance(op, MulOp):
+        return None
+    lhs, rhs = _gate_rank(block, op.lhs), _gate_rank(block, op.rhs)
+    if lhs > rhs:
+        return op.lhs, op.rhs
+    if rhs > lhs:
+        return op.rhs, op.lhs
+    return None
+
+
 def _stream_value(block: Block, op: Op) -> str:
     if isinstance(op, FusedAddNormOp):
         # a fused op continues the stream through its residual unless only the normalized value is read
@@ -157,42 +213,23 @@ def _stream_value(block: Block, op: Op) -> str:
     return op.result
 
 
-def _immediate_dominators(block: Block, first: int) -> dict[int, int]:
-    """Immediate dominators of the ops reachable from op ``first``.
-
-    An SSA block lists its ops in topological order, so one pass computing
-    each op's dominator as the nearest common dominator of its operands'
-    producers is exact (the general iterative algorithm is not needed).
-    """
-    where: dict[str, int] = {}
-    idom: dict[int, int] = {first: first}
-    depth: dict[int, int] = {first: 0}
-    for i, op in enumerate(block.ops):
-        preds = [where[v] for v in op.operands if v in where and where[v] in idom]
-        for r in results_of(op):
-            where[r] = i
-        if i <= first or not preds:
-            continue  # before the state input, or not reachable from it
-        d = preds[0]
-        for p in preds[1:]:
-            a, b = d, p
-            while a != b:
-                if depth[a] >= depth[b]:
-                    a = idom[a]
-                else:
-                    b = idom[b]
-            d = a
-        idom[i], depth[i] = d, depth[d] + 1
-    return idom
+def op_graph(block: Block) -> nx.DiGraph:
+    """Op positions as nodes, an edge from each producer to each of its users (a fused op is one node)."""
+    where = {r: i for i, op in enumerate(block.ops) for r in op.results}
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(block.ops)))
+    g.add_edges_from((where[v], i) for i, op in enumerate(block.ops) for v in op.operands if v in where)
+    return g
 
 
 def spine(block: Block, start: str | None) -> tuple[str, ...]:
+    """Stream values from the state input to the returned value: the output's dominators."""
     ops = block.ops
     out = next((i for i, op in enumerate(ops) if isinstance(op, OutputOp)), None)
     first = next((i for i, op in enumerate(ops) if isinstance(op, InputOp) and op.result == start), None)
     if out is None or first is None:
         return ()
-    idom = _immediate_dominators(block, first)
+    idom = nx.immediate_dominators(op_graph(block), first)  # covers the ops reachable from the state
     if out not in idom:
         return (start,)  # the output does not depend on the state
     chain, node = [], idom[out]
@@ -233,6 +270,11 @@ def _shortcut_path(block: Block, leaf: str, state: str) -> tuple[Op, ...] | None
         if isinstance(op, FusedAddNormOp) and v == op.normalized and op.residual == state:
             path.append(op)  # the normalized output of the add that made the state
             break
+        gate = gated(block, op)
+        if gate is not None:
+            path.append(op)
+            v = gate[1]
+            continue
         if not (isinstance(op, (*MODIFIERS, NormOp)) or is_linear(block, op)):
             return None
         path.append(op)
@@ -265,7 +307,10 @@ def _closure(block: Block, leaf: str, stop: frozenset[str], pos: dict[int, int])
 
 def branch_kind(block: Block, ops: list[Op]) -> tuple[Op | None, str]:
     """The principal call of a branch and the name of what it computes."""
-    for op in ops:
+    # a built-in or bound computation is principal; a called block only when there is none (a block
+    # applied on the way, such as a normalizing helper, is not what the branch computes)
+    ranked = sorted(ops, key=lambda op: decl_kind(block, op) in ("block", "stack"))
+    for op in ranked:
         kind = decl_kind(block, op)
         if kind in ("self_attention", "cross_attention", "mlp", "gated_mlp", "extern", "block", "stack"):
             if kind == "self_attention":
@@ -290,6 +335,11 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
     v = leaf
     while True:
         op = block.producers.get(v)
+        gate = gated(block, op)
+        if gate is not None:
+            modifiers.append(op)  # type: ignore[arg-type]
+            v = gate[1]
+            continue
         if isinstance(op, MODIFIERS):
             modifiers.append(op)
         elif isinstance(op, NormOp) and out_norm is None and v not in stop and op.operand not in stop:
@@ -297,6 +347,7 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
         else:
             break
         v = op.operands[0]
+    core = v  # the value the modifiers and gates wrap
     pre: list[NormOp | FusedAddNormOp] = [op for op in ops if isinstance(op, NormOp) and op.operand in stop
                                           and op is not out_norm]
     for v in {v for op in ops for v in op.operands} | {leaf}:
@@ -304,10 +355,31 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
         # reading a fused op's normalized output, when that is not the stream itself, is a pre-norm
         if isinstance(fused, FusedAddNormOp) and v == fused.normalized and v != state and fused not in pre:
             pre.append(fused)
-    call, kind = branch_kind(block, ops)
+    # what the branch computes is what its gates pass, not what computes the gates
+    call, kind = branch_kind(block, _closure(block, core, stop, pos) if core != leaf else ops)
     reads = {v for op in ops for v in op.operands} | {leaf}
     memory = tuple(op.result for op in block.inputs if op.result in reads and op.result != state_in)
     return Branch(leaf, tuple(ops), call, kind, tuple(pre), out_norm, tuple(modifiers), memory)
+
+
+def _shared_modifiers(block: Block, leaf: str, stop: frozenset[str],
+                      pos: dict[int, int]) -> tuple[list[str], tuple[Op, ...], list[AddOp]]:
+    """Split ``leaf`` when modifiers wrap a sum of branches: ``x + dropout(mlp(n) + attn(n))``.
+
+    Returns the branch leaves, the modifiers they share (add-side first) and
+    the inner adds; a leaf that is not such a sum comes back alone.
+    """
+    outer: list[Op] = []
+    v = leaf
+    op = block.producers.get(v)
+    while isinstance(op, MODIFIERS) and len(block.users.get(v, ())) == 1:
+        outer.append(op)
+        v = op.operands[0]
+        op = block.producers.get(v)
+    if outer and isinstance(op, AddOp) and v not in stop and len(block.users.get(v, ())) == 1:
+        joins, inner = _sum_tree(block, op, stop, pos)
+        return inner, tuple(outer), joins
+    return [leaf], (), []
 
 
 def _post_norm(block: Block, value: str) -> NormOp | None:
@@ -328,27 +400,25 @@ def _sublayer(block: Block, root: AddOp | FusedAddNormOp, state: str, stop: froz
     if found:
         path, i = min(found, key=lambda pi: (_cost(block, pi[0]), pi[1]))
         shortcut, shortcut_ops = leaves[i], path
-    branches = tuple(_branch(block, leaf, state, stop, state_in, pos) for leaf in leaves if leaf != shortcut)
+    branches: list[Branch] = []
+    for leaf in leaves:
+        if leaf != shortcut:
+            inner, outer, joins = _shared_modifiers(block, leaf, stop, pos)
+            adds += joins
+            branches += [replace(b, modifiers=b.modifiers + outer)
+                         for b in (_branch(block, v, state, stop, state_in, pos) for v in inner)]
+    adds.sort(key=lambda a: pos[id(a)])
     post = None if isinstance(root, FusedAddNormOp) else _post_norm(block, root.result)
     if post is not None and post.result not in stop:
         post = None
     fused_post = isinstance(root, FusedAddNormOp) and not block.users.get(root.residual)
-    return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, branches, post, fused_post)
+    return Sublayer(root, tuple(adds), state, shortcut, shortcut_ops, tuple(branches), post, fused_post, tuple(leaves))
 
 
-# identity-keyed: equal blocks from different files carry different spans
-_CACHE: dict[int, tuple[weakref.ref[Block], Wrapper]] = {}
-
-
+@per_object
 def wrapper(block: Block) -> Wrapper:
     """Decompose ``block`` into its residual sublayers (see the module docstring); cached per block object."""
-    key = id(block)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is block:
-        return hit[1]
-    w = _decompose(block)
-    _CACHE[key] = (weakref.ref(block, lambda _, key=key: _CACHE.pop(key, None)), w)
-    return w
+    return _decompose(block)
 
 
 def _decompose(block: Block) -> Wrapper:
@@ -371,21 +441,7 @@ def describe(block: Block, value: str) -> str:
     if not value.startswith("%"):
         return f"'{value}'"
     op = block.producers.get(value)
-    if isinstance(op, (NormOp, CallOp)):
-        return f"'{op.decl}(…)'"
-    if isinstance(op, ActivationOp):
-        return f"'{op.fn}(…)'"
-    if isinstance(op, DropoutOp):
-        return "'drop_path(…)'" if op.mask == "sample" else "'dropout(…)'"
-    if isinstance(op, ScaleOp):
-        return f"'{op.param} * …'" if op.param else "'… * …' (a constant scale)"
-    if isinstance(op, AddOp):
-        return "'… + …'"
-    if isinstance(op, CastOp):
-        return f"'cast(…, {op.dtype.value})'"
-    if isinstance(op, ConcatOp):
-        return "'concat(…)'"
-    return f"'{value}'"
+    return op.label() if op is not None else f"'{value}'"
 
 
 def ancestors(block: Block, value: str) -> set[str]:

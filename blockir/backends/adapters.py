@@ -21,14 +21,20 @@ a stack. ``ctx`` carries what the parent model builds once per forward:
   ``is_causal``, exactly as its ``forward`` takes them.
 
 Modules whose forward is just ``module(x)`` still get a named adapter so a
-``bind`` dict reads the same for every branch.
+``bind`` dict reads the same for every branch. A module bound without an
+adapter is called as ``module(*inputs, **ctx)`` with ``ctx`` narrowed to the
+keywords its ``forward`` accepts (:func:`plain_call`).
 """
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from blockir.diagnostics import BlockError, argument_error
 
 Adapter = Callable[..., Tensor]
 
@@ -42,6 +48,38 @@ def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
 def call_module(module: nn.Module, *inputs: Tensor, **ctx: Any) -> Tensor:
     """Any branch whose real call is ``module(*inputs)`` with no side inputs."""
     return module(*inputs)
+
+
+@dataclass(frozen=True)
+class PlainCall:
+    """The adapter of a module bound without one: ``module(*inputs, **ctx)``, ``ctx`` narrowed to what
+    ``forward`` accepts, so one ``ctx`` can feed every branch as the adapters' contract promises.
+
+    ``keywords`` is None when ``forward`` takes ``**kwargs`` (every key is passed but the parameter
+    names the inputs already fill); ``taken`` are those names.
+    """
+
+    keywords: frozenset[str] | None
+    taken: frozenset[str]
+
+    def __call__(self, module: nn.Module, *inputs: Tensor, **ctx: Any) -> Tensor:
+        if self.keywords is None:
+            return module(*inputs, **{k: v for k, v in ctx.items() if k not in self.taken})
+        return module(*inputs, **{k: v for k, v in ctx.items() if k in self.keywords})
+
+
+def plain_call(module: nn.Module, inputs: int) -> PlainCall:
+    """The default adapter for ``module`` called with ``inputs`` positional tensors."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a Python signature takes no keywords we can know
+        return PlainCall(frozenset(), frozenset())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = frozenset(p.name for p in positional[:inputs])
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return PlainCall(None, taken)
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return PlainCall(frozenset(keywords - taken), taken)
 
 
 # ---------------------------------------------------------------- Llama family
@@ -263,7 +301,9 @@ ADAPTERS: dict[str, Adapter] = {
 def adapter_for(module: nn.Module) -> Adapter:
     """The adapter registered for ``module``'s class name."""
     name = type(module).__name__
-    try:
-        return ADAPTERS[name]
-    except KeyError:
-        raise KeyError(f"no adapter for {name}; known: {', '.join(sorted(ADAPTERS))}") from None
+    if name not in ADAPTERS:
+        raise BlockError([argument_error("backends.adapters.adapter_for", "module",
+                                         f"no adapter for {name}; known: {', '.join(sorted(ADAPTERS))}",
+                                         "write one, adapter(module, *inputs, **ctx) -> Tensor, and bind "
+                                         "(module, adapter)")])
+    return ADAPTERS[name]

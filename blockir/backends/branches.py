@@ -14,7 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blockir.backends.masks import MaskBuilder
+from blockir.backends import numerics
 from blockir.backends.numerics import ACTIVATIONS
+from blockir.diagnostics import UNKNOWN_SPAN, Span
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -30,11 +33,6 @@ def _split_heads(x: Tensor, head_dim: int) -> Tensor:
     return x.view(*x.shape[:-1], -1, head_dim).transpose(1, 2)
 
 
-def _merge_heads(x: Tensor) -> Tensor:
-    """[B, H, S, hd] -> [B, S, H*hd]."""
-    return x.transpose(1, 2).flatten(-2)
-
-
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Share each key/value head across ``groups`` consecutive query heads (GQA)."""
     if groups == 1:
@@ -43,17 +41,19 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 
 
 def rope_cos_sin(
-    seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype
+    seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
+    interleaved: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
     Frequencies and angles are computed in fp32 and only the tables are cast,
     which is what the HF rotary module does, so both routes agree exactly.
+    ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = positions[None, :, None] * inv_freq
-    angles = torch.cat((freqs, freqs), dim=-1)
+    angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -62,29 +62,104 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` [B, H, S, hd] by tables [B or 1, S, hd] in the rotate-half convention.
+def _rotate_pairs(x: Tensor) -> Tensor:
+    """(x0, x1, x2, x3, …) -> (-x1, x0, -x3, x2, …): GPT-J's rotate-every-two."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
-    Rotate-half pairs coordinate ``i`` with ``i + hd/2`` (not adjacent
-    coordinates), which is the layout HF checkpoints' q/k weights assume.
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Rotate the first ``cos.shape[-1]`` coordinates of ``x`` [B, H, S, hd] by tables [B or 1, S, rd].
+
+    Rotate-half pairs coordinate ``i`` with ``i + rd/2`` (the layout HF LLaMA-style
+    checkpoints' q/k weights assume); interleaved pairs ``2i`` with ``2i + 1`` (GPT-J).
+    The remaining coordinates pass through (partial rotary, GPT-NeoX and Phi).
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    rotary = cos.shape[-1]
+    turn = _rotate_pairs if interleaved else _rotate_half
+    if rotary == x.shape[-1]:
+        return x * cos + turn(x) * sin
+    rot, rest = x[..., :rotary], x[..., rotary:]
+    return torch.cat((rot * cos + turn(rot) * sin, rest), dim=-1)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """Scaled dot-product attention over heads; a given mask replaces the causal flag.
+class Conv1D(nn.Module):
+    """GPT-2's transposed linear: ``weight`` stored ``[in, out]``, computed with one ``addmm`` as HF does."""
 
-    The mask may be boolean (True = may attend) or additive; SDPA accepts
-    both, matching the two formats HF builds for its attention back ends.
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.addmm(self.bias, flat, self.weight) if self.bias is not None else flat @ self.weight
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def dense(in_features: int, out_features: int, bias: bool, conv1d: bool) -> nn.Module:
+    """A projection stored as ``nn.Linear`` (``[out, in]``) or as GPT-2's ``Conv1D`` (``[in, out]``)."""
+    return Conv1D(in_features, out_features, bias) if conv1d else nn.Linear(in_features, out_features, bias=bias)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool) -> Tensor:
+    """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
+
+    The fast path is one ``scaled_dot_product_attention``; the eager path (and any soft-capped
+    attention) spells out HF's eager reference op for op, so it is bit-exact against it.
     """
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    if core.window is not None:
+        masks.window(core.window, q.device)
+    p = core.dropout if training else 0.0
+    if core.impl == "sdpa" and core.softcap is None:
+        mask, is_causal = masks.build(core.causal, q.dtype, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
+                                              scale=core.scale).transpose(1, 2)
+    scale = core.scale if core.scale is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if core.softcap is not None:
+        scores = torch.tanh(scores / core.softcap) * core.softcap
+    mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
+    if mask is not None:
+        scores = scores + mask
+    if core.softmax_f32:
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        probs = F.softmax(scores, dim=-1).type(v.dtype)
+    probs = F.dropout(probs, p=p, training=training)
+    return torch.matmul(probs, v).transpose(1, 2).contiguous()
+
+
+class AttentionCore:
+    """What happens between the projections: causality, window, scale, soft-cap, dropout, implementation."""
+
+    def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
+                 softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
+                 softmax_f32: bool = True) -> None:
+        self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
+        self.dropout, self.impl, self.softmax_f32 = dropout, impl, softmax_f32
+
+    def __repr__(self) -> str:
+        parts = [f"causal={self.causal}", f"impl={self.impl}"]
+        parts += [f"{k}={v}" for k, v in (("window", self.window), ("scale", self.scale),
+                                          ("softcap", self.softcap)) if v is not None]
+        return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 
 class _Projections(nn.Module):
-    """The four attention projections and head bookkeeping shared by self- and cross-attention."""
+    """The attention projections, under the names and in the layout a checkpoint stores them.
+
+    ``fused``: ``none`` (separate q, k, v), ``stacked`` (one matrix whose rows are all of q, then
+    k, then v: Phi-3's ``qkv_proj``, GPT-2's ``c_attn``) or ``heads`` (per head q, k, v in turn:
+    GPT-NeoX's ``query_key_value``). ``conv1d`` stores every matrix as GPT-2's ``[in, out]``.
+    """
 
     def __init__(
         self,
@@ -94,8 +169,21 @@ class _Projections(nn.Module):
         head_dim: int | None = None,
         bias: bool = False,
         out_bias: bool = False,
+        name: str = "attention",
+        span: Span = UNKNOWN_SPAN,
+        *,
+        kv_width: int | None = None,
+        fused: str = "none",
+        conv1d: bool = False,
+        names: dict[str, str] | None = None,
+        qk_norm: str = "none",
+        qk_norm_axis: str = "head",
+        qk_norm_eps: float = 1e-6,
+        qk_norm_cast: str = "before_weight",
+        core: AttentionCore | None = None,
     ) -> None:
         super().__init__()
+        self.name, self.span = name, span  # the declaration, for diagnostics about the masks it is given
         kv_heads = kv_heads or heads
         if heads % kv_heads:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
@@ -103,20 +191,68 @@ class _Projections(nn.Module):
             if width % heads:
                 raise ValueError(f"width ({width}) is not divisible by heads ({heads}); pass head_dim")
             head_dim = width // heads
-        # plain settings go straight to __dict__: nn.Module.__setattr__ costs ~1.5 µs each, which a
-        # 1,000-layer compile pays thousands of times (benchmarks/compile_depth.py)
-        vars(self).update(width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-        self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, width, bias=out_bias)
+        self.width, self.heads, self.kv_heads, self.head_dim = width, heads, kv_heads, head_dim
+        self.fused, self.core = fused, core or AttentionCore()
+        names = {**DEFAULT_NAMES, **(names or {})}
+        self.names = names
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        if fused == "none":
+            for role, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+                src = width if role == "q" else (kv_width or width)
+                self.add_module(names[role], dense(src, out, bias, conv1d))
+        else:
+            self.add_module(names["qkv"], dense(width, q_out + 2 * kv_out, bias, conv1d))
+        self.add_module(names["o"], dense(q_out, width, out_bias, conv1d))
+        self.qk_norm, self.qk_norm_axis = qk_norm, qk_norm_axis
+        if qk_norm != "none":
+            size = head_dim if qk_norm_axis == "head" else None
+            for role, count in (("q_norm", heads), ("k_norm", kv_heads)):
+                n = size or count * head_dim
+                norm = numerics.RMSNorm(n, qk_norm_eps, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
+                    numerics.LayerNorm(n, qk_norm_eps)
+                self.add_module(names[role], norm)
+
+    def project(self, x: Tensor, memory: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v as ``[B, H, S, hd]`` after the q/k norms."""
+        hd = self.head_dim
+        if self.fused == "none":
+            src = x if memory is None else memory
+            q = getattr(self, self.names["q"])(x)
+            k = getattr(self, self.names["k"])(src)
+            v = getattr(self, self.names["v"])(src)
+        elif self.fused == "stacked":
+            q_out, kv_out = self.heads * hd, self.kv_heads * hd
+            q, k, v = getattr(self, self.names["qkv"])(x).split((q_out, kv_out, kv_out), dim=-1)
+        else:
+            qkv = getattr(self, self.names["qkv"])(x).view(*x.shape[:-1], -1, 3 * hd).transpose(1, 2)
+            q, k, v = qkv.chunk(3, dim=-1)
+            return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
+        if self.qk_norm != "none" and self.qk_norm_axis == "width":
+            q, k = getattr(self, self.names["q_norm"])(q), getattr(self, self.names["k_norm"])(k)
+        q, k, v = _split_heads(q, hd), _split_heads(k, hd), _split_heads(v, hd)
+        return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
+
+    def _norm_heads(self, t: Tensor, role: str) -> Tensor:
+        if self.qk_norm == "none" or self.qk_norm_axis != "head":
+            return t
+        return getattr(self, self.names[role])(t)
+
+    def out(self, y: Tensor) -> Tensor:
+        return getattr(self, self.names["o"])(y.reshape(*y.shape[:-2], -1))
+
+    def masks(self, x: Tensor, keys: int) -> MaskBuilder:
+        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, x.shape[1], keys))
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}"
+        return f"heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, {self.core!r}"
+
+
+DEFAULT_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj",
+                 "q_norm": "q_norm", "k_norm": "k_norm"}
 
 
 class SelfAttention(_Projections):
-    """Multi-head self-attention with optional GQA and RoPE, loadable from ``LlamaAttention`` weights."""
+    """Multi-head self-attention: GQA/MQA, RoPE (half-split or interleaved, partial), q/k norms, window."""
 
     def __init__(
         self,
@@ -129,9 +265,21 @@ class SelfAttention(_Projections):
         rope_theta: float = 10000.0,
         bias: bool = False,
         out_bias: bool = False,
+        name: str = "self_attention",
+        span: Span = UNKNOWN_SPAN,
+        *,
+        rope_style: str = "half",
+        rotary_dim: int | None = None,
+        **options: object,
     ) -> None:
-        super().__init__(width, heads, kv_heads, head_dim, bias, out_bias)
-        vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta)  # plain settings, as above
+        core = options.pop("core", None) or AttentionCore(causal=causal)
+        super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
+                         **options)  # type: ignore[arg-type]
+        self.causal = causal
+        self.rope = rope
+        self.rope_theta = rope_theta
+        self.rope_style = rope_style
+        self.rotary_dim = rotary_dim or self.head_dim
 
     def forward(
         self,
@@ -139,72 +287,150 @@ class SelfAttention(_Projections):
         *,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         attention_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
         **ctx: object,
     ) -> Tensor:
         """``x`` [B, S, D] -> [B, S, D].
 
         Caller-provided ``position_embeddings`` (cos, sin) win over the
         internal tables so that scaled RoPE variants computed by a host model
-        are honoured.
+        are honoured. ``attention_mask`` (HF's forms) and ``src_key_padding_mask``
+        (torch's) both apply, together with the block's causality.
         """
-        q = _split_heads(self.q_proj(x), self.head_dim)
-        k = _split_heads(self.k_proj(x), self.head_dim)
-        v = _split_heads(self.v_proj(x), self.head_dim)
+        masks = self.masks(x, x.shape[1])
+        masks.attention_mask(attention_mask, "attention_mask")
+        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
+        q, k, v = self.project(x)
         if self.rope:
+            interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
-                seq_len = x.shape[1]
-                position_embeddings = rope_cos_sin(seq_len, self.head_dim, self.rope_theta, x.device, x.dtype)
+                position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, x.dtype,
+                                                   interleaved)
             cos, sin = position_embeddings
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(_merge_heads(_attend(q, k, v, attention_mask, self.causal)))
+            q, k = apply_rope(q, cos, sin, interleaved), apply_rope(k, cos, sin, interleaved)
+        return self.out(_attend(q, k, v, masks, self.core, self.training))
 
     def extra_repr(self) -> str:
-        rope = f"rope={self.rope}, rope_theta={self.rope_theta}"
-        return f"{super().extra_repr()}, causal={self.causal}, {rope}"
+        rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \
+               f"rotary_dim={self.rotary_dim}"
+        return f"{super().extra_repr()}, {rope}"
 
 
 class CrossAttention(_Projections):
     """Attention from queries of ``x`` to keys/values of an encoder ``memory``; never causal."""
 
-    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None, **ctx: object) -> Tensor:
-        """``x`` [B, T, D], ``memory`` [B, S, D] -> [B, T, D]; ``memory_mask`` broadcasts to [B, H, T, S]."""
-        q = _split_heads(self.q_proj(x), self.head_dim)
-        k = _split_heads(self.k_proj(memory), self.head_dim)
-        v = _split_heads(self.v_proj(memory), self.head_dim)
-        return self.o_proj(_merge_heads(_attend(q, k, v, memory_mask, causal=False)))
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("core", AttentionCore(causal=False))
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, **ctx: object) -> Tensor:
+        """``x`` [B, T, D], ``memory`` [B, S, D] -> [B, T, D].
+
+        ``memory_mask`` takes the forms of a self-attention's ``attention_mask`` over the memory's
+        positions (a ``[B, S]`` keep-mask, or ``[B, H, T, S]`` boolean or additive);
+        ``memory_key_padding_mask`` is torch's ``[B, S]`` (True = padded memory position).
+        """
+        masks = self.masks(x, memory.shape[1])
+        masks.attention_mask(memory_mask, "memory_mask")
+        masks.key_padding_mask(memory_key_padding_mask, "memory_key_padding_mask")
+        q, k, v = self.project(x, memory)
+        return self.out(_attend(q, k, v, masks, self.core, self.training))
 
 
 class MLP(nn.Module):
-    """Two-layer feed-forward branch ``fc2(act(fc1(x)))``."""
+    """Two-layer feed-forward branch ``fc2(act(fc1(x)))``, its layers under the checkpoint's names."""
 
-    def __init__(self, width: int, hidden: int, act: str = "gelu", bias: bool = True) -> None:
+    def __init__(self, width: int, hidden: int, act: str = "gelu", bias: bool = True, *, fc1: str = "fc1",
+                 fc2: str = "fc2", conv1d: bool = False) -> None:
         super().__init__()
-        vars(self).update(act_name=act, act=_activation(act))  # plain settings, as in _Projections
-        self.fc1 = nn.Linear(width, hidden, bias=bias)
-        self.fc2 = nn.Linear(hidden, width, bias=bias)
+        self.act_name = act
+        self.act = _activation(act)
+        self.names = {"fc1": fc1, "fc2": fc2}
+        self.add_module(fc1, dense(width, hidden, bias, conv1d))
+        self.add_module(fc2, dense(hidden, width, bias, conv1d))
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return getattr(self, self.names["fc2"])(self.act(getattr(self, self.names["fc1"])(x)))
 
     def extra_repr(self) -> str:
         return f"act={self.act_name}"
 
 
 class GatedMLP(nn.Module):
-    """Gated feed-forward branch ``down(act(gate(x)) * up(x))`` (SwiGLU for ``act="silu"``)."""
+    """Gated feed-forward branch ``down(act(gate(x)) * up(x))`` (SwiGLU for ``act="silu"``).
 
-    def __init__(self, width: int, hidden: int, act: str = "silu", bias: bool = False) -> None:
+    ``fused`` stores gate and up as one matrix whose first half of rows is the gate (Phi-3's
+    ``gate_up_proj``).
+    """
+
+    def __init__(self, width: int, hidden: int, act: str = "silu", bias: bool = False, *, gate: str = "gate_proj",
+                 up: str = "up_proj", down: str = "down_proj", gate_up: str = "gate_up_proj",
+                 fused: bool = False) -> None:
         super().__init__()
-        vars(self).update(act_name=act, act=_activation(act))  # plain settings, as in _Projections
-        self.gate_proj = nn.Linear(width, hidden, bias=bias)
-        self.up_proj = nn.Linear(width, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, width, bias=bias)
+        self.act_name = act
+        self.act = _activation(act)
+        self.fused = fused
+        self.names = {"gate": gate, "up": up, "down": down, "gate_up": gate_up}
+        if fused:
+            self.add_module(gate_up, nn.Linear(width, 2 * hidden, bias=bias))
+        else:
+            self.add_module(gate, nn.Linear(width, hidden, bias=bias))
+            self.add_module(up, nn.Linear(width, hidden, bias=bias))
+        self.add_module(down, nn.Linear(hidden, width, bias=bias))
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused:
+            gate, up = getattr(self, self.names["gate_up"])(x).chunk(2, dim=-1)
+        else:
+            gate, up = getattr(self, self.names["gate"])(x), getattr(self, self.names["up"])(x)
+        return getattr(self, self.names["down"])(self.act(gate) * up)
 
     def extra_repr(self) -> str:
         return f"act={self.act_name}"
+
+
+class Embedding(nn.Module):
+    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
+
+    ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
+    """
+
+    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
+        self.positions, self.scale = positions, scale
+
+    def forward(self, ids: Tensor, **ctx: object) -> Tensor:
+        if self.positions:
+            index = torch.arange(ids.shape[-1], device=ids.device)
+            return F.embedding(index, self.weight).expand(*ids.shape, -1)
+        y = F.embedding(ids.long(), self.weight)
+        if self.scale is not None:
+            y = y * torch.tensor(self.scale, dtype=y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, positions={self.positions}, scale={self.scale}"
+
+
+class Head(nn.Module):
+    """Projection to vocabulary logits (``weight`` [V, D]); its weight may be the token embedding's."""
+
+    def __init__(self, width: int, vocab: int, bias: bool = False, softcap: float | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, width) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
+        self.softcap = softcap
+
+    def forward(self, x: Tensor, **ctx: object) -> Tensor:
+        logits = F.linear(x, self.weight, self.bias)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1]} -> {self.weight.shape[0]}, softcap={self.softcap}"
 
 
 BRANCH_KINDS: dict[str, type[nn.Module]] = {
@@ -214,6 +440,5 @@ BRANCH_KINDS: dict[str, type[nn.Module]] = {
     "gated_mlp": GatedMLP,
 }
 
-# torch.fx.symbolic_trace records these as single calls: their bodies read shapes as Python values.
+# torch.fx.symbolic_trace records this as one call: its body reads shapes as Python values.
 torch.fx.wrap("_split_heads")
-torch.fx.wrap("_attend")

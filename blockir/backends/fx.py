@@ -9,11 +9,11 @@ names; the mapping is kept on the module (``blockir_values``) so
 :func:`blockir.trace` can return every intermediate by its IR name.
 
 The forward's keyword arguments (``ctx``: masks, position embeddings) reach
-every branch, sub-block and layer: their ``call_module`` nodes carry the
-context under the keyword ``"**"``, which :class:`BlockCodeGen` prints as
-``**ctx``. Bound externs are not called through ``call_module``: the bound
-module sits at its declared path unchanged (its keys and identity stay the
-user's) and is called through its adapter by :func:`call_extern`.
+every branch, sub-block, stack and bound extern: their ``call_module`` nodes
+carry the context under the keyword ``"**"``, which :class:`BlockCodeGen`
+prints as ``**context``. A bound extern is a ``BoundExtern`` module at its
+declared path, which shares the bound module's parameter tables (so its keys
+are the user's) and calls ``adapter(module, *inputs, **ctx)``.
 
 One graph is built per distinct block — per block, mode and value of the
 constants its ops read — and its code is generated once: the layers of a
@@ -40,7 +40,7 @@ from torch import nn
 from blockir.backends import numerics
 from blockir.backends.modules import bound_extern, kind_factory
 from blockir.backends.rng import dropout_key
-from blockir.backends.sizes import Sizes
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -76,11 +76,6 @@ def context(ctx: Any) -> dict[str, Any]:
     return ctx
 
 
-def call_extern(module: nn.Module, *args: torch.Tensor, **ctx: Any) -> torch.Tensor:
-    """Call a bound module through its adapter (adapter(module, *inputs, **ctx))."""
-    return module.blockir_adapter(module, *args, **context(ctx))
-
-
 def inplace_add(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """A residual add written over the shortcut's buffer, as the inference buffer plan allows.
 
@@ -109,21 +104,22 @@ def dropout_site(x: torch.Tensor, p: float, mask: str, training: bool, seed: tor
 
 # ---------------------------------------------------------------- input checks
 
-# (name, axis names, compiled sizes (None: open), declared dtype or None, line, column)
+# (name, axis names, compiled sizes (None: open), declared dtype, "ids" or None, line, column)
 InputSpec = tuple[str, tuple[str, ...], tuple[int | None, ...], str | None, int, int]
 
 
 def _input_error(filename: str, spec: InputSpec, message: str, hint: str | None = None) -> BlockError:
     name, *_, line, column = spec
-    return BlockError([error("E0706", message, Span(filename, line, column, column + len(name)), hint=hint)])
+    return BlockError([error("E0708", message, Span(filename, line, column, column + len(name)), hint=hint)])
 
 
 def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *inputs: Any) -> None:
     """Check the inputs of a compiled block against its declared axes; raise BlockError naming the axis.
 
-    Each input must be a floating tensor (of the declared dtype, when the type states one) with
-    one size per declared axis; an axis with a size at compile time must have that size, and
-    an axis named by several inputs must have one size across them.
+    Each input must be a floating tensor (of the declared dtype, when the type states one), or an
+    integer one when an embedding reads it (token ids), with one size per declared axis; an
+    axis with a size at compile time must have that size, and an axis named by several inputs
+    must have one size across them.
     """
     seen: dict[str, tuple[int, str]] = {}
     for spec, t in zip(specs, inputs):
@@ -132,9 +128,13 @@ def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *input
             raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor [{', '.join(axes)}], "
                                                f"got {type(t).__name__}")
         shape, dt = t.shape, t.dtype
-        if not dt.is_floating_point:
+        if dtype == IDS:
+            if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+                raise _input_error(filename, spec, f"input '{name}' of {block} holds token ids and must be an "
+                                                   f"integer tensor, got {dt}")
+        elif not dt.is_floating_point:
             raise _input_error(filename, spec, f"input '{name}' of {block} must be a floating-point tensor, got {dt}")
-        if dtype is not None and dt != TORCH_DTYPES[DType(dtype)]:
+        elif dtype is not None and dt != TORCH_DTYPES[DType(dtype)]:
             raise _input_error(filename, spec, f"input '{name}' of {block} is declared {dtype}, got {dt}",
                                hint=f"cast it first: x.to({TORCH_DTYPES[DType(dtype)]})")
         if len(shape) != len(axes):
@@ -151,13 +151,31 @@ def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *input
                                                    f"but input '{first[1]}' has {axis} = {first[0]}")
 
 
-def _input_specs(block: Block, sizes: Sizes) -> tuple[InputSpec, ...]:
+IDS = "ids"  # the dtype policy of an input an embedding reads: integer token ids
+
+
+def _reads_ids(program: Program | None, block: Block, value: str) -> bool:
+    """Whether an embedding reads ``value`` (directly, or as an input of a sub-block or stack)."""
+    for op in block.users.get(value, ()):
+        if not isinstance(op, O.CallOp):
+            continue
+        decl = block.decl_map[op.decl]
+        if isinstance(decl, KindDecl) and decl.kind == "embedding":
+            return True
+        if isinstance(decl, InstanceDecl) and program is not None:
+            sub = program.block(decl.block)
+            if any(_reads_ids(program, sub, p.name) for a, p in zip(op.args, sub.params) if a == value):
+                return True
+    return False
+
+
+def _input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
     specs = []
     for p in block.params:
         fixed = tuple(int(sizes.env[a.name]) if a.name in sizes.env else
                       (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
-        specs.append((p.name, tuple(a.name for a in p.type.axes), fixed,
-                      p.type.dtype.value if p.type.dtype is not None else None, p.span.line, p.span.column))
+        dtype = IDS if _reads_ids(program, block, p.name) else p.type.dtype.value if p.type.dtype is not None else None
+        specs.append((p.name, tuple(a.name for a in p.type.axes), fixed, dtype, p.span.line, p.span.column))
     return tuple(specs)
 
 
@@ -290,7 +308,7 @@ def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, sp
     """Install a module or parameter at a dotted path, creating plain containers on the way.
 
     ``check`` refuses the names torch itself defines; one that another library added to
-    ``nn.Module`` at run time is reported here (E0707), located at ``span``.
+    ``nn.Module`` at run time is reported here (E0709), located at ``span``.
     """
     *path, leaf = dotted.split(".")
     owner = root
@@ -308,7 +326,7 @@ def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, sp
     except KeyError as exc:
         if span is None:
             raise
-        raise BlockError([error("E0707", f"declaration '{dotted}' cannot be registered: {exc.args[0]}", span,
+        raise BlockError([error("E0709", f"declaration '{dotted}' cannot be registered: {exc.args[0]}", span,
                                 hint="rename the declaration")]) from None
 
 
@@ -437,9 +455,7 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         elif isinstance(decl, InstanceDecl) and decl.count is not None:
             b.value(decl.count)  # the number of layers is part of what the graph was built for
             b.module(op.decl, args, op.result, with_ctx=True)
-        elif isinstance(decl, ExternDecl):
-            b.fn(call_extern, (b.attr(op.decl), *args), op.result, {SPLAT: b.ctx})
-        else:
+        else:  # a sub-block, or an extern: its BoundExtern calls the adapter
             b.module(op.decl, args, op.result, with_ctx=True)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
@@ -447,7 +463,16 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         b.dropout(b.env[op.operand], float(b.value(op.p)), op.mask, op.result)
     elif isinstance(op, O.ScaleOp):
         factor = b.attr(op.param) if op.param is not None else float(b.value(op.factor))  # type: ignore[arg-type]
+        offset = decls[op.param].arg("offset", 0) if op.param is not None else 0  # type: ignore[union-attr]
+        if offset:
+            factor = b.fn(numerics.offset_weight, (factor, offset))
         b.fn(operator.mul, (factor, b.env[op.operand]), op.result)
+    elif isinstance(op, O.BiasOp):
+        b.fn(operator.add, (b.env[op.operand], b.attr(op.param)), op.result)
+    elif isinstance(op, O.MulOp):
+        b.fn(operator.mul, (b.env[op.lhs], b.env[op.rhs]), op.result)
+    elif isinstance(op, O.ComplementOp):
+        b.fn(numerics.complement, (b.env[op.operand],), op.result)
     elif isinstance(op, O.AddOp):
         target = b.inplace.get(id(op))
         if target is None:
@@ -516,7 +541,7 @@ def _donates_to(block: Block, decl: str, donated: bool) -> bool:
 
 
 def build_graph(block: Block, sizes: Sizes, *, mode: str = "train", donated: bool = False,
-                check: bool = False) -> GraphBuilder:
+                check: bool = False, program: Program | None = None) -> GraphBuilder:
     """The graph of one block; ``check`` starts it with :func:`check_inputs`."""
     b = GraphBuilder(block, sizes, _inplace_adds(block, donated) if mode == "infer" else None)
     params = _parameter_names(block)
@@ -525,7 +550,7 @@ def build_graph(block: Block, sizes: Sizes, *, mode: str = "train", donated: boo
         inputs.append(b.bind(op.result, b.graph.create_node("placeholder", name, name=name)))
     raw_ctx = b.graph.create_node("placeholder", "**ctx", name="ctx")
     if check:
-        b.fn(check_inputs, (block.name, sizes.filename, _input_specs(block, sizes), *inputs), wrapped=True)
+        b.fn(check_inputs, (block.name, sizes.filename, _input_specs(block, sizes, program), *inputs), wrapped=True)
     b.ctx = b.fn(context, (raw_ctx,))
     for op in block.ops:
         if not isinstance(op, O.InputOp):
@@ -553,7 +578,7 @@ class Lowering:
         for code in candidates:
             if all(type(v) is type(w := s.value(e)) and v == w for e, v in code.consts):
                 return code
-        b = build_graph(block, s, mode=self.mode, donated=donated, check=check)
+        b = build_graph(block, s, mode=self.mode, donated=donated, check=check, program=self.program)
         code = _generate(block.name, b.graph, dict(b.names), tuple(b.consts))
         candidates.append(code)
         return code
@@ -595,7 +620,7 @@ class Lowering:
             elif isinstance(d, ExternDecl):
                 path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
                 bound = {d.name: self.bind[path]} if path in self.bind else {}
-                set_nested(root, d.name, _placed(bound_extern(d, bound), self.act_dtype), d.span)
+                set_nested(root, d.name, _placed(bound_extern(d, bound, s), self.act_dtype), d.span)
             elif d.count is None:
                 set_nested(root, d.name, self.block(self.program.block(d.block), prefix=f"{prefix}{d.name}.",
                                                     donated=infer and _donates_to(block, d.name, donated)), d.span)

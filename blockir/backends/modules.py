@@ -2,34 +2,38 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import Sizes
 from blockir.backends import branches, numerics
-from blockir.backends.adapters import call_module
-from blockir.backends.sizes import Sizes
+from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
+from blockir.ir.kinds import layer_names
+from blockir.ir.program import Block
 from blockir.ir.types import TensorType
 
-# each returns the constructor of the norm's module, its arguments evaluated once
+# which parameters a norm owns comes from the norm-family table; these add only the numerics.
+# Each returns the module's constructor with its arguments evaluated (see kind_factory).
 NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
-    "layernorm": lambda w, d, s: partial(
-        numerics.LayerNorm, w, s.value(d.arg("eps")), bias=d.arg("bias"), affine=d.arg("affine"),
-        accum=numerics.ACCUM[d.arg("accum")]),
-    "rmsnorm": lambda w, d, s: partial(
+    "layernorm": lambda w, d, s, f: partial(
+        numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
+        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0)),
+    "rmsnorm": lambda w, d, s, f: partial(
         numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
-        accum=numerics.ACCUM[d.arg("accum")], affine=d.arg("affine") is not False),
-    "scalenorm": lambda w, d, s: partial(numerics.ScaleNorm, w, s.value(d.arg("eps"))),
-    "dyt": lambda w, d, s: partial(numerics.DyT, w, s.value(d.arg("alpha"))),
+        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d)),
+    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
+    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
 }
 
-# matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
-GAINED = {"self_attention": ("v_proj", "o_proj"), "cross_attention": ("v_proj", "o_proj"),
-          "mlp": ("fc1", "fc2"), "gated_mlp": ("gate_proj", "up_proj", "down_proj")}
-UNGAINED = {"self_attention": ("q_proj", "k_proj"), "cross_attention": ("q_proj", "k_proj")}
+# roles of the matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
+GAINED = {"self_attention": ("v", "o"), "cross_attention": ("v", "o"),
+          "mlp": ("fc1", "fc2"), "gated_mlp": ("gate", "up", "down")}
+UNGAINED = {"self_attention": ("q", "k"), "cross_attention": ("q", "k")}
 
 
 class Activation(nn.Module):
@@ -52,40 +56,73 @@ def _opt_int(s: Sizes, d: KindDecl, name: str) -> int | None:
 
 
 def _apply_gain(module: nn.Module, kind: str, gain: float) -> None:
+    names: dict[str, str] = getattr(module, "names")
     with torch.no_grad():
-        for name in UNGAINED.get(kind, ()):
-            nn.init.xavier_normal_(getattr(module, name).weight, gain=1.0)
-        for name in GAINED[kind]:
-            nn.init.xavier_normal_(getattr(module, name).weight, gain=gain)
+        for roles, g in ((UNGAINED.get(kind, ()), 1.0), (GAINED[kind], gain)):
+            for role in roles:
+                layer = getattr(module, names[role], None)
+                if layer is not None:  # a fused layout has no separate q/k/v or gate/up matrices
+                    nn.init.xavier_normal_(layer.weight, gain=g)
+
+
+def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
+    v = d.arg(name)
+    return float(s.value(v)) if v is not None else None
+
+
+def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
+    core = dict(
+        causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
+        scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
+        dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"))
+    kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
+                              head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
+                              name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
+                              names=layer_names(d.kind, dict(d.args)), qk_norm=d.arg("qk_norm"),
+                              qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
+                              qk_norm_cast=d.arg("qk_norm_cast"))
+    if d.kind == "self_attention":
+        kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
+                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))
+    cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
+    # each module gets its own core
+    return lambda: cls(width, core=branches.AttentionCore(**core), **kw)
 
 
 def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     if d.kind in ("self_attention", "cross_attention"):
-        kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
-                                  head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"))
-        if d.kind == "self_attention":
-            kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))))
-            return partial(branches.SelfAttention, width, **kw)
-        return partial(branches.CrossAttention, width, **kw)
-    cls = branches.MLP if d.kind == "mlp" else branches.GatedMLP
-    return partial(cls, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"))
+        return _attention(d, width, s)
+    names = layer_names(d.kind, dict(d.args))
+    if d.kind == "mlp":
+        return partial(branches.MLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
+                       conv1d=d.arg("conv1d"), **names)
+    return partial(branches.GatedMLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
+                   fused=d.arg("fused"), **names)
 
 
 def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
     """The constructor of one declaration's module (or bare parameter), its arguments evaluated now.
 
-    Each call builds fresh state; the layers of a stack whose sizes agree share one factory.
+    Each call builds fresh state; the fx lowering calls one factory for every layer of a stack
+    whose sizes agree, so a deep stack evaluates each declaration's arguments once.
     """
-    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes else None
+    # an embedding reads token ids, whose last axis is the sequence: it takes its width from its arguments
+    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes and \
+        d.kind != "embedding" else None
     if d.category == "norm":
-        return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s)
+        return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
     if d.kind == "linear":
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
-    if d.kind == "scalar":
-        init = float(s.value(d.arg("init")))
-        return lambda: nn.Parameter(torch.tensor(init))
-    if d.kind == "vector":
-        shape, init = (s.dim(d.arg("axis")),), float(s.value(d.arg("init")))
+    if d.kind == "embedding":
+        return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
+                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"))
+    if d.kind == "head" and width is not None:
+        return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
+                       softcap=_opt_float(s, d, "softcap"))
+    if d.category in ("scale", "shift"):
+        # init is the initial gain; with offset=1 the stored deviation starts at init - 1
+        init = float(s.value(d.arg("init"))) - d.arg("offset", 0)
+        shape = (s.dim(d.arg("axis")),) if d.arg("axis") is not None else ()
         return lambda: nn.Parameter(torch.full(shape, init))
     if d.kind == "activation":
         return partial(Activation, d.arg("fn"))
@@ -108,15 +145,16 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
     return kind_factory(d, input_type, s)()
 
 
-def bound_extern(d: ExternDecl, bind: dict[str, Any]) -> nn.Module:
-    """The user's module for an extern, with its adapter attached for the graph to call."""
-    if d.name not in bind:
-        raise BlockError([error("E0704", f"extern '{d.name}' is not bound", d.span,
-                                hint=f"pass bind={{'{d.name}': module}} or (module, adapter) to compile")])
-    value = bind[d.name]
-    module, adapter = value if isinstance(value, tuple) else (value, call_module)
-    if not isinstance(module, nn.Module):
-        raise BlockError([error("E0704", f"extern '{d.name}' must be bound to an nn.Module, got {type(module).__name__}",
-                                d.span)])
-    module.blockir_adapter = adapter
-    return module
+def tie_heads(module: nn.Module, block: Block) -> None:
+    """Give every ``head(tied=true)`` of ``block`` the weight of the block's token embedding (one tensor)."""
+    table = next((d.name for d in block.decls if isinstance(d, KindDecl) and d.kind == "embedding"
+                  and not d.arg("positions")), None)
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.kind == "head" and d.arg("tied") and table is not None:
+            module.get_submodule(d.name).weight = module.get_submodule(table).weight
+
+
+def bound_extern(d: ExternDecl, bind: Mapping[str, Binding], s: Sizes) -> BoundExtern:
+    """The branch of an extern: its binding (checked by compile) called through the adapter."""
+    module, adapter = bind[d.name]
+    return BoundExtern(d, module, adapter, s)

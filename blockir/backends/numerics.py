@@ -37,6 +37,7 @@ def layer_norm(
     bias: Tensor | None,
     eps: float,
     accum: torch.dtype = torch.float32,
+    offset: int = 0,
 ) -> Tensor:
     """LayerNorm over the last axis: biased variance, ``eps`` inside the square root.
 
@@ -44,7 +45,11 @@ def layer_norm(
     kernel behind ``nn.LayerNorm``, so checkpoints trained with it are
     reproduced bit for bit. Any other accumulation dtype is spelled out so
     that the declared dtype, not the kernel's, owns the statistics.
+    ``offset=1`` scales by ``1 + weight``, the one added in the weight's own
+    dtype before the kernel runs (Megatron's LayerNorm1P).
     """
+    if weight is not None:
+        weight = offset_weight(weight, offset)
     if accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     work = x.to(accum)
@@ -63,7 +68,7 @@ def _rms_normalize(work: Tensor, eps: float) -> Tensor:
     return work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _offset_weight(weight: Tensor, offset: int) -> Tensor:
+def offset_weight(weight: Tensor, offset: int) -> Tensor:
     """The effective scale: ``weight`` itself, or ``offset + weight`` for zero-centred storage.
 
     Offset 0 skips the addition so that the multiply sees the stored tensor
@@ -96,32 +101,37 @@ def rms_norm(
         return (work * torch.rsqrt(x.to(accum).pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
     if cast == "before_weight":
         normalized = _rms_normalize(x.to(accum), eps)
-        return _offset_weight(weight, offset) * normalized.to(x.dtype)
+        return offset_weight(weight, offset) * normalized.to(x.dtype)
     if cast == "after_weight":
         normalized = _rms_normalize(x.to(accum), eps)
-        return (normalized * _offset_weight(weight.to(accum), offset)).type_as(x)
+        return (normalized * offset_weight(weight.to(accum), offset)).type_as(x)
     if cast == "weight_dtype":
         variance = x.to(accum).pow(2).mean(-1, keepdim=True)
         normalized = x * torch.rsqrt(variance + eps)
         if weight.dtype in _HALF_DTYPES:
             normalized = normalized.to(weight.dtype)
-        return _offset_weight(weight, offset) * normalized
+        return offset_weight(weight, offset) * normalized
     raise ValueError(f"unknown RMSNorm cast order {cast!r}; expected one of {RMS_CASTS}")
 
 
-def scale_norm(x: Tensor, scale: Tensor, eps: float) -> Tensor:
-    """ScaleNorm: one learned scalar times the row divided by its L2 norm.
+def scale_norm(x: Tensor, scale: Tensor, eps: float, offset: int = 0) -> Tensor:
+    """ScaleNorm: one learned scalar (``1 + scale`` with ``offset=1``) times the row divided by its L2 norm.
 
     The norm is clamped at ``eps`` rather than offset by it, so rows far from
     zero are normalized exactly and an all-zero row maps to zero.
     """
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
-    return scale * (x / norm)
+    return offset_weight(scale, offset) * (x / norm)
 
 
-def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Dynamic Tanh: an elementwise ``weight * tanh(alpha * x) + bias`` with no row statistic."""
-    return weight * torch.tanh(alpha * x) + bias
+def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor, offset: int = 0) -> Tensor:
+    """Dynamic Tanh: an elementwise ``weight * tanh(alpha * x) + bias`` (``1 + weight`` with ``offset=1``)."""
+    return offset_weight(weight, offset) * torch.tanh(alpha * x) + bias
+
+
+def complement(z: Tensor) -> Tensor:
+    """``1 - z``, the complementary gate of a convex combination."""
+    return 1 - z
 
 
 def dropout_mask_shape(shape: tuple[int, ...], broadcast: str) -> tuple[int, ...]:
@@ -169,7 +179,7 @@ def identity(x: Tensor) -> Tensor:
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
-    """GELU with the tanh approximation (GPT-2's ``gelu_new``).
+    """GELU with the tanh approximation (``F.gelu(approximate="tanh")``).
 
     A named function rather than a ``functools.partial``: fx code generation
     refers to every call target by its qualified name.
@@ -177,13 +187,21 @@ def gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def _gelu_new(x: Tensor) -> Tensor:
+    """The tanh GELU as GPT-2's code spells it (HF ``gelu_new``); not bit-equal to ``F.gelu(approximate="tanh")``."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": gelu_tanh,
+    "gelu_new": _gelu_new,
     "silu": F.silu,
     "tanh": torch.tanh,
     "identity": identity,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
 }
 
 
@@ -197,20 +215,22 @@ class LayerNorm(nn.Module):
         bias: bool = True,
         affine: bool = True,
         accum: torch.dtype = torch.float32,
+        offset: int = 0,
     ) -> None:
         super().__init__()
         self.width = width
         self.eps = eps
         self.accum = accum
-        self.register_parameter("weight", nn.Parameter(torch.ones(width)) if affine else None)
+        self.offset = offset  # the zero init for offset=1 keeps the initial scale at one
+        self.register_parameter("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps, self.accum)
+        return layer_norm(x, self.weight, self.bias, self.eps, self.accum, self.offset)
 
     def extra_repr(self) -> str:
         affine, bias = self.weight is not None, self.bias is not None
-        return f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}"
+        return f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}, offset={self.offset}"
 
 
 class RMSNorm(nn.Module):
@@ -246,34 +266,36 @@ class RMSNorm(nn.Module):
 class ScaleNorm(nn.Module):
     """ScaleNorm; the scalar starts at ``sqrt(width)`` so outputs begin with unit RMS like RMSNorm."""
 
-    def __init__(self, width: int, eps: float = 1e-5) -> None:
+    def __init__(self, width: int, eps: float = 1e-5, offset: int = 0) -> None:
         super().__init__()
         self.width = width
         self.eps = eps
-        self.scale = nn.Parameter(torch.tensor(math.sqrt(width)))
+        self.offset = offset
+        self.scale = nn.Parameter(torch.tensor(math.sqrt(width) - offset))
 
     def forward(self, x: Tensor) -> Tensor:
-        return scale_norm(x, self.scale, self.eps)
+        return scale_norm(x, self.scale, self.eps, self.offset)
 
     def extra_repr(self) -> str:
-        return f"{self.width}, eps={self.eps}"
+        return f"{self.width}, eps={self.eps}, offset={self.offset}"
 
 
 class DyT(nn.Module):
     """Dynamic Tanh with the paper's init: ``weight`` ones, ``bias`` zeros, a one-element ``alpha``."""
 
-    def __init__(self, width: int, alpha_init: float = 0.5) -> None:
+    def __init__(self, width: int, alpha_init: float = 0.5, offset: int = 0) -> None:
         super().__init__()
         self.width = width
+        self.offset = offset
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
-        self.weight = nn.Parameter(torch.ones(width))
+        self.weight = nn.Parameter(torch.full((width,), 1.0 - offset))
         self.bias = nn.Parameter(torch.zeros(width))
 
     def forward(self, x: Tensor) -> Tensor:
-        return dyt(x, self.alpha, self.weight, self.bias)
+        return dyt(x, self.alpha, self.weight, self.bias, self.offset)
 
     def extra_repr(self) -> str:
-        return f"{self.width}"
+        return f"{self.width}, offset={self.offset}"
 
 
 # torch.fx.symbolic_trace records each norm as one call (as it does F.layer_norm) instead of

@@ -1,27 +1,52 @@
-"""Telemetry plot: update ratio and alignment against depth (matplotlib is an optional extra)."""
+"""Run plots: loss against step, and the update ratio and alignment against depth (matplotlib is optional)."""
 from __future__ import annotations
 
-from blockir.backends.telemetry import SiteStats
+from typing import Mapping
+
+from blockir.backends.session import RunReport
 
 
-def plot_sites(sites: list[SiteStats] | tuple[SiteStats, ...], path: str, title: str = "") -> None:
+def _pyplot():  # type: ignore[no-untyped-def]
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # the extra is optional
         raise SystemExit("blockir: --plot needs matplotlib (pip install 'blockir[plot]')") from exc
-    depth = range(len(sites))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for i, label in enumerate(("p50", "p90", "p99")):
-        top.plot(depth, [s.rho[i] for s in sites], marker="o", label=f"rho {label}")
-        bottom.plot(depth, [s.cos[i] for s in sites], marker="o", label=f"cos {label}")
-    top.set_ylabel("RMS(u) / RMS(x)")
-    bottom.set_ylabel("cos(x, u)")
-    bottom.set_xlabel("residual site")
-    bottom.set_xticks(list(depth), [s.site for s in sites], rotation=60, ha="right", fontsize=7)
-    top.legend(), bottom.legend()
-    top.set_title(title)
+    return plt
+
+
+def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> None:
+    """One figure for one run or several side by side (``compare``): loss, rho and cos.
+
+    For a single run, the telemetry of every evaluation is drawn faded under the last one,
+    so the drift of the update ratio during training is visible by depth.
+    """
+    plt = _pyplot()
+    fig, (loss, rho, cos) = plt.subplots(3, 1, figsize=(9, 10))
+    for label, r in reports.items():
+        steps = range(r.first_step + 1, r.first_step + len(r.losses) + 1)
+        line, = loss.plot(steps, r.losses, label=f"{label} train")
+        loss.plot([s.step for s in r.snapshots], [s.val_loss for s in r.snapshots], "o--", color=line.get_color(),
+                  label=f"{label} validation")
+        history = r.snapshots if len(reports) == 1 else r.snapshots[-1:]
+        for i, snap in enumerate(history):
+            last = i == len(history) - 1
+            depth = range(len(snap.sites))
+            style = dict(color=line.get_color(), alpha=1.0 if last else 0.25, marker="o" if last else None)
+            tag = f"{label} step {snap.step}" if last else None
+            rho.plot(depth, [s.rho[0] for s in snap.sites], label=tag, **style)
+            cos.plot(depth, [s.cos[0] for s in snap.sites], label=tag, **style)
+    loss.set_xlabel("step")
+    loss.set_ylabel("loss (nats/byte)")
+    rho.set_ylabel("rho p50 = RMS(u)/RMS(x)")
+    rho.set_yscale("log")
+    cos.set_ylabel("cos(x, u) p50")
+    cos.set_xlabel("residual site (depth)")
+    for ax in (loss, rho, cos):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    loss.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)

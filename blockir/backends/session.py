@@ -1,15 +1,25 @@
-"""A short deterministic training run on random data, for smoke tests and telemetry."""
+"""The training session of `blockir run`: a byte-level language model on real text, resumable bit for bit.
+
+A :class:`Trainer` owns every piece of state that decides the next step: parameters, AdamW
+moments, the warmup schedule's counter, the batch sampler's generator and torch's generator
+(which draws each forward's dropout and stochastic-depth seed). Each step runs with torch's
+generator swapped in from the trainer and saved back afterwards, so two trainers can step in
+turn (``compare``) and a checkpoint holds the whole stream: N steps, save, resume, N more steps
+give the same losses and parameters, bit for bit, as 2N steps in one run.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from blockir.analyses.sizes import Sizes
 from blockir.backends.compile import compile as compile_block
-from blockir.backends.sizes import program_sizes
+from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
+from blockir.backends.lm import ByteLM, layout, needs_final_norm
 from blockir.backends.telemetry import SiteStats, telemetry
 from blockir.backends.trace import trace
 from blockir.ir.decls import ExternDecl, InstanceDecl
@@ -20,17 +30,36 @@ from blockir.ir.program import Block, Program
 class RunConfig:
     steps: int = 1
     seed: int = 0
-    lr: float = 1e-3
+    lr: float = 3e-3
+    warmup: int = 0  # linear warmup steps; the rate is constant afterwards, so a resumed run needs no horizon
+    batch: int | None = None  # windows per step (default: the batch dim's size)
     dims: dict[str, int] = field(default_factory=dict)
-    # applied to the compiled module before training: data-dependent initialisation (Admin)
+    data: str | None = None  # a text file or directory; None: the standard library's source
+    eval_every: int = 0  # validation loss and telemetry every N steps (0: at the end only)
+    eval_batches: int = 2
+    backend: str = "fx"
+    # applied to the compiled block before training: data-dependent initialisation (Admin)
     init: Callable[[nn.Module], object] | None = None
 
 
 @dataclass(frozen=True)
-class RunReport:
-    losses: tuple[float, ...]
+class Snapshot:
+    step: int
+    val_loss: float
     sites: tuple[SiteStats, ...]
-    rows: int
+
+
+@dataclass(frozen=True)
+class RunReport:
+    losses: tuple[float, ...]  # train loss of every step of this run
+    snapshots: tuple[Snapshot, ...]  # validation and telemetry, at every evaluation
+    rows: int  # rows the telemetry quantiles are taken over
+    tokens_per_s: float
+    first_step: int  # the step count this run started from (0, or the resumed checkpoint's)
+
+    @property
+    def sites(self) -> tuple[SiteStats, ...]:
+        return self.snapshots[-1].sites if self.snapshots else ()
 
 
 class StandIn(nn.Module):
@@ -46,7 +75,7 @@ class StandIn(nn.Module):
 
 def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str = "") -> dict[str, nn.Module]:
     """A stand-in for every extern reachable from ``block``, keyed by its full path."""
-    sizes = program_sizes(program, dims)
+    sizes = Sizes.of(program, dims)
     out: dict[str, nn.Module] = {}
     for d in block.decls:
         if isinstance(d, ExternDecl):
@@ -61,37 +90,132 @@ def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str 
 
 
 def random_inputs(program: Program, block: Block, dims: dict[str, int], gen: torch.Generator) -> list[torch.Tensor]:
-    sizes = program_sizes(program, dims)
+    sizes = Sizes.of(program, dims)
     return [torch.randn(*(sizes.dim(a.name) for a in p.type.axes), generator=gen) for p in block.params]
 
 
-def run_session(program: Program, block: Block, cfg: RunConfig, log: Callable[[str], None] = lambda _: None) -> RunReport:
-    """Compile with stand-ins for externs, train ``cfg.steps`` AdamW steps on a random regression target."""
-    bind = stand_ins(program, block, cfg.dims)
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        model = compile_block(program, block.name, dims=cfg.dims, bind=bind, seed=cfg.seed)
-        if cfg.init is not None:
-            cfg.init(model)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        inputs = random_inputs(program, block, cfg.dims, gen)
-        target = torch.randn(model(*inputs).shape, generator=gen)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        losses = []
-        shape = "x".join(str(s) for s in inputs[0].shape)
-        log(f"run {block.name}: inputs {shape}, {sum(p.numel() for p in model.parameters())} parameters, "
-            f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}")
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(model(*inputs), target)
+def batch_size(program: Program, block: Block, cfg: RunConfig) -> int:
+    if cfg.batch is not None:
+        return cfg.batch
+    return Sizes.of(program, cfg.dims).dim(block.params[0].type.axes[0].name)
+
+
+class Trainer:
+    """One model, its optimizer and schedule, its data stream and its randomness."""
+
+    def __init__(self, program: Program, block: Block, cfg: RunConfig, corpus: Corpus) -> None:
+        self.program, self.block, self.cfg, self.corpus = program, block, cfg, corpus
+        sizes = Sizes.of(program, cfg.dims)
+        self.shape = layout(program, block, sizes)
+        self.batch = batch_size(program, block, cfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            core = compile_block(program, block.name, cfg.backend, dims=cfg.dims,
+                                 bind=stand_ins(program, block, cfg.dims), seed=cfg.seed)
+            if cfg.init is not None:
+                cfg.init(core)
+            self.model = ByteLM(core, self.shape, needs_final_norm(program, block))
+            self.rng = torch.get_rng_state()
+        self.batches = torch.Generator().manual_seed(cfg.seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        warmup = max(cfg.warmup, 0)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self.step_count = 0
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def next_batch(self) -> torch.Tensor:
+        starts = sample_starts(self.corpus.train, self.batch, self.shape.window, self.batches)
+        return windows(self.corpus.train, starts, self.shape.window)
+
+    def train_step(self, batch: torch.Tensor) -> float:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self.rng)
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.model(batch)
             loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if not torch.isfinite(loss):
-                log(f"step {step + 1}: loss is not finite; stopping")
-                break
-            log(f"step {step + 1}/{cfg.steps}  loss {losses[-1]:.6f}  ({time.perf_counter() - t0:.2f} s)")
-        _, values = trace(model, *inputs)
-    sites = telemetry(program, block, values, program_sizes(program, cfg.dims))
-    return RunReport(tuple(losses), tuple(sites), inputs[0].numel() // inputs[0].shape[-1])
+            self.optimizer.step()
+            self.schedule.step()
+            self.rng = torch.get_rng_state()
+        self.step_count += 1
+        return loss.item()
+
+    def _val_windows(self) -> torch.Tensor:
+        n = self.batch * self.cfg.eval_batches
+        return windows(self.corpus.val, fixed_starts(self.corpus.val, n, self.shape.window), self.shape.window)
+
+    @torch.no_grad()
+    def evaluate(self) -> Snapshot:
+        """Validation loss over fixed windows, and telemetry on the first batch of them (eval mode: no dropout)."""
+        self.model.eval()
+        try:
+            val = self._val_windows()
+            losses = [self.model(chunk).item() for chunk in val.split(self.batch)]
+            inputs, _ = self.model.split(val[:self.batch])
+            _, values = trace(self.model.core, *inputs, **self.model.context())
+            sites = telemetry(self.program, self.block, values, Sizes.of(self.program, self.cfg.dims))
+        finally:
+            self.model.train()
+        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites))
+
+    def rows(self) -> int:
+        return self.batch * self.shape.lengths[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(), "step": self.step_count,
+                "rng": {"torch": self.rng, "batches": self.batches.get_state()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.step_count = int(state["step"])
+        self.rng = state["rng"]["torch"].clone()
+        self.batches.set_state(state["rng"]["batches"])
+
+
+def evaluation_due(step: int, last: int, every: int) -> bool:
+    return step == last or (every > 0 and step % every == 0)
+
+
+def train(trainer: Trainer, steps: int, log: Callable[[str], None] = lambda _: None,
+          progress: Callable[[int, float], None] | None = None) -> RunReport:
+    """Run ``steps`` steps from wherever ``trainer`` stands, evaluating as its config asks."""
+    first = trainer.step_count
+    last = first + steps
+    losses: list[float] = []
+    snapshots: list[Snapshot] = []
+    tokens = trainer.batch * trainer.shape.lengths[-1]
+    elapsed = 0.0
+    for _ in range(steps):
+        batch = trainer.next_batch()
+        t0 = time.perf_counter()
+        loss = trainer.train_step(batch)
+        elapsed += time.perf_counter() - t0
+        losses.append(loss)
+        step = trainer.step_count
+        if progress is not None:
+            progress(step, loss)
+        else:
+            log(f"step {step}/{last}  loss {loss:.4f}  {tokens * len(losses) / max(elapsed, 1e-9):,.0f} tok/s")
+        if not torch.isfinite(torch.tensor(loss)):
+            log(f"step {step}: loss is not finite; stopping")
+            break
+        if evaluation_due(step, last, trainer.cfg.eval_every):
+            snapshots.append(trainer.evaluate())
+            log(f"step {step}: validation loss {snapshots[-1].val_loss:.4f}")
+    if not snapshots:  # a run that stopped early still reports where it stands
+        snapshots.append(trainer.evaluate())
+    return RunReport(tuple(losses), tuple(snapshots), trainer.rows(), tokens * len(losses) / max(elapsed, 1e-9), first)
+
+
+def run_session(program: Program, block: Block, cfg: RunConfig, log: Callable[[str], None] = lambda _: None,
+                corpus: Corpus | None = None) -> RunReport:
+    """Build the byte-level model around ``block`` and train ``cfg.steps`` steps on ``cfg.data``."""
+    trainer = Trainer(program, block, cfg, corpus if corpus is not None else load_corpus(cfg.data))
+    return train(trainer, cfg.steps, log)

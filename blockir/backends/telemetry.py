@@ -1,4 +1,8 @@
-"""Residual telemetry: for every residual add y = x + u, per-row update ratio and alignment.
+"""Residual telemetry: for every residual update y = x + u, per-row update ratio and alignment.
+
+The sites, and which operand is the shortcut x and which the update u, come
+from the residual-structure analysis (:mod:`blockir.analyses.sites`), never
+from operand order; a parallel update's u is the sum of its branches.
 
 rho = RMS(u) / (RMS(x) + delta) and c = <x, u> / (|x| |u| + delta), summarised
 by quantiles over rows so a few unstable rows are not hidden by a mean.
@@ -9,9 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from blockir.backends.sizes import Sizes
-from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import AddOp
+from blockir.analyses.sizes import Sizes
+from blockir.analyses.sites import residual_sites
 from blockir.ir.program import Block, Program
 
 DELTA = 1e-12
@@ -23,23 +26,6 @@ class SiteStats:
     site: str  # SSA name of the add's result, prefixed by its layer path
     rho: tuple[float, ...]  # quantiles of the update ratio over rows
     cos: tuple[float, ...]  # quantiles of the state/update cosine over rows
-
-
-def residual_sites(program: Program, block: Block, sizes: Sizes, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(result, state, update) value paths of every residual add, in execution order, through stacks."""
-    sites: list[tuple[str, str, str]] = []
-    for op in block.ops:
-        decl = block.decl_map.get(getattr(op, "decl", ""))
-        if isinstance(op, AddOp):
-            sites.append((prefix + op.result, prefix + op.lhs, prefix + op.rhs))
-        elif isinstance(decl, InstanceDecl):
-            sub = program.block(decl.block)
-            if decl.count is None:
-                sites += residual_sites(program, sub, sizes, f"{prefix}{decl.name}.")
-            else:
-                for i in range(int(sizes.value(decl.count))):
-                    sites += residual_sites(program, sub, sizes, f"{prefix}{decl.name}.{i}.")
-    return sites
 
 
 def row_stats(state: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,9 +41,9 @@ def telemetry(program: Program, block: Block, values: dict[str, torch.Tensor], s
     """Summarise every residual add found in a trace (values from :func:`blockir.trace`)."""
     q = torch.tensor(QUANTILES, dtype=torch.float64)
     out = []
-    for site, state, update in residual_sites(program, block, sizes):
-        if state not in values or update not in values:
+    for site, shortcut, updates in residual_sites(program, block, sizes):
+        if shortcut not in values or any(u not in values for u in updates):
             continue
-        rho, cos = row_stats(values[state], values[update])
+        rho, cos = row_stats(values[shortcut], sum(values[u].double() for u in updates))
         out.append(SiteStats(site, tuple(torch.quantile(rho, q).tolist()), tuple(torch.quantile(cos, q).tolist())))
     return out

@@ -7,6 +7,7 @@ import torch
 import torch.fx as fx
 
 from blockir.backends.fx import SPLAT, BlockModule, Stack
+from blockir.diagnostics import BlockError, argument_error
 
 
 class _Recorder(fx.Interpreter):
@@ -61,7 +62,8 @@ def is_compiled(module: Any) -> bool:
 def trace(module: fx.GraphModule, *inputs: torch.Tensor, **ctx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(output, {ssa_name: tensor}); values inside sub-blocks and stacks are named ``layers.0.h``."""
     if not is_compiled(module):
-        raise TypeError("trace expects a module returned by blockir.compile")
+        raise BlockError([argument_error("trace", "module", f"trace expects a module returned by blockir.compile, got "
+                                         f"{type(module).__name__}")])
     values: dict[str, torch.Tensor] = {}
     out = _Recorder(module, "", values, ctx).run(*inputs)
     return out, values

@@ -2,26 +2,24 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
-from blockir.commands.run import default_block, parse_dims
+from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, print_json,
+                         with_program)
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType
 
 
 def run(args: argparse.Namespace) -> int:
-    def show(program: Program, blocks: list[Block]) -> int:
-        from blockir.analyses.cost import CostError, format_ledger, ledger, ledger_data
-        block = blocks[0] if args.block else default_block(program)
+    def show(program: Program, block: Block) -> int:
+        from blockir.reports.cost import CostError, format_ledger, ledger, ledger_data
         try:
-            led = ledger(program, block.name, parse_dims(args.dims), DType(args.dtype))
+            led = ledger(program, block.name, args.dims, DType(args.dtype))
         except (ValueError, CostError) as exc:
-            print(f"blockir: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        text = json.dumps(ledger_data(led), indent=2) + "\n" if args.format == "json" else format_ledger(led)
-        print(text, end="")
+            raise UsageError(str(exc)) from None
+        if args.format == "json":
+            print_json(ledger_data(led))
+        else:
+            print(format_ledger(led), end="")
         return EXIT_OK
     return with_program(args, show)
 
@@ -33,9 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "ops move (unfused and fused) and bytes saved for backward in training. Branch "
                                    "internals (attention, MLP) are not counted.")
     s.add_argument("file", metavar="FILE")
-    s.add_argument("--block", help="block or model (default: the last model in the file)")
-    s.add_argument("--dims", help="sizes, e.g. B=8,S=2048,D=4096 (declared sizes fill the rest)")
+    add_block_option(s)
+    add_dims_option(s, "B=8,S=2048,D=4096")
     s.add_argument("--dtype", choices=[d.value for d in DType], default="bf16",
                    help="dtype of every value whose type leaves it open (default: bf16)")
-    s.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_option(s, "table")
     s.set_defaults(func=run)

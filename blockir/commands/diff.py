@@ -1,54 +1,51 @@
-"""`blockir diff A B [--block NAME] [--block-b NAME]`: compare blocks as graphs.
+"""`blockir diff A B [--block NAME] [--block-b NAME] [--format json]`: compare blocks as graphs.
 
-Exit 0 when every compared pair is identical, 1 when one differs, 2 on a
-usage or I/O problem (as diff(1) does).
+``--block`` picks the block of A (the usual default: the last model, else the only block) and
+``--block-b`` its counterpart in B (default: the block of the same name, else B's default). The
+blocks both call under the same name are compared too. Exit 0 when every compared pair is
+identical, 1 when one differs, 2 on trouble (as diff(1) does): a usage or I/O problem, or a
+file with errors, whose diagnostics are printed.
 """
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
-from blockir.analyses.diff import diff_blocks, format_diff
-from blockir.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, emit, load_file
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, EXIT_USAGE, add_block_option, add_format_option, emit, load_program,
+                         print_json, target_block, with_callees)
+from blockir.diagnostics import BlockError
 from blockir.ir.program import Block, Program
 
 
-def _load(path: str) -> Program | int:
-    sources: dict[str, str] = {}
-    program, diags, io_code = load_file(path, sources)
-    if io_code or program is None or any(d.is_error for d in diags):
-        emit(diags, sources)
-        return io_code or EXIT_USAGE
-    return program
+def _pairs(a: Program, b: Program, name_a: str | None, name_b: str | None) -> list[tuple[Block, Block]]:
+    root_a = target_block(a, name_a)
+    if name_b is None and root_a.name in b.block_map:
+        name_b = root_a.name
+    root_b = target_block(b, name_b)
+    called_b = {blk.name: blk for blk in with_callees(b, root_b) if blk is not root_b}
+    pairs = [(blk, called_b[blk.name]) for blk in with_callees(a, root_a) if blk is not root_a and blk.name in called_b]
+    return pairs + [(root_a, root_b)]
 
 
-def _pairs(a: Program, b: Program, name_a: str | None, name_b: str | None) -> list[tuple[Block, Block]] | str:
-    if name_a is not None:
-        name_b = name_b or name_a
-        for program, name in ((a, name_a), (b, name_b)):
-            if name not in program.block_map:
-                return f"no block named '{name}' in {program.filename} (blocks: {', '.join(program.block_map)})"
-        return [(a.block(name_a), b.block(name_b))]
-    common = [n for n in a.block_map if n in b.block_map]
-    if common:
-        return [(a.block(n), b.block(n)) for n in common]
-    if len(a.blocks) == 1 and len(b.blocks) == 1:
-        return [(a.blocks[0], b.blocks[0])]
-    return "the files share no block name; choose with --block NAME [--block-b NAME]"
+def _op(op: Any) -> dict[str, str] | None:
+    from blockir.ir.printer import format_op
+    return {"location": str(op.span), "op": format_op(op)} if op is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
-    a, b = _load(args.a), _load(args.b)
-    if isinstance(a, int):
-        return a
-    if isinstance(b, int):
-        return b
-    pairs = _pairs(a, b, args.block, args.block_b)
-    if isinstance(pairs, str):
-        print(f"blockir: {pairs}", file=sys.stderr)
+    from blockir.analyses.diff import diff_blocks, format_diff
+    try:
+        a, b = load_program(args.a), load_program(args.b)
+    except BlockError as exc:
+        emit(exc.diagnostics, exc.sources)
         return EXIT_USAGE
-    diffs = [diff_blocks(a, x, b, y) for x, y in pairs]
-    print("\n\n".join(format_diff(d, args.a, args.b) for d in diffs))
+    diffs = [diff_blocks(a, x, b, y) for x, y in _pairs(a, b, args.block, args.block_b)]
+    if args.format == "json":
+        print_json([{"a": d.a.name, "b": d.b.name, "identical": d.identical, "verdict": d.verdict,
+                     "signature_changed": d.signature_changed, "first_a": _op(d.first_a), "first_b": _op(d.first_b),
+                     "same_keys": d.same_keys, "key_changes": list(d.key_changes)} for d in diffs])
+    else:
+        print("\n\n".join(format_diff(d, args.a, args.b) for d in diffs))
     return EXIT_OK if all(d.identical for d in diffs) else EXIT_ERRORS
 
 
@@ -56,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("diff", help="compare two blocks as graphs: identical, or where they first differ")
     s.add_argument("a", metavar="A")
     s.add_argument("b", metavar="B")
-    s.add_argument("--block", help="the block to compare (default: every block name both files define)")
-    s.add_argument("--block-b", help="its name in B, when it differs")
+    add_block_option(s)
+    s.add_argument("--block-b", metavar="NAME", help="the block of B (default: the block of the same name)")
+    add_format_option(s)
     s.set_defaults(func=run)

@@ -1,29 +1,47 @@
-"""`blockir fold FILE [--block NAME] [--mode train|infer] [--apply]`: what may fold where, and why not;
-with --apply, the folded program and the log of folds fired and kept."""
+"""`blockir fold FILE [--block NAME] [--mode train|infer] [--apply] [--format json]`: what may fold where, and
+why not, in a block and every block it calls; with --apply, the folded program on stdout and the log of
+folds fired and kept on stderr."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from blockir.cli import EXIT_OK, with_program
-from blockir.ir.printer import format_program
+from blockir.cli import EXIT_OK, add_block_option, add_format_option, log, print_json, with_callees, with_program
 from blockir.ir.program import Block, Program
-from blockir.analyses.fold_legality import fold_report, format_report
-from blockir.rewrites.fold import apply_folds, format_log
 
 
-def _apply(program: Program, blocks: list[Block], mode: str) -> str:
-    logs = []
+def _site(site: Any) -> dict[str, Any]:
+    return {"location": str(site.span), "kind": site.kind, "name": site.name, "legal": site.legal,
+            "action": site.action, "into": list(site.into), "code": site.code, "reason": site.reason}
+
+
+def _apply(program: Program, blocks: list[Block], mode: str, fmt: str) -> int:
+    from blockir.ir.printer import format_program
+    from blockir.rewrites.fold import format_log, apply_folds
+    logs, events = [], []
     for b in blocks:
         result = apply_folds(program, b.name, mode=mode)
         program = result.program
         logs.append(format_log(b.name, mode, result.report))
-    return format_program(program) + "\n" + "\n\n".join(logs)
+        events += [{**_site(e.site), "block": b.name, "fired": e.fired, "rule": e.rule,
+                    "kept_code": e.code, "kept_reason": e.reason} for e in result.report]
+    if fmt == "json":
+        print_json({"mode": mode, "program": format_program(program), "log": events})
+    else:
+        log("\n\n".join(logs))
+        print(format_program(program), end="")
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    def show(program: Program, blocks: list[Block]) -> int:
+    def show(program: Program, target: Block) -> int:
+        blocks = with_callees(program, target)
         if args.apply:
-            print(_apply(program, blocks, args.mode))
+            return _apply(program, blocks, args.mode, args.format)
+        from blockir.analyses.fold_legality import fold_report, format_report
+        if args.format == "json":
+            print_json([{"block": b.name, "kind": b.kind, "mode": args.mode,
+                         "sites": [_site(s) for s in fold_report(b, args.mode)]} for b in blocks])
         else:
             print("\n\n".join(format_report(b, args.mode, fold_report(b, args.mode)) for b in blocks))
         return EXIT_OK
@@ -33,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("fold", help="which scales, norm affines and dropouts may fold, where, or why not")
     s.add_argument("file", metavar="FILE")
-    s.add_argument("--block", help="only this block")
+    add_block_option(s)
     s.add_argument("--mode", choices=("train", "infer"), default="infer", help="default: infer")
     s.add_argument("--apply", action="store_true",
-                   help="fold every legal site; print the folded program and the log of folds fired and kept")
+                   help="fold every legal site of the block and the blocks it calls; print the folded program "
+                        "(stdout) and the log of folds fired and kept (stderr)")
+    add_format_option(s)
     s.set_defaults(func=run)

@@ -1,39 +1,24 @@
-"""`blockir keys FILE [--block NAME] [--dims D=64,…]`: the parameter keys and shapes a block owns."""
+"""`blockir keys FILE [--block NAME] [--dims D=64,…] [--format json]`: the parameter keys and shapes a block owns."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-from blockir.analyses.keys import SizeError, param_keys
-from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
+from blockir.cli import (EXIT_OK, add_block_option, add_dims_option, add_format_option, print_json,
+                         with_program)
 from blockir.ir.program import Block, Program
 
 
-def parse_dims(text: str | None) -> dict[str, int] | str:
-    """'D=64,F=128' → {'D': 64, 'F': 128}, or an error message."""
-    dims: dict[str, int] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, _, size = item.partition("=")
-        if not name.strip() or not size.strip().isdigit() or int(size) <= 0:
-            return f"--dims takes NAME=SIZE pairs with positive sizes, got '{item}'"
-        dims[name.strip()] = int(size)
-    return dims
-
-
 def run(args: argparse.Namespace) -> int:
-    dims = parse_dims(args.dims)
-    if isinstance(dims, str):
-        print(f"blockir: {dims}", file=sys.stderr)
-        return EXIT_USAGE
-
-    def show(program: Program, blocks: list[Block]) -> int:
-        try:
-            tables = [param_keys(program, b.name, dims) for b in blocks]
-        except SizeError as exc:
-            print(f"blockir: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        print("\n\n".join(f"{b.kind} {t.block}:\n" + "\n".join("  " + line for line in str(t).splitlines())
-                          for b, t in zip(blocks, tables)))
+    def show(program: Program, block: Block) -> int:
+        from blockir.analyses.keys import param_keys
+        table = param_keys(program, block.name, args.dims)  # a size error is a located diagnostic
+        if args.format == "json":
+            print_json({"block": block.name, "kind": block.kind,
+                        "keys": [{"name": k.name, "shape": list(k.shape), "owner": k.owner, "family": k.family}
+                                 for k in table.keys],
+                        "unknown": list(table.unknown)})
+        else:
+            print(f"{block.kind} {table.block}:\n" + "\n".join("  " + line for line in str(table).splitlines()))
         return EXIT_OK
     return with_program(args, show)
 
@@ -41,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("keys", help="list the parameter keys and shapes a block or model owns")
     s.add_argument("file", metavar="FILE")
-    s.add_argument("--block", help="only this block (default: every block)")
-    s.add_argument("--dims", metavar="D=64,…", help="sizes for dims the file leaves open")
+    add_block_option(s)
+    add_dims_option(s, "D=64,F=128")
+    add_format_option(s)
     s.set_defaults(func=run)

@@ -1,17 +1,16 @@
-"""`blockir recipe NAME FILE --block BLOCK [options]`: apply a depth/normalization recipe, print the new program.
+"""`blockir recipe NAME FILE [--block BLOCK] [options]`: apply a depth/normalization recipe, print the new program.
 
 The program goes to stdout (redirect it to a .block file); the report (constants, changes, what the
-paper's contract needs beyond the graph) goes to stderr. Admin is left to the Python API: its
+paper's contract needs beyond the graph) goes to stderr; with ``--format json`` both are one JSON
+object on stdout. Admin is left to the Python API: its
 initialisation profiles a compiled module on a calibration batch.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
-from blockir.ir.printer import format_program
+from blockir.cli import EXIT_OK, UsageError, add_block_option, add_format_option, log, print_json, with_program
 from blockir.ir.program import Block, Program
 
 CLI_RECIPES = ("deepnorm", "rezero", "layerscale", "tfixup")
@@ -28,29 +27,32 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    def apply(program: Program, blocks: list[Block]) -> int:
+    def apply(program: Program, block: Block) -> int:
+        from blockir.ir.printer import format_program
         from blockir.rewrites.recipes import RECIPES, RecipeError
         if args.recipe == "deepnorm" and args.arch is None:
-            print("blockir: deepnorm needs --arch (encoder-only, decoder-only or encoder-decoder)", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError("deepnorm needs --arch (encoder-only, decoder-only or encoder-decoder)")
         try:
-            result = RECIPES[args.recipe](program, blocks[0].name, **_options(args))
+            result = RECIPES[args.recipe](program, block.name, **_options(args))
         except RecipeError as exc:
-            print(f"blockir: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        print(result.report, file=sys.stderr)
-        print(format_program(result.program), end="")
+            raise UsageError(str(exc)) from None
+        if args.format == "json":
+            print_json({"recipe": args.recipe, "block": block.name, "report": str(result.report),
+                        "program": format_program(result.program)})
+        else:
+            log(str(result.report))
+            print(format_program(result.program), end="")
         return EXIT_OK
     return with_program(args, apply)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("recipe", help="apply DeepNorm, ReZero, LayerScale or T-Fixup to a block",
-                       description="Rewrite a block by a depth/normalization recipe (seed 0x09A) and print the new "
-                                   "program; the report goes to stderr.")
+                       description="Rewrite a block by a depth/normalization recipe (DeepNet, ReZero, CaiT, T-Fixup; "
+                                   "see docs/recipes.md) and print the new program; the report goes to stderr.")
     s.add_argument("recipe", choices=CLI_RECIPES)
     s.add_argument("file", metavar="FILE")
-    s.add_argument("--block", required=True, help="the layer block to rewrite")
+    add_block_option(s)
     s.add_argument("--arch", choices=("encoder-only", "decoder-only", "encoder-decoder"),
                    help="deepnorm: the row of the DeepNet table")
     s.add_argument("--decoder-layers", type=int, help="deepnorm, encoder side of an encoder-decoder: M")
@@ -59,4 +61,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--depth", type=int, help="layerscale: depth for CaiT's rule (default: the stack's)")
     s.add_argument("--side", choices=("encoder", "decoder"),
                    help="tfixup: which gains (default: decoder when the block has cross-attention)")
+    add_format_option(s, "block")
     s.set_defaults(func=run)

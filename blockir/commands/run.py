@@ -1,73 +1,166 @@
-"""`blockir run FILE`: the main job — build with built-in branches, train a few steps, print telemetry."""
+"""`blockir run FILE`: the main job — train a byte-level language model around the block on real text.
+
+The report (loss, validation loss, tokens/s and the per-site telemetry table, or JSON) goes to
+stdout; progress goes to stderr (a progress bar on a terminal, one line a step otherwise).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import Any, Callable
 
-from blockir.cli import EXIT_OK, EXIT_USAGE, with_program
+from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, log, print_json,
+                         with_callees, with_program)
+from blockir.ir.decls import ExternDecl
 from blockir.ir.program import Block, Program
 
-DEFAULT_ROW_DIMS = {"batch": 2, "seq": 16}
+DEFAULT_ROW_DIMS = {"batch": 8, "seq": 64}
+DEFAULT_STEPS = 30
 
 
-def parse_dims(text: str | None) -> dict[str, int]:
-    """'B=2,S=16' → {'B': 2, 'S': 16}; raises ValueError with a readable message."""
-    out: dict[str, int] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit() or int(value) <= 0:
-            raise ValueError(f"bad --dims entry '{item}'; expected NAME=POSITIVE_INT")
-        out[name.strip()] = int(value)
-    return out
+def row_dims(program: Program, given: dict[str, int]) -> dict[str, int]:
+    """The given sizes, with defaults for dims the file leaves open (batch 8, sequence 64, others 8)."""
+    dims = dict(given)
+    for d in program.dims:
+        if d.size is None and d.name not in dims:
+            dims[d.name] = DEFAULT_ROW_DIMS.get(d.role.value, 8)
+    return dims
 
 
-def default_block(program: Program) -> Block:
-    """The last model of the file, else its last block: the outermost thing it describes."""
-    models = [b for b in program.blocks if b.kind == "model"]
-    return (models or list(program.blocks))[-1]
+def name_stand_ins(program: Program, block: Block) -> list[str]:
+    externs = [f"{b.name}.{d.name}" for b in with_callees(program, block) for d in b.decls
+               if isinstance(d, ExternDecl)]
+    if externs:
+        log(f"blockir: externs replaced by linear stand-ins (a Linear of their first input; bind real modules "
+            f"with blockir.compile): {', '.join(externs)}")
+    return externs
+
+
+def progress_bar(total: int) -> tuple[Callable[[int, float], None] | None, Callable[[], None]]:
+    """A tqdm bar on an interactive stderr; otherwise None (the session logs one line a step)."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, lambda: None
+    bar = tqdm(total=total, initial=0, desc="train", unit="step", file=sys.stderr, leave=False)
+
+    def update(step: int, loss: float) -> None:
+        bar.set_postfix(step=step, loss=f"{loss:.4f}")
+        bar.update(1)
+    return update, bar.close
 
 
 def _fmt(values: tuple[float, ...]) -> str:
     return "".join(f"{v:>9.4f}" for v in values)
 
 
+def telemetry_table(sites: Any, rows: int) -> list[str]:
+    lines = [f"{'site':<28}{'rho p50':>9}{'rho p90':>9}{'rho p99':>9}{'cos p50':>9}{'cos p90':>9}{'cos p99':>9}"]
+    lines += [f"{s.site:<28}{_fmt(s.rho)}{_fmt(s.cos)}" for s in sites]
+    lines.append(f"{len(sites)} residual sites; rho = RMS(update)/RMS(state), cos = cosine(state, update), "
+                 f"quantiles over {rows} validation rows")
+    return lines
+
+
+def sites_json(sites: Any) -> list[dict[str, Any]]:
+    return [{"site": s.site, "rho": list(s.rho), "cos": list(s.cos)} for s in sites]
+
+
 def run(args: argparse.Namespace) -> int:
-    def job(program: Program, blocks: list[Block]) -> int:
-        from blockir.backends.session import RunConfig, run_session
-        try:
-            dims = parse_dims(args.dims)
-        except ValueError as exc:
-            print(f"blockir: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        block = blocks[0] if args.block else default_block(program)
-        for d in program.dims:
-            if d.size is None and d.name not in dims:
-                dims[d.name] = DEFAULT_ROW_DIMS.get(d.role.value, 8)
-        cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, dims=dims)
+    def job(program: Program, block: Block) -> int:
+        from blockir.backends import checkpoint
+        from blockir.backends.corpus import load_corpus
+        from blockir.backends.session import RunConfig, Trainer, train
+        if args.steps < 0:
+            raise UsageError(f"--steps must be at least 0, got {args.steps}")
+        set_threads(args.threads)
+        externs = name_stand_ins(program, block)
+        cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,
+                        dims=row_dims(program, args.dims), data=args.data, eval_every=args.eval_every,
+                        backend=args.backend)
+        if args.resume:
+            cfg = checkpoint.resumed_config(args.resume, cfg)
+        corpus = load_corpus(cfg.data)
+        trainer = Trainer(program, block, cfg, corpus)
+        if args.resume:
+            checkpoint.load(trainer, args.resume)
+            log(f"resumed {args.resume} at step {trainer.step_count}")
+        log(f"run {block.name}: {trainer.parameters:,} parameters, batch {trainer.batch} x {trainer.shape.window - 1} "
+            f"bytes, {args.steps} step{'s' if args.steps != 1 else ''} on {corpus.source} ({corpus.files} files, "
+            f"{corpus.train.numel():,} train / {corpus.val.numel():,} validation bytes)")
+        update, close = progress_bar(args.steps)
         start = time.perf_counter()
-        report = run_session(program, block, cfg, log=lambda line: print(line, flush=True))
-        print()
-        print(f"{'site':<28}{'rho p50':>9}{'rho p90':>9}{'rho p99':>9}{'cos p50':>9}{'cos p90':>9}{'cos p99':>9}")
-        for s in report.sites:
-            print(f"{s.site:<28}{_fmt(s.rho)}{_fmt(s.cos)}")
-        print(f"\n{len(report.sites)} residual sites; rho = RMS(update)/RMS(state), cos = cosine(state, update), "
-              f"quantiles over {report.rows} rows; {time.perf_counter() - start:.2f} s")
+        try:
+            report = train(trainer, args.steps, log, update)
+        finally:
+            close()
+        elapsed = time.perf_counter() - start
+        if args.save:
+            checkpoint.save(trainer, args.save, args.file)
+            log(f"saved step {trainer.step_count} to {args.save}")
+        final = report.snapshots[-1]
+        if args.format == "json":
+            print_json({"block": block.name, "data": corpus.source, "first_step": report.first_step,
+                        "losses": list(report.losses), "val_loss": final.val_loss,
+                        "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
+                        "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
+                        "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
+                                      for s in report.snapshots]})
+        else:
+            if report.losses:
+                print(f"train loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f} over steps "
+                      f"{report.first_step + 1}-{report.first_step + len(report.losses)}; validation loss "
+                      f"{final.val_loss:.4f} at step {final.step}; {report.tokens_per_s:,.0f} tokens/s; {elapsed:.2f} s")
+            else:
+                print(f"validation loss {final.val_loss:.4f} at step {final.step}")
+            print()
+            print("\n".join(telemetry_table(final.sites, report.rows)))
         if args.plot:
-            from blockir.backends.plot import plot_sites
-            plot_sites(report.sites, args.plot, title=f"{program.filename}: {block.name}")
-            print(f"wrote {args.plot}")
+            from blockir.backends.plot import plot_run
+            plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")
+            log(f"wrote {args.plot}")
         return EXIT_OK
     return with_program(args, job)
 
 
+def add_training_options(r: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that train (`run`, `compare`)."""
+    add_dims_option(r, "B=8,S=64,D=64 (dims without a size default to batch 8, sequence 64, others 8)")
+    r.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                   help=f"training steps (forward, backward, AdamW update); default {DEFAULT_STEPS}")
+    r.add_argument("--seed", type=int, default=0, help="seed for initialisation, batches, dropout and stochastic depth")
+    r.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate after warmup (default 3e-3)")
+    r.add_argument("--warmup", type=int, default=0, help="linear warmup steps (default 0)")
+    r.add_argument("--batch", type=int, help="windows per step (default: the batch dim's size)")
+    r.add_argument("--data", metavar="PATH", help="a text file or a directory of text files, read as bytes "
+                   "(default: the Python standard library's source files)")
+    r.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="validation loss and telemetry every N steps (default: at the end)")
+    r.add_argument("--backend", choices=("fx", "fused"), default="fx")
+    r.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for torch (default 1: models this small step fastest on one thread, and "
+                        "several threads stall when the machine is shared)")
+
+
+def set_threads(n: int) -> None:
+    import torch
+    if n < 1:
+        raise UsageError(f"--threads must be at least 1, got {n}")
+    torch.set_num_threads(n)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("run", help="build with built-in branches, train a few steps on random data, print telemetry")
+    r = sub.add_parser("run", help="train a byte-level language model around the block on real text; print "
+                                   "loss, tokens/s and residual telemetry")
     r.add_argument("file", metavar="FILE")
-    r.add_argument("--block", help="block or model to run (default: the last model in the file)")
-    r.add_argument("--dims", help="sizes, e.g. B=2,S=16,D=64 (dims without a size default to B=2, S=16)")
-    r.add_argument("--steps", type=int, default=1, help="training steps (forward, backward, AdamW update)")
-    r.add_argument("--seed", type=int, default=0, help="seed for initialisation, data and dropout")
-    r.add_argument("--lr", type=float, default=1e-3)
-    r.add_argument("--plot", metavar="FILE.png", help="draw rho and cos against depth (needs matplotlib)")
+    add_block_option(r)
+    add_training_options(r)
+    r.add_argument("--save", metavar="DIR", help="write a checkpoint (model, optimizer, schedule, RNG) at the end")
+    r.add_argument("--resume", metavar="DIR", help="continue a saved run; its seed, sizes, rates and data are kept")
+    r.add_argument("--plot", metavar="FILE.png", help="draw loss against step and rho/cos against depth "
+                   "(needs matplotlib)")
+    add_format_option(r, "table")
     r.set_defaults(func=run)

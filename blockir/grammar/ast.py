@@ -59,10 +59,19 @@ Expr = Union[Num, Ref, AxesLit, BinOp, Neg, Call]
 
 
 @dataclass(frozen=True)
+class PlacementAst:
+    mesh: str
+    kind: str
+    axis: str | None
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class TypeAst:
     axes: tuple[tuple[str, Span], ...]
     dtype: str | None
     span: Span = field(compare=False)
+    layout: tuple[PlacementAst, ...] = ()
 
 
 @dataclass(frozen=True)

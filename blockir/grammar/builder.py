@@ -7,6 +7,7 @@ import networkx as nx
 
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span, error
 from blockir.grammar import ast
+from blockir.grammar.layouts import build_layout
 from blockir.grammar.lowering import BlockSignature, Lowerer, role_of, to_const
 from blockir.grammar.scope import Scope, suggest
 from blockir.ir import consts as C
@@ -83,7 +84,11 @@ class Builder:
     def type(self, t: ast.TypeAst) -> TensorType | None:
         axes, ok = [], True
         for name, span in t.axes:
-            if name not in self.dims:
+            if name in self.dims and self.dims[name].role is Role.MESH:
+                self.err("E0111", f"'{name}' is a mesh axis, not a tensor axis", span,
+                         f"place the value over it instead: [...; {name}=shard(S)]")
+                ok = False
+            elif name not in self.dims:
                 self.err("E0101", f"undefined dim '{name}'", span, suggest(name, self.dims) or "declare it: dim "
                          f"{name}: seq")
                 ok = False
@@ -116,6 +121,11 @@ class Builder:
                 return word == "true"
             self.err("E0107", f"'{spec.name}' must be true or false", e.span)
             return None
+        if spec.kind == "name":
+            if word is None or word in ("true", "false") or "." in word:
+                self.err("E0107", f"'{spec.name}' must be a parameter name (an identifier)", e.span)
+                return None
+            return word
         if spec.kind in ("enum", "dtype"):
             choices = spec.choices if spec.kind == "enum" else tuple(d.value for d in DType)
             if word in choices:
@@ -156,6 +166,7 @@ class Builder:
                 ok = False
             else:
                 values[kw.name] = (self._arg_value(aspec, kw.value, scope), kw.value.span)
+        ok = self._implications(spec, values, d.kind_span) and ok
         args = []
         for aspec in spec.args:
             if aspec.name in values:
@@ -177,13 +188,34 @@ class Builder:
                 args.append((aspec.name, aspec.default))
         return KindDecl(d.name, spec.name, tuple(args), d.span) if ok else None
 
+    def _implications(self, spec: KindSpec, values: dict[str, tuple[Any, Span]], kind_span: Span) -> bool:
+        """Apply the kind's implications to ``values`` (given arguments): a default that follows is filled
+        in, a given value that contradicts is reported. False when something was reported."""
+        ok = True
+        for rule in spec.implies:
+            given = values.get(rule.when)
+            when = given[0] if given is not None else spec.arg(rule.when).default  # type: ignore[union-attr]
+            if when != rule.given:
+                continue
+            if rule.arg not in values:
+                values[rule.arg] = (rule.value, kind_span)
+            elif values[rule.arg][0] is not None and values[rule.arg][0] != rule.value:
+                shown = "true" if rule.given is True else "false" if rule.given is False else str(rule.given)
+                notes = [Note(f"{rule.when}={shown} given here", given[1])] if given is not None else []
+                self.err("E0119", f"'{rule.arg}' contradicts {rule.when}={shown}: {rule.reason}", values[rule.arg][1],
+                         notes=notes, hint=f"remove '{rule.arg}'" + (" or change '{0}'" if given else " or set {0}={1}").format(
+                             rule.when, "false" if rule.given else "true"))
+                ok = False
+        return ok
+
     def decl(self, d: ast.DeclAst, scope: Scope) -> Decl | None:
         if d.kind == "extern":
             params = [self._param(p) for p in d.extern_params or ()]
             result = self.type(d.extern_result) if d.extern_result else None
-            if result is None or any(p is None for p in params):
+            layout = build_layout(d.extern_result, result, self.dims, self.err) if d.extern_result else None
+            if result is None or layout is None or any(p is None for p in params):
                 return None
-            return ExternDecl(d.name, tuple(params), result, d.span)  # type: ignore[arg-type]
+            return ExternDecl(d.name, tuple(params), result, d.span, layout)  # type: ignore[arg-type]
         if d.kind in self.block_asts:
             if d.args or d.kwargs:
                 self.err("E0106", f"block '{d.kind}' takes no arguments", d.kind_span)
@@ -215,7 +247,8 @@ class Builder:
 
     def _param(self, p: ast.ParamAst) -> Param | None:
         t = self.type(p.type)
-        return Param(p.name, t, p.span) if t is not None else None
+        layout = build_layout(p.type, t, self.dims, self.err)
+        return Param(p.name, t, p.span, layout) if t is not None and layout is not None else None
 
     # --- blocks ----------------------------------------------------------
     def signature(self, b: ast.BlockAst) -> BlockSignature | None:
@@ -238,7 +271,8 @@ class Builder:
                 scope.poisoned.add(p.name)
                 continue
             scope.values[p.name] = t
-            params.append(Param(p.name, t, p.span))
+            layout = build_layout(p.type, t, self.dims, self.err)
+            params.append(Param(p.name, t, p.span, layout or ()))
             inputs.append(InputOp(p.name, t, p.span))
         env = dict(self.env, **{C.LAYER: 0, C.NUM_LAYERS: 1})
         consts = []
@@ -283,10 +317,11 @@ class Builder:
             value = lower.tensor(returns[0].value)
             if value is not None:
                 output = OutputOp(value, returns[0].span)
+        result_layout = build_layout(b.result, sig.result if sig else None, self.dims, self.err)
         if sum(d.is_error for d in self.diags) > errors_before or sig is None or output is None:
             return None
         return Block(b.name, b.keyword, tuple(params), sig.result, tuple(consts), tuple(decls),
-                     tuple(lower.ops) + (output,), b.span)
+                     tuple(lower.ops) + (output,), b.span, result_layout or ())
 
     def _equation(self, s: ast.EquationAst, scope: Scope, lower: Lowerer) -> None:
         inplace = False

@@ -11,10 +11,11 @@ from blockir.grammar.scope import Scope, suggest
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, MASKS
+from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, MASKS
 from blockir.ir.types import Axis, DType, Role, TensorType
 
-TENSOR_OPS_HINT = "tensors combine with '+' (residual add) and 'factor * tensor' (scaling) only"
+TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product) "
+                   "and '1 - z' only")
 
 
 def to_const(e: ast.Expr, scope: Scope) -> C.ConstExpr | None:
@@ -96,6 +97,9 @@ class Lowerer:
             return self._add(e, name)
         if isinstance(e, ast.BinOp) and e.op == "*":
             return self._mul(e, name)
+        if isinstance(e, ast.BinOp) and e.op == "-" and is_constant_expr(e.left, self.scope) \
+                and not is_constant_expr(e.right, self.scope):
+            return self._complement(e, name)
         if isinstance(e, ast.Call):
             return self._call(e, name)
         what = {ast.Num: "a number", ast.AxesLit: "an axis list"}.get(type(e), f"'{getattr(e, 'op', '-')}'")
@@ -115,16 +119,34 @@ class Lowerer:
                      "use the existing value directly; SSA names are not aliases")
             return None
         if e.name in self.scope.decls:
+            category = self.scope.decls[e.name].category
             self.err("E0111", f"'{e.name}' is a declaration, not a value", e.span,
-                     f"apply it to a tensor: {e.name}(x)" if self.scope.decls[e.name].category != "scale"
-                     else f"multiply by it: {e.name} * x")
+                     {"scale": f"multiply by it: {e.name} * x", "shift": f"add it to a tensor: x + {e.name}"}.get(
+                         category, f"apply it to a tensor: {e.name}(x)"))
         elif self.scope.is_constant(e.name):
             self.err("E0111", f"'{e.name}' is a constant, not a tensor", e.span, f"scale a tensor with it: {e.name} * x")
         else:
             self.scope.undefined(e.name, e.span, "value")
         return None
 
+    def _bias(self, e: ast.Expr) -> str | None:
+        """The name of a learned ``bias`` declaration written as one side of '+'."""
+        if isinstance(e, ast.Ref) and isinstance(self.scope.decls.get(e.name), KindDecl) \
+                and self.scope.decls[e.name].category == "shift":
+            return e.name
+        return None
+
     def _add(self, e: ast.BinOp, name: str | None) -> str | None:
+        lb, rb = self._bias(e.left), self._bias(e.right)
+        if lb is not None and rb is not None:
+            self.err("E0111", "a sum of two biases is not a tensor", e.span, "add a bias to a tensor: x + b")
+            return None
+        if lb is not None or rb is not None:
+            operand = self.tensor(e.right if lb is not None else e.left)
+            if operand is None:
+                return None
+            return self.emit(O.BiasOp(name or self.fresh(), self.scope.values[operand], operand, lb or rb,
+                                      span=e.span))
         lhs, rhs = self.tensor(e.left), self.tensor(e.right)
         if lhs is None or rhs is None:
             return None
@@ -148,15 +170,29 @@ class Lowerer:
             self.err("E0111", "a product of constants is not a tensor", e.span, "compute it as a const")
             return None
         if lf is None and rf is None:
-            self.err("E0111", "'*' of two tensors is not a block operation", e.span,
-                     "one side of '*' must be a constant or a scalar/vector declaration")
-            return None
+            lhs, rhs = self.tensor(e.left), self.tensor(e.right)
+            if lhs is None or rhs is None:
+                return None
+            return self.emit(O.MulOp(name or self.fresh(), self.scope.values[lhs], lhs, rhs, span=e.span))
         factor, tensor_side = (lf, e.right) if lf is not None else (rf, e.left)
         operand = self.tensor(tensor_side)
         if operand is None:
             return None
         t = self.scope.values[operand]
         return self.emit(O.ScaleOp(name or self.fresh(), t, operand, factor=factor[0], param=factor[1], span=e.span))
+
+    def _complement(self, e: ast.BinOp, name: str | None) -> str | None:
+        one = to_const(e.left, self.scope)
+        if one is None:
+            return None
+        if self.env(one) != 1:
+            self.err("E0111", "only '1 - z' subtracts a tensor", e.left.span,
+                     "write the complementary gate as 1 - z; scale it with '*' if needed")
+            return None
+        operand = self.tensor(e.right)
+        if operand is None:
+            return None
+        return self.emit(O.ComplementOp(name or self.fresh(), self.scope.values[operand], operand, span=e.span))
 
     # --- calls -----------------------------------------------------------
     def _args(self, e: ast.Call, arity: int | None, kwargs_ok: tuple[str, ...] = ()) -> list[str] | None:
@@ -197,6 +233,10 @@ class Lowerer:
             self.err("E0111", f"'{e.callee}' is a learned scale, not a function", e.callee_span,
                      f"multiply by it: {e.callee} * x")
             return None
+        if isinstance(decl, KindDecl) and decl.category == "shift":
+            self.err("E0111", f"'{e.callee}' is a learned bias, not a function", e.callee_span,
+                     f"add it to a tensor: x + {e.callee}")
+            return None
         if isinstance(decl, ExternDecl):
             args = self._args(e, len(decl.params))
             if args is None:
@@ -218,15 +258,19 @@ class Lowerer:
         t = self.scope.values[args[0]]
         if decl.category == "norm":
             return self.emit(O.NormOp(name or self.fresh(), t, decl.name, args[0], span=e.span))
-        if decl.kind == "linear":
-            out = self.scope.dims.get(decl.arg("out_dim"))
+        if decl.kind == "embedding":
+            width = self.scope.dims.get(decl.arg("width"))
+            if width is not None:
+                t = TensorType(t.axes + (width,), t.dtype)
+        if decl.kind in ("linear", "head"):
+            out = self.scope.dims.get(decl.arg("out_dim" if decl.kind == "linear" else "vocab"))
             if out is not None and t.axes:
                 t = t.with_last(out)
         return self.emit(O.CallOp(name or self.fresh(), t, decl.name, tuple(args), span=e.span))
 
     def _call_function(self, e: ast.Call, name: str | None) -> str | None:
         fn = e.callee
-        if fn in ACTIVATIONS:
+        if fn in ACTIVATIONS or fn in GATES:
             args = self._args(e, 1)
             if args is None:
                 return None

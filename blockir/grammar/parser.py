@@ -1,21 +1,30 @@
-"""Text → syntax tree. The only module that touches lark; its errors become diagnostics."""
+"""Text → syntax tree. The only module that touches lark; its errors become diagnostics.
+
+The syntax tree is built while lark parses (an inline LALR transformer), not
+by a second walk over a parse tree: no lark Tree is ever allocated, and a
+too-deep expression stops the parse where it is found.
+"""
 from __future__ import annotations
 
+import gc
+import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Iterator
 
-from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from lark.visitors import Transformer_NonRecursive
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar import ast
+from blockir.grammar.cache import cached_lark
 
 MAX_BYTES = 1 << 20
 MAX_NESTING = 64
 MAX_EXPR_DEPTH = 256
 MAX_EXPECTED_SHOWN = 8
+MAX_EXACT_DIGITS = 4000
 
 # Lark terminal names → what a person calls them.
 TOKEN_NAMES = {
@@ -27,10 +36,27 @@ TOKEN_NAMES = {
 }
 
 
+def grammar_text() -> str:
+    return resources.files("blockir.grammar").joinpath("block.lark").read_text()
+
+
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    grammar = resources.files("blockir.grammar").joinpath("block.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return cached_lark(grammar_text(), transformer=_BUILDER, parser="lalr", maybe_placeholders=True)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Run without the cyclic garbage collector. Parsing and typing allocate many small objects and free
+    none of them in cycles, so the collector would only rescan the growing tree again and again (half of
+    the time on large files). Its previous state is restored; reference counting still frees memory."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _token_label(name: str) -> str:
@@ -119,17 +145,16 @@ def parse_ast(text: str, filename: str = "<string>") -> ast.ProgramAst:
     pre = _precheck(text, filename)
     if pre is not None:
         raise BlockError([pre], {filename: text})
-    try:
-        tree = _lark().parse(text)
-    except UnexpectedInput as exc:
-        raise BlockError([_syntax_diagnostic(exc, filename, text)], {filename: text}) from None
-    builder = _ToAst(filename)
-    try:
-        items = builder.transform(tree)
-    except VisitError as exc:
-        if isinstance(exc.orig_exc, _DepthError):
-            raise BlockError([exc.orig_exc.diagnostic], {filename: text}) from None
-        raise
+    with _LOCK, gc_paused():
+        _BUILDER.start_file(filename)
+        try:
+            items = _lark().parse(text)
+        except UnexpectedInput as exc:
+            raise BlockError([_syntax_diagnostic(exc, filename, text)], {filename: text}) from None
+        except _DepthError as exc:
+            raise BlockError([exc.diagnostic], {filename: text}) from None
+        finally:
+            _BUILDER.start_file("<string>")  # drop the positions of this file
     return ast.ProgramAst(filename, tuple(items))
 
 
@@ -138,112 +163,118 @@ class _DepthError(Exception):
         self.diagnostic = diagnostic
 
 
-def _span(filename: str, node: Tree | Token) -> Span:
-    if isinstance(node, Token):
-        return Span(filename, node.line or 1, node.column or 1,
-                    (node.end_column if node.end_line == node.line else None))
-    meta = node.meta
-    if getattr(meta, "empty", True):
-        return Span(filename, 1, 1)
-    end = meta.end_column if meta.end_line == meta.line else None
-    return Span(filename, meta.line, meta.column, end)
+# (line, column, end line, end column, expression depth) of a token or of a node built from tokens
+Extent = tuple[int, int, int, int, int]
 
 
-def _depth(e: Any) -> int:
-    return getattr(e, "_depth", 1)
+class _ToAst(Transformer):
+    """Builds ast nodes bottom-up as lark reduces each rule, bounding expression depth.
 
+    Lark hands an inline transformer only the children of a rule, so the extent of every node (its
+    first and last character, including brackets the tree drops) is kept on the side, keyed by the
+    node's id; the nodes are alive for the whole parse, so no id is reused while it is looked up.
+    """
 
-class _ToAst(Transformer_NonRecursive):
-    """Builds ast nodes bottom-up without recursion, bounding expression depth."""
-
-    def __init__(self, filename: str):
+    def __init__(self) -> None:
         super().__init__(visit_tokens=False)
-        self.filename = filename
-        self.depths: dict[int, int] = {}
+        self.start_file("<string>")
 
-    # --- expressions -----------------------------------------------------
-    def _deep(self, node: Any, children: list[Any], tree_span: Span) -> Any:
-        d = 1 + max((self.depths.get(id(c), 1) for c in children), default=0)
-        if d > MAX_EXPR_DEPTH:
-            raise _DepthError(error("E0005", f"expression nests deeper than {MAX_EXPR_DEPTH} operations", tree_span,
-                                    hint="name intermediate values instead of chaining"))
-        self.depths[id(node)] = d
+    def start_file(self, filename: str) -> None:
+        self.filename = filename
+        self.extents: dict[int, Extent] = {}
+
+    # --- positions ---------------------------------------------------------
+    def _extent(self, node: Any) -> Extent:
+        if isinstance(node, Token):
+            return (node.line or 1, node.column or 1, node.end_line or 1, node.end_column or 1, 1)
+        return self.extents[id(node)]
+
+    def _keep(self, node: Any, first: Any, last: Any, depth: int = 1) -> Any:
+        a, b = self._extent(first), self._extent(last)
+        self.extents[id(node)] = (a[0], a[1], b[2], b[3], depth)
         return node
 
-    def _binop(self, op: str, meta_tree: Tree, children: list[Any]) -> ast.BinOp:
-        s = _span(self.filename, meta_tree)
-        return self._deep(ast.BinOp(op, children[0], children[1], s), children, s)
+    def _span(self, first: Any, last: Any | None = None) -> Span:
+        a = self._extent(first)
+        b = self._extent(last) if last is not None else a
+        return Span(self.filename, a[0], a[1], b[3] if b[2] == a[0] else None)
 
-    def __default__(self, data: str, children: list[Any], meta: Any) -> Any:  # pragma: no cover - grammar is closed
-        raise AssertionError(f"unhandled rule {data}")
+    def _token_span(self, tok: Token) -> Span:
+        return Span(self.filename, tok.line or 1, tok.column or 1,
+                    tok.end_column if tok.end_line == tok.line else None)
 
-    def _tree(self, meta: Any) -> Tree:
-        return Tree("x", [], meta)
+    # --- expressions -----------------------------------------------------
+    def _deep(self, node: Any, first: Any, last: Any, children: list[Any], span: Span) -> Any:
+        d = 1 + max((self.extents[id(c)][4] for c in children if not isinstance(c, Token)), default=0)
+        if d > MAX_EXPR_DEPTH:
+            raise _DepthError(error("E0005", f"expression nests deeper than {MAX_EXPR_DEPTH} operations", span,
+                                    hint="name intermediate values instead of chaining"))
+        return self._keep(node, first, last, d)
 
-    from lark import v_args as _v
+    def _binop(self, op: str, c: list[Any]) -> ast.BinOp:
+        s = self._span(c[0], c[1])
+        return self._deep(ast.BinOp(op, c[0], c[1], s), c[0], c[1], c, s)
 
-    @_v(meta=True)
-    def add(self, meta, c):
-        return self._binop("+", self._tree(meta), c)
+    def add(self, c):
+        return self._binop("+", c)
 
-    @_v(meta=True)
-    def sub(self, meta, c):
-        return self._binop("-", self._tree(meta), c)
+    def sub(self, c):
+        return self._binop("-", c)
 
-    @_v(meta=True)
-    def mul(self, meta, c):
-        return self._binop("*", self._tree(meta), c)
+    def mul(self, c):
+        return self._binop("*", c)
 
-    @_v(meta=True)
-    def div(self, meta, c):
-        return self._binop("/", self._tree(meta), c)
+    def div(self, c):
+        return self._binop("/", c)
 
-    @_v(meta=True)
-    def pow(self, meta, c):
-        return self._binop("**", self._tree(meta), c)
+    def pow(self, c):
+        return self._binop("**", c)
 
-    @_v(meta=True)
-    def neg(self, meta, c):
-        s = _span(self.filename, self._tree(meta))
-        return self._deep(ast.Neg(c[0], s), c, s)
+    def neg(self, c):
+        minus, operand = c
+        s = self._span(minus, operand)
+        return self._deep(ast.Neg(operand, s), minus, operand, [operand], s)
 
-    @_v(meta=True)
-    def number(self, meta, c):
-        text = str(c[0])
-        value: int | float = int(text) if text.isdigit() else float(text)
-        return ast.Num(value, _span(self.filename, c[0]))
+    def paren(self, c):
+        lpar, inner, rpar = c
+        depth = self._extent(inner)[4]
+        return self._keep(inner, lpar, rpar, depth)  # the node stays; its extent now covers the brackets
 
-    @_v(meta=True)
-    def true(self, meta, c):
-        return ast.Ref("true", _span(self.filename, self._tree(meta)))
+    def number(self, c):
+        tok = c[0]
+        text = str(tok)
+        value: int | float = float(text)
+        if text.isdigit():
+            # Python refuses to convert thousands of digits; such a literal only needs to be known too large
+            value = int(text) if len(text) <= MAX_EXACT_DIGITS else 10 ** (len(text) - 1)
+        return self._keep(ast.Num(value, self._token_span(tok)), tok, tok)
 
-    @_v(meta=True)
-    def false(self, meta, c):
-        return ast.Ref("false", _span(self.filename, self._tree(meta)))
+    def true(self, c):
+        return self._keep(ast.Ref("true", self._token_span(c[0])), c[0], c[0])
 
-    @_v(meta=True)
-    def dotted(self, meta, c):
-        return ast.Ref(".".join(str(t) for t in c), _span(self.filename, self._tree(meta)))
+    def false(self, c):
+        return self._keep(ast.Ref("false", self._token_span(c[0])), c[0], c[0])
 
-    @_v(meta=True)
-    def temp(self, meta, c):
-        return ast.Ref(str(c[0]), _span(self.filename, c[0]))
+    def dotted(self, c):
+        return self._keep(ast.Ref(".".join(c), self._span(c[0], c[-1])), c[0], c[-1])
 
-    @_v(meta=True)
-    def axes(self, meta, c):
-        names = tuple(str(t) for t in c[0].children) if c[0] is not None else ()
-        return ast.AxesLit(names, _span(self.filename, self._tree(meta)))
+    def temp(self, c):
+        return self._keep(ast.Ref(str(c[0]), self._token_span(c[0])), c[0], c[0])
 
-    @_v(meta=True)
-    def call(self, meta, c):
-        callee: ast.Ref = c[0]
-        args, kwargs = c[1] if c[1] is not None else ((), ())
-        s = _span(self.filename, self._tree(meta))
-        return self._deep(ast.Call(callee.name, args, kwargs, s, callee.span), [*args, *(k.value for k in kwargs)], s)
+    def axes(self, c):
+        lsqb, names, rsqb = c
+        return self._keep(ast.AxesLit(tuple(names or ()), self._span(lsqb, rsqb)), lsqb, rsqb)
 
-    @_v(meta=True)
-    def kwarg(self, meta, c):
-        return ast.KwArg(str(c[0]), c[1], _span(self.filename, self._tree(meta)))
+    def call(self, c):
+        callee, args, rpar = c
+        pos, kws = args if args is not None else ((), ())
+        s = self._span(callee, rpar)
+        return self._deep(ast.Call(callee.name, pos, kws, s, callee.span), callee, rpar,
+                          [*pos, *(k.value for k in kws)], s)
+
+    def kwarg(self, c):
+        name, value = c
+        return self._keep(ast.KwArg(str(name), value, self._span(name, value)), name, value, self._extent(value)[4])
 
     def args(self, c):
         pos = tuple(a for a in c if not isinstance(a, ast.KwArg))
@@ -252,70 +283,73 @@ class _ToAst(Transformer_NonRecursive):
 
     # --- types -------------------------------------------------------------
     def axis_list(self, c):
-        return Tree("axis_list", c)
+        return tuple(c)
 
-    @_v(meta=True)
-    def type(self, meta, c):
-        axes = tuple((str(t), _span(self.filename, t)) for t in c[0].children) if c[0] is not None else ()
-        dtype = str(c[1]) if c[1] is not None else None
-        return ast.TypeAst(axes, dtype, _span(self.filename, self._tree(meta)))
+    def type(self, c):
+        lsqb, names, placements, rsqb, dtype = c
+        axes = tuple((str(t), self._token_span(t)) for t in names or ())
+        return ast.TypeAst(axes, str(dtype) if dtype is not None else None,
+                           self._span(lsqb, dtype if dtype is not None else rsqb), placements or ())
 
-    @_v(meta=True)
-    def param(self, meta, c):
-        return ast.ParamAst(str(c[0]), c[1], _span(self.filename, c[0]))
+    def placements(self, c):
+        return tuple(c)
+
+    def placement(self, c):
+        mesh, kind, axis = c
+        return ast.PlacementAst(str(mesh), str(kind), str(axis) if axis is not None else None,
+                                self._span(mesh, axis if axis is not None else kind))
+
+    def param(self, c):
+        return ast.ParamAst(str(c[0]), c[1], self._token_span(c[0]))
 
     def params(self, c):
         return tuple(c)
 
     # --- statements --------------------------------------------------------
-    @_v(meta=True)
-    def kind_call(self, meta, c):
+    def kind_call(self, c):
         args, kwargs = c[1] if c[1] is not None else ((), ())
-        return dict(kind=str(c[0]), args=args, kwargs=kwargs, kind_span=_span(self.filename, c[0]))
+        return dict(kind=str(c[0]), args=args, kwargs=kwargs, kind_span=self._token_span(c[0]))
 
-    @_v(meta=True)
-    def stack(self, meta, c):
+    def stack(self, c):
         out = dict(c[0])
         out["count"] = c[1]
         return out
 
-    @_v(meta=True)
-    def extern(self, meta, c):
-        s = _span(self.filename, self._tree(meta))
-        return dict(kind="extern", args=(), kwargs=(), kind_span=Span(s.filename, s.line, s.column, s.column + 6),
-                    extern_params=c[0] or (), extern_result=c[1])
+    def extern(self, c):
+        tok = c[0]
+        return dict(kind="extern", args=(), kwargs=(),
+                    kind_span=Span(self.filename, tok.line or 1, tok.column or 1, (tok.column or 1) + 6),
+                    extern_params=c[1] or (), extern_result=c[2])
 
-    @_v(meta=True)
-    def decl(self, meta, c):
+    def decl(self, c):
         name: ast.Ref = c[0]
         return ast.DeclAst(name=name.name, span=name.span, **c[1])
 
-    @_v(meta=True)
-    def attr(self, meta, c):
-        return (str(c[0]), _span(self.filename, self._tree(meta)))
+    def attr(self, c):
+        return (str(c[1]), self._span(c[0], c[1]))
 
-    @_v(meta=True)
-    def equation(self, meta, c):
+    def equation(self, c):
         *attrs, target, value = c
-        return ast.EquationAst(str(target), value, tuple(attrs), _span(self.filename, target))
+        return ast.EquationAst(str(target), value, tuple(attrs), self._token_span(target))
 
-    @_v(meta=True)
-    def return_stmt(self, meta, c):
-        return ast.ReturnAst(c[0], _span(self.filename, self._tree(meta)))
+    def return_stmt(self, c):
+        return ast.ReturnAst(c[1], self._span(c[0], c[1]))
 
-    @_v(meta=True)
-    def const_def(self, meta, c):
-        return ast.ConstAst(str(c[0]), c[1], _span(self.filename, c[0]))
+    def const_def(self, c):
+        return ast.ConstAst(str(c[0]), c[1], self._token_span(c[0]))
 
-    @_v(meta=True)
-    def dim_def(self, meta, c):
-        return ast.DimAst(str(c[0]), str(c[1]), c[2], _span(self.filename, c[0]), _span(self.filename, c[1]))
+    def dim_def(self, c):
+        return ast.DimAst(str(c[0]), str(c[1]), c[2], self._token_span(c[0]), self._token_span(c[1]))
 
-    @_v(meta=True)
-    def block_def(self, meta, c):
+    def block_def(self, c):
         keyword, name, params, result, *body = c
         return ast.BlockAst(str(keyword), str(name), params or (), result, tuple(body),
-                            _span(self.filename, name), _span(self.filename, keyword))
+                            self._token_span(name), self._token_span(keyword))
 
     def start(self, c):
         return c
+
+
+# one builder serves every parse (lark binds its callbacks once); the lock keeps parses from sharing it
+_BUILDER = _ToAst()
+_LOCK = threading.Lock()

@@ -43,6 +43,7 @@ class Neg:
 
 
 ConstExpr = Union[Num, Name, Bin, Neg]
+EXPRS = (Num, Name, Bin, Neg)  # for isinstance: an argument value that is a constant expression
 
 # names every constant expression may use; bound per layer when a block is stacked
 LAYER = "layer"
@@ -70,11 +71,22 @@ def names_in(expr: ConstExpr) -> set[str]:
     return out
 
 
+def describe(value: int) -> str:
+    """A short text for an integer of any size: formatting a huge int as a float would overflow, and
+    converting one with thousands of digits to decimal text is refused by Python."""
+    if abs(value) < 10**300:
+        return f"{value:.3g}"
+    digits = int(value.bit_length() * math.log10(2)) + 1  # exact or one too many
+    if abs(value) < 10 ** (digits - 1):
+        digits -= 1
+    return f"of {digits} digits"
+
+
 def _check(value: float | int, span: Span) -> float | int:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value) or abs(value) > MAX_MAGNITUDE):
         raise ConstError("constant is not a finite number", span)
     if isinstance(value, int) and abs(value) > MAX_INT:
-        raise ConstError(f"constant {value:.3g} is too large", span)
+        raise ConstError(f"constant {describe(value)} is too large (the limit is 2**62)", span)
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Any, Union
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.kinds import KINDS, KindSpec
-from blockir.ir.types import TensorType
+from blockir.ir.types import Layout, TensorType
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,7 @@ class Param:
     name: str
     type: TensorType
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+    layout: Layout = ()  # declared placement over mesh axes at the block boundary
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ExternDecl:
     params: tuple[Param, ...]
     result: TensorType
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+    result_layout: Layout = ()
     kind = "extern"
     category = "branch"
 

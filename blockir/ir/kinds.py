@@ -12,7 +12,9 @@ from typing import Any
 from blockir.ir.consts import Num
 
 REQUIRED = object()
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_new", "silu", "tanh", "identity")
+# elementwise functions that make gates; usable in equations, not as a branch's activation
+GATES = ("sigmoid", "erf")
 CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
 MASKS = ("element", "row", "channel", "sample")
 
@@ -20,7 +22,7 @@ MASKS = ("element", "row", "channel", "sample")
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int
+    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (an identifier: a parameter's name)
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     positional: bool = False
@@ -32,11 +34,24 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class Implies:
+    """While ``when`` = ``given``, argument ``arg`` can only be ``value``: its default follows, and any
+    other value is a contradiction (the module would silently not have what the argument asks for)."""
+
+    when: str
+    given: Any
+    arg: str
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
 class KindSpec:
     name: str
-    category: str  # norm | branch | linear | scale | activation
+    category: str  # norm | branch | linear | scale | activation | embedding | head
     args: tuple[ArgSpec, ...]
     doc: str
+    implies: tuple[Implies, ...] = ()
 
     def arg(self, name: str) -> ArgSpec | None:
         return next((a for a in self.args if a.name == name), None)
@@ -58,6 +73,51 @@ _GAIN = ArgSpec("init_gain", "expr", None,
                 doc="Xavier init with this gain on value/output and MLP matrices (DeepNorm beta); q/k keep gain 1")
 _TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
 _ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
+# Runtime ownership of a norm under a device mesh; unset means the mathematical norm (global row
+# moments, affine gradients summed over the ranks that own rows), which is what every file without
+# a layout means.
+_MOMENTS = ArgSpec("moments", "enum", None, choices=("global", "local"),
+                   doc="local: statistics of the rank's own slice of the row only")
+_AFFINE_GRAD = ArgSpec("affine_grad", "enum", None, choices=("sum", "local"),
+                       doc="local: each rank keeps the affine gradient of its own rows")
+
+
+def _offset(what: str) -> ArgSpec:
+    return ArgSpec("offset", "int", 0, choices=(0, 1), doc=f"1 multiplies by (1 + {what}), stored as a deviation from one")
+
+
+ROPE_STYLES = ("half", "interleaved")
+QKV_LAYOUTS = ("none", "stacked", "heads")
+QK_NORMS = ("none", "rmsnorm", "layernorm")
+ATTENTION_IMPLS = ("sdpa", "eager")
+
+
+def _name(name: str, doc: str) -> ArgSpec:
+    # unset means the default name, which the backend and the key table share
+    return ArgSpec(name, "name", None, doc=doc)
+
+
+_ATTENTION_CORE = (
+    ArgSpec("scale", "expr", None, doc="scores are multiplied by this; head_dim ** -0.5 if unset"),
+    ArgSpec("softcap", "expr", None, doc="scores become softcap * tanh(scores / softcap) (Gemma 2)"),
+    ArgSpec("dropout", "expr", Num(0.0), doc="dropout on the attention probabilities while training"),
+    ArgSpec("impl", "enum", "sdpa", choices=ATTENTION_IMPLS,
+            doc="sdpa: the fused kernel; eager: HF's eager reference op for op (bit-exact)"),
+    ArgSpec("softmax_f32", "bool", True, doc="eager softmax in f32 then cast (LLaMA); false: in the input dtype"),
+)
+_ATTENTION_LAYOUT = (
+    ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
+            doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head"),
+    ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)"),
+    ArgSpec("qk_norm", "enum", "none", choices=QK_NORMS, doc="a norm on queries and keys after projection"),
+    ArgSpec("qk_norm_axis", "enum", "head", choices=("head", "width"), doc="normalise each head, or all heads"),
+    ArgSpec("qk_norm_eps", "expr", Num(1e-6)),
+    ArgSpec("qk_norm_cast", "enum", "before_weight", choices=CAST_ORDERS),
+    _name("q", "the query projection's name"), _name("k", "the key projection's name"),
+    _name("v", "the value projection's name"), _name("qkv", "the fused projection's name"),
+    _name("o", "the output projection's name (o_proj, out_proj, dense, c_proj, …)"),
+    _name("q_norm", "the query norm's name"), _name("k_norm", "the key norm's name"),
+)
 
 KINDS: dict[str, KindSpec] = {
     k.name: k
@@ -65,7 +125,10 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("layernorm", "norm", (
             _axes(), _eps(1e-5),
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _TIED), "LayerNorm: biased variance, eps inside the square root"),
+            _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD),
+            "LayerNorm: biased variance, eps inside the square root",
+            (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
+             Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
         KindSpec("rmsnorm", "norm", (
             _axes(), _eps(1e-6),
             ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
@@ -73,36 +136,85 @@ KINDS: dict[str, KindSpec] = {
             _ACCUM, ArgSpec("bias", "bool", False),
             # unset means the usual per-channel weight; only an affine fold writes affine=false
             ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED), "RMSNorm: no centering, per-channel scale"),
-        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _TIED), "ScaleNorm: one learned scalar over x/||x||"),
-        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _TIED),
+            _TIED, _MOMENTS, _AFFINE_GRAD), "RMSNorm: no centering, per-channel scale",
+            (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
+             Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
+        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
+                 "ScaleNorm: one learned scalar over x/||x||"),
+        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
         KindSpec("self_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
             ArgSpec("rope_theta", "expr", Num(10000.0)),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),
-            "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)"),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
+            ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
+                    doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
+            ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
+            *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
+            *_ATTENTION_LAYOUT),
+            "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
+            (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
+                     "rotates nothing"),)),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN),
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
+            *_ATTENTION_CORE, *_ATTENTION_LAYOUT),
             "queries from the state, keys and values from memory"),
         KindSpec("mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "gelu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", True), _GAIN), "dense MLP fc2(act(fc1(x)))"),
+            ArgSpec("bias", "bool", True), _GAIN,
+            _name("fc1", "the input layer's name (c_fc, dense_h_to_4h, up_proj, …)"),
+            _name("fc2", "the output layer's name (c_proj, dense_4h_to_h, down_proj, …)"),
+            ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)")),
+            "dense MLP fc2(act(fc1(x)))"),
         KindSpec("gated_mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "silu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", False), _GAIN), "gated MLP down(act(gate(x)) * up(x))"),
+            ArgSpec("bias", "bool", False), _GAIN,
+            _name("gate", "the gate layer's name"), _name("up", "the up layer's name"),
+            _name("down", "the down layer's name"),
+            ArgSpec("fused", "bool", False, doc="gate and up stored as one matrix, gate rows first"),
+            _name("gate_up", "the fused gate and up layer's name")),
+            "gated MLP down(act(gate(x)) * up(x))"),
         KindSpec("linear", "linear", (
             ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
             ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),
-        KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)),), "a learned scalar gain (ReZero: init=0)"),
-        KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0))),
+        KindSpec("embedding", "embedding", (
+            ArgSpec("vocab", "dim", positional=True, doc="rows of the table: the vocabulary, or the positions"),
+            ArgSpec("width", "dim", positional=True),
+            ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
+            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)")),
+            "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
+        KindSpec("head", "head", (
+            ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
+            ArgSpec("tied", "bool", False, doc="share the weight of the token embedding declared in the same model"),
+            ArgSpec("softcap", "expr", None, doc="logits become softcap * tanh(logits / softcap) (Gemma 2)")),
+            "the output projection to vocabulary logits (HF's lm_head)"),
+        KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)), _offset("the scalar")),
+                 "a learned scalar gain (ReZero: init=0)"),
+        KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0)),
+                                     _offset("the vector")),
                  "a learned per-channel gain (LayerScale)"),
+        KindSpec("bias", "shift", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(0.0))),
+                 "a learned per-channel bias added to a value"),
         KindSpec("activation", "activation", (ArgSpec("fn", "enum", choices=ACTIVATIONS, positional=True),),
                  "a named activation function"),
     )
 }
 
 # Functions usable inside equations (not declarations).
-FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS
+FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS + GATES
+
+# The default name of each named layer inside a built-in branch; the key table and the backend both read it.
+LAYER_NAMES: dict[str, dict[str, str]] = {
+    "self_attention": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj",
+                       "q_norm": "q_norm", "k_norm": "k_norm"},
+    "mlp": {"fc1": "fc1", "fc2": "fc2"},
+    "gated_mlp": {"gate": "gate_proj", "up": "up_proj", "down": "down_proj", "gate_up": "gate_up_proj"},
+}
+LAYER_NAMES["cross_attention"] = LAYER_NAMES["self_attention"]
+
+
+def layer_names(kind: str, args: Any) -> dict[str, str]:
+    """Role -> parameter name inside a branch declaration; ``args`` maps argument names to values."""
+    return {role: args.get(role) or name for role, name in LAYER_NAMES.get(kind, {}).items()}

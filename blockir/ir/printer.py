@@ -12,7 +12,7 @@ from blockir.ir import ops as O
 from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program
-from blockir.ir.types import Axis, TensorType
+from blockir.ir.types import Axis, TensorType, format_layout
 
 TYPE_COLUMN = 48
 INDENT = "  "
@@ -34,8 +34,8 @@ def _value(kind: str, v: Any) -> str:
 
 def format_decl(d: Decl) -> str:
     if isinstance(d, ExternDecl):
-        params = ", ".join(f"{p.name}: {p.type}" for p in d.params)
-        return f"{d.name}: extern({params}) -> {d.result}"
+        params = ", ".join(_param(p) for p in d.params)
+        return f"{d.name}: extern({params}) -> {format_layout(d.result, d.result_layout)}"
     if isinstance(d, InstanceDecl):
         return f"{d.name}: {d.block}" + (f" * {format_expr(d.count, 3)}" if d.count is not None else "")
     parts = []
@@ -53,45 +53,7 @@ def _factor(c: ConstExpr) -> str:
 
 
 def format_op(op: O.Op) -> str:
-    if isinstance(op, O.NormOp):
-        return f"{op.result} = {op.decl}({op.operand})"
-    if isinstance(op, O.CallOp):
-        return f"{op.result} = {op.decl}({', '.join(op.args)})"
-    if isinstance(op, O.ActivationOp):
-        return f"{op.result} = {op.fn}({op.operand})"
-    if isinstance(op, O.DropoutOp):
-        p = format_expr(op.p)
-        if op.mask == "sample":
-            return f"{op.result} = drop_path({op.operand}, p={p})"
-        mask = "" if op.mask == "element" else f", mask={op.mask}"
-        return f"{op.result} = dropout({op.operand}, p={p}{mask})"
-    if isinstance(op, O.ScaleOp):
-        factor = op.param if op.param is not None else _factor(op.factor)  # type: ignore[arg-type]
-        return f"{op.result} = {factor} * {op.operand}"
-    if isinstance(op, O.AddOp):
-        return f"{'@inplace ' if op.inplace else ''}{op.result} = {op.lhs} + {op.rhs}"
-    if isinstance(op, O.CastOp):
-        return f"{op.result} = cast({op.operand}, {op.dtype.value})"
-    if isinstance(op, O.ConcatOp):
-        return f"{op.result} = concat({', '.join(op.args)})"
-    if isinstance(op, O.FusedAddNormOp):
-        extra = []
-        if op.shortcut_factor is not None:
-            extra.append(f"shortcut_scale={_factor(op.shortcut_factor)}")
-        if op.branch_factor is not None:
-            extra.append(f"branch_scale={_factor(op.branch_factor)}")
-        if op.branch_param is not None:
-            extra.append(f"branch_scale={op.branch_param}")
-        if op.p is not None:
-            extra.append(f"p={format_expr(op.p)}")
-            if op.mask != "element":
-                extra.append(f"mask={op.mask}")
-        tail = "".join(", " + e for e in extra)
-        return (f"{op.normalized}, {op.residual} = fused_add_norm[{op.decl}]"
-                f"(branch={op.branch}, shortcut={op.shortcut}{tail})")
-    if isinstance(op, O.OutputOp):
-        return f"return {op.value}"
-    raise TypeError(f"cannot print {type(op).__name__}")
+    return op.text()
 
 
 def _with_type(line: str, t: TensorType | None) -> str:
@@ -101,11 +63,12 @@ def _with_type(line: str, t: TensorType | None) -> str:
 
 
 def _param(p: Param) -> str:
-    return f"{p.name}: {p.type}"
+    return f"{p.name}: {format_layout(p.type, p.layout)}"
 
 
 def format_block(b: Block) -> str:
-    lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {b.result} {{"]
+    result = format_layout(b.result, b.result_layout)
+    lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {result} {{"]
     for c in b.consts:
         lines.append(f"{INDENT}const {c.name} = {format_expr(c.value)}")
     for d in b.decls:

@@ -7,8 +7,8 @@ from functools import cached_property
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
-from blockir.ir.ops import InputOp, Op, OutputOp, results_of
-from blockir.ir.types import Axis, TensorType
+from blockir.ir.ops import InputOp, Op, OutputOp
+from blockir.ir.types import Axis, Layout, TensorType
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Block:
     decls: tuple[Decl, ...]
     ops: tuple[Op, ...]
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+    result_layout: Layout = ()  # declared placement of the result over mesh axes
 
     @cached_property
     def decl_map(self) -> dict[str, Decl]:
@@ -35,11 +36,10 @@ class Block:
 
     @cached_property
     def producers(self) -> dict[str, Op]:
-        return {r: op for op in self.ops for r in results_of(op)}
+        return {r: op for op in self.ops for r in op.results}
 
     def type_of(self, value: str) -> TensorType:
-        op = self.producers[value]
-        return getattr(op, "residual_type") if getattr(op, "residual", None) == value else op.type
+        return self.producers[value].type_of(value)
 
     @cached_property
     def users(self) -> dict[str, tuple[Op, ...]]:

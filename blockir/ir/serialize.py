@@ -16,7 +16,7 @@ def to_data(obj: Any) -> Any:
     if isinstance(obj, _EXPR):
         return format_expr(obj)
     if isinstance(obj, Span):
-        return f"{obj.line}:{obj.column}"
+        return str(obj)
     if isinstance(obj, Enum):
         return obj.value
     if dataclasses.is_dataclass(obj):

@@ -15,6 +15,8 @@ class Role(str, Enum):
     HIDDEN = "hidden"
     HEADS = "heads"
     HEAD_DIM = "head_dim"
+    MESH = "mesh"  # a device-mesh axis (``dim tp: mesh``): names where values are placed, never a tensor axis
+    VOCAB = "vocab"
 
 
 class DType(str, Enum):
@@ -90,3 +92,47 @@ class TensorType:
     def __str__(self) -> str:
         body = "[" + ", ".join(self.names) + "]"
         return f"{body} {self.dtype.value}" if self.dtype else body
+
+
+PLACEMENT_KINDS = ("replicate", "shard", "partial")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a value lives over one mesh axis: a full copy on every rank (replicate), split along one of
+    its tensor axes (shard), or one summand per rank of a sum not yet taken (partial)."""
+
+    mesh: str
+    kind: str
+    axis: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLACEMENT_KINDS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENT_KINDS)}, got {self.kind!r}")
+        if (self.kind == "shard") != (self.axis is not None):
+            raise ValueError("a shard placement names exactly one tensor axis; the others name none")
+
+    def __str__(self) -> str:
+        return f"{self.mesh}={self.kind}({self.axis})" if self.axis else f"{self.mesh}={self.kind}"
+
+
+# A value's placement on each mesh axis it is distributed over; () on a single device.
+Layout = tuple[Placement, ...]
+
+
+def check_layout(t: TensorType, layout: Layout) -> None:
+    """A layout names each mesh axis once and shards only axes of its tensor type."""
+    meshes = [p.mesh for p in layout]
+    if len(set(meshes)) != len(meshes):
+        raise ValueError(f"mesh axis placed twice in {format_layout(t, layout)}")
+    for p in layout:
+        if p.axis is not None and p.axis not in t.names:
+            raise ValueError(f"'{p.mesh}' shards {p.axis}, which is not an axis of {t}")
+
+
+def format_layout(t: TensorType, layout: Layout) -> str:
+    """The type with its layout inside the brackets: ``[B, S, D; tp=shard(S)] f32``."""
+    if not layout:
+        return str(t)
+    body = "[" + ", ".join(t.names) + "; " + ", ".join(map(str, layout)) + "]"
+    return f"{body} {t.dtype.value}" if t.dtype else body

@@ -10,18 +10,33 @@ stays between the norm and the linear).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch.fx as fx
-
+from blockir.analyses.fold_legality import (
+    FIRST_LINEAR,
+    LAST_LINEAR,
+    FoldSite,
+    fold_report,
+)
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import decl_kind
-from blockir.backends.sizes import Sizes, program_sizes
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
-from blockir.analyses.fold_legality import FIRST_LINEAR, LAST_LINEAR, FoldSite, fold_report
-from blockir.rewrites.fold_weights import (Drop, Edit, Gain, ScaleInputs, ScaleNormState, ScaleOutputs,
-                                             ShiftBias, rebuild_module)
+from blockir.rewrites.fold_weights import (
+    Drop,
+    Edit,
+    Gain,
+    ScaleInputs,
+    ScaleNormState,
+    ScaleOutputs,
+    ShiftBias,
+    rebuild_module,
+)
+
+if TYPE_CHECKING:
+    import torch.fx as fx
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,7 @@ def _param_key(decl: str, linear: str, leaf: str) -> str:
 
 def _weightless(block: Block, op: Op) -> bool:
     decl = block.decl_map.get(getattr(op, "decl", "") or "")
-    return isinstance(decl, KindDecl) and decl.kind == "rmsnorm" and decl.arg("affine") is False
+    return isinstance(decl, KindDecl) and decl.kind == "rmsnorm" and not family(decl).weight(decl)
 
 
 def _sites(block: Block, mode: str) -> list[tuple[FoldSite, Op]]:
@@ -182,7 +197,7 @@ def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: Scale
         if isinstance(param, KindDecl) and param.kind == "vector":
             raise _Refuse("shape", f"a per-channel gain cannot fold into the single scalar of '{decl.name}'")
         _check(site, [f"{decl.name}.scale"])
-        return (ScaleNormState(f"{decl.name}.scale", None, 0, gain),)
+        return (ScaleNormState(f"{decl.name}.scale", None, int(decl.arg("offset", 0)), gain),)
     has_bias = decl.kind == "dyt" or decl.kind == "layernorm" and bool(decl.arg("bias"))
     bias = f"{decl.name}.bias" if has_bias else None
     _check(site, [f"{decl.name}.weight"] + ([bias] if bias else []))
@@ -200,7 +215,9 @@ def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tupl
 
 
 def _fold_scale(block: Block, site: FoldSite, op: ScaleOp, sizes: Sizes) -> _Step:
-    gain = Gain(const=float(sizes.value(op.factor))) if op.factor is not None else Gain(key=op.param)
+    param = block.decl_map.get(op.param or "")
+    gain = Gain(const=float(sizes.value(op.factor))) if op.factor is not None else \
+        Gain(key=op.param, offset=int(param.arg("offset", 0)) if isinstance(param, KindDecl) else 0)
     prod = block.producers.get(op.operand)
     producer_side = site.action.startswith("fold into the producer")
     if producer_side and isinstance(prod, NormOp):
@@ -232,7 +249,7 @@ def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Ste
     edits += [ScaleInputs(w, Gain(key=weight, offset=int(decl.arg("offset", 0)))) for w in dict.fromkeys(
         w for w, _, _ in linears)]
     edits += [Drop(weight)] + ([Drop(bias)] if shift else [])
-    plain = _with_args(decl, affine=False, bias=False) if decl.kind == "layernorm" else \
+    plain = _with_args(decl, affine=False, bias=False, offset=0) if decl.kind == "layernorm" else \
         _with_args(decl, affine=False, offset=0)
     folded = replace(block, decls=tuple(plain if d.name == decl.name else d for d in block.decls))
     return _Step(folded, "affine-into-linears", tuple(edits))
@@ -255,7 +272,7 @@ def fold_block(program: Program, block_name: str, mode: str = "infer", *,
     that fired, then every site kept, with its reason.
     """
     block = program.block(block_name)
-    sizes = program_sizes(program, dims).for_block(block, 0, 1)
+    sizes = Sizes.of(program, dims).for_block(block, 0, 1)
     fired: list[FoldEvent] = []
     edits: list[Edit] = []
     refused: dict[tuple[Any, ...], FoldEvent] = {}
@@ -296,8 +313,9 @@ def format_log(block_name: str, mode: str, report: tuple[FoldEvent, ...]) -> str
     if not report:
         lines.append("  nothing to fold: no scales, affine norms or dropouts")
     width = max((len(e.site.name) for e in report), default=0)
+    at = max((len(str(e.site.span)) for e in report), default=0)
     for e in report:
-        head = f"  {e.site.span.line}:{e.site.span.column:<4} {e.site.kind:<8} {e.site.name:<{width}}"
+        head = f"  {str(e.site.span):<{at}}  {e.site.kind:<8} {e.site.name:<{width}}"
         if e.fired:
             assert e.rule is not None
             lines.append(f"{head}  fired  {e.rule}: {RULE[e.rule].algebra}")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
-import torch
-import torch.fx as fx
-from torch import Tensor, nn
-
-from blockir.backends.compile import compile as compile_block
 from blockir.ir.program import Program
+
+if TYPE_CHECKING:
+    # the edits themselves are plain data, built by the IR-side fold without torch
+    import torch.fx as fx
+    from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ Edit = Union[ScaleOutputs, ScaleInputs, ShiftBias, ScaleNormState, Drop]
 
 def _rows(g: Tensor | float) -> Tensor | float:
     # a per-channel gain scales the rows of a [out, in] weight
-    return g.unsqueeze(-1) if isinstance(g, Tensor) and g.dim() == 1 else g
+    return g.unsqueeze(-1) if not isinstance(g, (int, float)) and g.dim() == 1 else g
 
 
 def _apply(state: dict[str, Tensor], edit: Edit) -> None:
@@ -108,6 +108,7 @@ def _apply(state: dict[str, Tensor], edit: Edit) -> None:
 
 def apply_edits(state: dict[str, Tensor], edits: list[Edit]) -> dict[str, Tensor]:
     """A new state dict with ``edits`` applied in order; ``state`` is left as it was."""
+    import torch
     out = {k: v.detach().clone() for k, v in state.items()}
     with torch.no_grad():
         for edit in edits:
@@ -117,13 +118,15 @@ def apply_edits(state: dict[str, Tensor], edits: list[Edit]) -> dict[str, Tensor
 
 def _bindings(module: nn.Module) -> dict[str, Any]:
     """Copies of the module's bound externs, keyed by path, so the rebuild owns its own."""
-    return {path: (copy.deepcopy(m), m.blockir_adapter) for path, m in module.named_modules()
-            if path and hasattr(m, "blockir_adapter")}
+    from blockir.backends.bind import BoundExtern
+    return {path: (copy.deepcopy(m.bound), m.adapter) for path, m in module.named_modules()
+            if isinstance(m, BoundExtern)}
 
 
 def rebuild_module(program: Program, name: str, module: nn.Module, edits: list[Edit], mode: str,
                    dims: Mapping[str, int] | None) -> fx.GraphModule:
     """Compile the folded program and load ``module``'s weights with ``edits`` applied, strictly."""
+    from blockir.backends.compile import compile as compile_block
     first = next((p for p in module.parameters() if p.is_floating_point()), None)
     dtype = first.dtype if first is not None else None
     device = first.device if first is not None else None

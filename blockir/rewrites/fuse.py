@@ -11,16 +11,17 @@ fused op does not return:
   every absorbed value (dropped branch, scaled branch, scaled shortcut) has one user
   the norm is a LayerNorm or RMSNorm over the model axis, accumulating in fp32
   no cast sits inside the chain (the op casts the update to the residual dtype itself)
+  a (1 + g) gain, and a norm whose offset the kernels lack, stay unfused
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from blockir.analyses.norms import family
 from blockir.ir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
 
-FUSABLE_NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,10 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
         return None
     norm = norms[0]
     decl = block.decl_map[norm.decl]
-    if not isinstance(decl, KindDecl) or decl.kind not in FUSABLE_NORMS or len(decl.arg("axes")) != 1:
+    if not isinstance(decl, KindDecl) or decl.category != "norm" or not family(decl).fuses(decl) \
+            or len(decl.arg("axes")) != 1:
         return None
-    if decl.arg("accum") != "f32" or decl.arg("affine") is False:  # fp32 statistics and an RMS weight only
+    if decl.arg("accum") != "f32" or not family(decl).weight(decl):  # fp32 statistics and an RMS weight only
         return None
     if block.type_of(add.result).last is None or decl.arg("axes")[0] != block.type_of(add.result).last.name:
         return None
@@ -56,7 +58,10 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
     value = add.rhs
     branch_factor = branch_param = None
     producer = block.producers[value]
-    if isinstance(producer, O.ScaleOp) and _single_use(block, value):
+    gain = block.decl_map.get(getattr(producer, "param", None) or "")
+    # the kernels multiply by the stored gain itself; a (1 + g) gain stays outside as its own op
+    if isinstance(producer, O.ScaleOp) and _single_use(block, value) \
+            and not (isinstance(gain, KindDecl) and gain.arg("offset", 0)):
         branch_factor, branch_param = producer.factor, producer.param
         absorbed.append(producer)
         value = producer.operand

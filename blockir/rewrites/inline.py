@@ -14,17 +14,15 @@ not reproduce those masks.
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable, Mapping
 
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
+from blockir.analyses.sizes import Sizes
 from blockir.ir.program import Block, Program
 
-VALUE_FIELDS = ("result", "operand", "lhs", "rhs", "value", "branch", "shortcut", "normalized", "residual", "site")
-DECL_FIELDS = ("decl", "param", "branch_param")
-EXPR_FIELDS = ("p", "factor", "branch_factor", "shortcut_factor")
 _EXPRS = (C.Num, C.Name, C.Bin, C.Neg)
 
 
@@ -40,20 +38,7 @@ def substitute(expr: C.ConstExpr, env: dict[str, C.ConstExpr]) -> C.ConstExpr:
 
 def _rename_op(op: O.Op, value: Callable[[str], str], decl: Callable[[str], str],
                env: dict[str, C.ConstExpr]) -> O.Op:
-    changes: dict[str, Any] = {}
-    for f in fields(op):
-        v = getattr(op, f.name)
-        if v is None:
-            continue
-        if f.name in VALUE_FIELDS:
-            changes[f.name] = value(v)
-        elif f.name == "args":
-            changes[f.name] = tuple(value(a) for a in v)
-        elif f.name in DECL_FIELDS:
-            changes[f.name] = decl(v)
-        elif f.name in EXPR_FIELDS:
-            changes[f.name] = substitute(v, env)
-    return replace(op, **changes)
+    return op.rename(value, decl, lambda e: substitute(e, env))  # type: ignore[return-value]
 
 
 def _rename_decl(d: Decl, prefix: str, env: dict[str, C.ConstExpr]) -> Decl:
@@ -77,6 +62,22 @@ def _draws_dropout(block: Block) -> bool:
     return any(isinstance(op, O.DropoutOp) and not (isinstance(op.p, C.Num) and op.p.value == 0) for op in block.ops)
 
 
+def _inline_layer(layer: Block, args: list[str], values: str, decls: str,
+                  env: dict[str, C.ConstExpr]) -> tuple[list[O.Op], str]:
+    """The ops of one application of ``layer`` to ``args``, values prefixed ``values``, declarations ``decls``."""
+    inputs = {op.result: arg for op, arg in zip(layer.inputs, args)}
+    ops: list[O.Op] = []
+    out = ""
+    for op in layer.ops:
+        if isinstance(op, O.InputOp):
+            continue
+        if isinstance(op, O.OutputOp):
+            out = inputs.get(op.value, values + op.value)
+            continue
+        ops.append(_rename_op(op, lambda v: inputs.get(v, values + v), lambda d: decls + d, env))
+    return ops, out
+
+
 def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) -> tuple[list[Decl], list[O.Op], str]:
     layer = program.block(stack.block)
     decls: list[Decl] = []
@@ -85,60 +86,83 @@ def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) 
     for i in range(n):
         prefix = f"{stack.name}.{i}."
         env = _layer_env(layer, i, stack.count)  # type: ignore[arg-type]
-        inputs = {op.result: arg for op, arg in zip(layer.inputs, current)}
         decls += [_rename_decl(d, prefix, env) for d in layer.decls]
-
-        def value(v: str, inputs: dict[str, str] = inputs, prefix: str = prefix) -> str:
-            return inputs.get(v, prefix + v)
-
-        def decl(d: str, prefix: str = prefix) -> str:
-            return prefix + d
-
-        out = None
-        for op in layer.ops:
-            if isinstance(op, O.InputOp):
-                continue
-            if isinstance(op, O.OutputOp):
-                out = value(op.value)
-                continue
-            ops.append(_rename_op(op, value, decl, env))
+        layer_ops, out = _inline_layer(layer, current, prefix, prefix, env)
+        ops += layer_ops
         current = [out] + current[1:]  # the state threads through; other inputs (memory) are shared
     return decls, ops, current[0]
 
 
-def _count(program: Program, stack: InstanceDecl) -> int | None:
-    """The stack's depth from the file's sizes (None when it depends on a size given only at compile time)."""
-    env = {d.name: d.size for d in program.dims if d.size is not None} | {c.name: c.value for c in program.consts}
-    try:
-        return int(C.evaluate(substitute(stack.count, env), {C.LAYER: 0, C.NUM_LAYERS: 1}))  # type: ignore[arg-type]
-    except C.ConstError:
-        return None
+def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
+            calls: dict[int, tuple[list[O.Op], str]]) -> Program:
+    """``parent`` with each replaced declaration's new declarations and each inlined call's ops."""
+    new_decls = [x for d in parent.decls for x in (decls[d.name] if d.name in decls else [d])]
+    ops: list[O.Op] = []
+    renamed: dict[str, str] = {}
+    for op in parent.ops:
+        inlined = calls.get(id(op))
+        op = op.reading(renamed)  # type: ignore[assignment]
+        if inlined is None:
+            ops.append(op)
+            continue
+        body, out = inlined
+        ops += [o.reading(renamed) for o in body]  # type: ignore[misc]
+        renamed[op.result] = out
+    block = replace(parent, decls=tuple(new_decls), ops=tuple(ops))
+    return replace(program, blocks=tuple(block if b.name == parent.name else b for b in program.blocks))
 
 
-def inline_stacks(program: Program, name: str) -> Program:
-    """Inline every dropout-free stack that block ``name`` calls exactly once."""
+def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
+    """Inline every call of a single block instance (not a stack) in block ``name``, one level deep.
+
+    An instance called at several sites keeps one set of declarations (it is
+    one instance, whose state every call shares); each call's values get
+    their own prefix (``name.`` for the first call, ``name@2.`` for the second…).
+    """
     parent = program.block(name)
+    instances = {d.name: d for d in parent.decls if isinstance(d, InstanceDecl) and d.count is None
+                 and d.block in program.block_map}
+    decls: dict[str, list[Decl]] = {}
+    calls: dict[int, tuple[list[O.Op], str]] = {}
+    seen: dict[str, int] = {}
+    for op in parent.ops:
+        d = instances.get(getattr(op, "decl", None) or "")
+        if not isinstance(op, O.CallOp) or d is None:
+            continue
+        layer = program.block(d.block)
+        env = _layer_env(layer, 0, C.Num(1))
+        decls.setdefault(d.name, [_rename_decl(x, f"{d.name}.", env) for x in layer.decls])
+        seen[d.name] = seen.get(d.name, 0) + 1
+        values = f"{d.name}." if seen[d.name] == 1 else f"{d.name}@{seen[d.name]}."
+        calls[id(op)] = _inline_layer(layer, list(op.args), values, f"{d.name}.", env)
+    if not calls:
+        return program, False
+    return _splice(program, parent, decls, calls), True
+
+
+def inline_stacks(program: Program, name: str, sizes: Sizes,
+                  layers: Mapping[str, int] | None = None) -> tuple[Program, bool]:
+    """Inline every dropout-free stack that block ``name`` calls exactly once; depths come from ``sizes``.
+
+    ``layers`` limits how many layers of the named stacks are written out (analyses that extrapolate
+    a repeating pattern need only the first few); ``num_layers`` keeps the declared count.
+    """
+    layers = layers or {}
+    parent = program.block(name)
+    scope = sizes.for_block(parent)
     calls: dict[str, list[O.CallOp]] = {}
     for op in parent.ops:
         if isinstance(op, O.CallOp):
             calls.setdefault(op.decl, []).append(op)
-    inlined: dict[str, tuple[list[Decl], list[O.Op], str]] = {}
+    decls: dict[str, list[Decl]] = {}
+    inlined: dict[int, tuple[list[O.Op], str]] = {}
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
-                and not _draws_dropout(program.block(d.block)) and (n := _count(program, d)) is not None:
-            inlined[d.name] = _inline_call(program, calls[d.name][0], d, n)
+                and not _draws_dropout(program.block(d.block)):
+            n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)  # type: ignore[arg-type]
+            call = calls[d.name][0]
+            decls[d.name], ops, out = _inline_call(program, call, d, min(n, layers.get(d.name, n)))
+            inlined[id(call)] = (ops, out)
     if not inlined:
-        return program
-    decls = [x for d in parent.decls for x in (inlined[d.name][0] if d.name in inlined else [d])]
-    ops: list[O.Op] = []
-    renamed: dict[str, str] = {}
-    for op in parent.ops:
-        op = _rename_op(op, lambda v: renamed.get(v, v), lambda d: d, {})
-        if isinstance(op, O.CallOp) and op.decl in inlined:
-            _, layer_ops, out = inlined[op.decl]
-            ops += layer_ops
-            renamed[op.result] = out
-        else:
-            ops.append(op)
-    block = replace(parent, decls=tuple(decls), ops=tuple(ops))
-    return replace(program, blocks=tuple(block if b.name == name else b for b in program.blocks))
+        return program, False
+    return _splice(program, parent, decls, inlined), True

@@ -5,8 +5,8 @@ way; a block that states neither must normalize every update the same way.
 """
 from __future__ import annotations
 
-from blockir.analyses.classify import placement
-from blockir.analyses.env import block_env, program_env
+from blockir.analyses.classify import placements
+from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
 from blockir.diagnostics import Diagnostic, Note, error, warning
@@ -19,14 +19,14 @@ def _branch_names(s: Sublayer) -> str:
 
 
 def _mixed(block: Block, w: Wrapper) -> Diagnostic | None:
-    placements = [placement(block, s) for s in w.sublayers]
-    if len(set(placements)) < 2 or any(not b.ops for s in w.sublayers for b in s.branches) \
+    placed = placements(block, w)
+    if len(set(placed)) < 2 or any(not b.ops for s in w.sublayers for b in s.branches) \
             or any(normalized_shortcut(block, s) is not None for s in w.sublayers):
         return None  # an empty update (a shape error) or a normalized shortcut (E0412) is reported on its own
     first = w.sublayers[0]
-    odd = next(s for s, p in zip(w.sublayers, placements) if p != placements[0])
+    odd, odd_placement = next((s, p) for s, p in zip(w.sublayers, placed) if p != placed[0])
     return warning("W0401", f"updates of '{block.name}' disagree on norm placement: {_branch_names(first)} is "
-                   f"{placements[0]}, {_branch_names(odd)} is {placement(block, odd)}", odd.root.span,
+                   f"{placed[0]}, {_branch_names(odd)} is {odd_placement}", odd.root.span,
                    notes=[Note("the first update", first.root.span)],
                    hint="a norm's name does not place it (LLaMA's post_attention_layernorm is the MLP's pre-norm); "
                         "normalize every update the same way, or state the intended order with `const norm_first`")

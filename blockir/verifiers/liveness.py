@@ -1,7 +1,7 @@
 """Liveness verifier: a user-asserted ``@inplace`` add must be legal in the modes the block runs in."""
 from __future__ import annotations
 
-from blockir.analyses.env import block_env, program_env
+from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import stated
 from blockir.analyses.liveness import AddDecision, plan
 from blockir.diagnostics import Diagnostic, Note, error, warning

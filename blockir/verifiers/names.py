@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from blockir.diagnostics import Diagnostic, warning
-from blockir.ir.ops import InputOp, OutputOp, ScaleOp, results_of
+from blockir.ir.ops import InputOp, OutputOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -11,9 +11,7 @@ from blockir.verifiers.registry import verifier
 def verify_names(program: Program) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for block in program.blocks:
-        used_decls = {getattr(op, "decl", None) for op in block.ops}
-        used_decls |= {op.param for op in block.ops if isinstance(op, ScaleOp)}
-        used_decls |= {getattr(op, "branch_param", None) for op in block.ops}
+        used_decls = {d for op in block.ops for d in op.applied}
         for d in block.decls:
             if d.name not in used_decls:
                 out.append(warning("W0103", f"declaration '{d.name}' is never used", d.span,
@@ -22,7 +20,7 @@ def verify_names(program: Program) -> list[Diagnostic]:
         for op in block.ops:
             if isinstance(op, (InputOp, OutputOp)):
                 continue
-            for r in results_of(op):
+            for r in op.results:
                 if r not in used_values and not r.startswith("%"):
                     out.append(warning("W0120", f"value '{r}' is never used", op.span,
                                        hint="a computed state that is never read usually means a missing residual add"))

@@ -1,7 +1,7 @@
 """The norm contract: what each norm reduces over, its epsilon, family and precision.
 
 A Transformer norm computes one statistic per row over the model axis
-(seed 0x02–0x03); reducing over S, B or the whole sentence is a different
+(Ba et al., 2016; Zhang and Sennrich, 2019); reducing over S, B or the whole sentence is a different
 method. eps must be positive in every layer it is evaluated for. A LayerNorm
 without centering is an RMSNorm; an RMSNorm with a bias is not one. Half
 precision rows need f32 statistics. One norm instance applied at two sites
@@ -9,10 +9,10 @@ ties their learned scale, which the checkpoint must say (``tied=true``).
 """
 from __future__ import annotations
 
-from collections import Counter
 
-from blockir.analyses.env import block_env, contexts, layer_counts, program_env, uses_layer, value
+from blockir.analyses.sizes import contexts, layer_counts, program_env, uses_layer, value
 from blockir.analyses.structure import describe
+from blockir.analyses.summaries import summaries
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.ops import FusedAddNormOp, NormOp, Op
@@ -118,38 +118,43 @@ def _check_sharing(decl: KindDecl, sites: list[tuple[Op, str, TensorType]], bloc
                  hint="declare one norm per site, or tied=true if the checkpoint really shares it")
 
 
-def _epsilons(program: Program, block: Block, base: dict, counts: dict[str, tuple[int, ...]],
-              seen: frozenset[str] = frozenset()) -> list[tuple[KindDecl, float | int, Block]]:
-    """(norm, eps, owner) for every norm of ``block`` and the blocks it instantiates, at layer 0."""
-    env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
-    out = []
-    for d in block.decls:
-        if isinstance(d, KindDecl) and d.category == "norm" and d.arg("eps") is not None:
-            v = value(d.arg("eps"), env)
-            if v is not None:
-                out.append((d, v, block))
-        elif isinstance(d, InstanceDecl) and d.block in program.block_map and d.block not in seen:
-            out += _epsilons(program, program.block(d.block), base, counts, seen | {block.name})
-    return out
-
-
-def _check_consistent_eps(program: Program, block: Block, base: dict,
-                          counts: dict[str, tuple[int, ...]]) -> list[Diagnostic]:
+def _check_consistent_eps(program: Program, block: Block) -> list[Diagnostic]:
     """One eps per norm family across a block and what it stacks, as a config's single eps gives."""
     own = {d.name for d in block.decls}
     out = []
-    by_family: dict[str, list[tuple[KindDecl, float | int, Block]]] = {}
-    for entry in _epsilons(program, block, base, counts):
-        by_family.setdefault(entry[0].kind, []).append(entry)
-    for family, entries in by_family.items():
-        common = Counter(v for _, v, _ in entries).most_common(1)[0][0]  # the first seen wins a tie
-        for decl, v, owner in entries:
-            if v != common and owner is block and decl.name in own:
-                other = next(d for d, w, _ in entries if w == common)
-                out.append(warning("W0302", f"eps of {family} '{decl.name}' is {v:g}, but {family} '{other.name}' "
-                                   f"uses {common:g}", decl.span, notes=[Note("the other eps", other.span)],
+    for family, entries in summaries(program)[block.name].eps.items():
+        common = max(entries, key=lambda e: e.count)  # the first seen wins a tie
+        for e in entries:
+            if e.value != common.value and e.owner == block.name and e.decl.name in own:
+                out.append(warning("W0302", f"eps of {family} '{e.decl.name}' is {e.value:g}, but {family} "
+                                   f"'{common.decl.name}' uses {common.value:g}", e.decl.span,
+                                   notes=[Note("the other eps", common.decl.span)],
                                    hint="a checkpoint's config gives one eps per norm family; a different value "
                                         "keeps every shape and changes every normalized row"))
+    return out
+
+
+def _check_shared_instances(program: Program, block: Block) -> list[Diagnostic]:
+    """A block instance that applies an untied norm, called on two values, shares that norm (E0307's rule)."""
+    facts = summaries(program)
+    calls: dict[str, dict[tuple[str, ...], Op]] = {}  # instance → first call per distinct argument list
+    for op in block.ops:
+        calls.setdefault(getattr(op, "decl", None) or "", {}).setdefault(op.operands, op)
+    out = []
+    for d in block.decls:
+        if not isinstance(d, InstanceDecl) or d.count is not None or d.block not in facts:
+            continue
+        norm = facts[d.block].untied_norm
+        first = calls.get(d.name, {})
+        if norm is None or len(first) < 2:
+            continue
+        (a, op_a), (b, op_b) = list(first.items())[:2]
+        out.append(error("E0307", f"block instance '{d.name}' ({d.block}) is applied to {describe(block, a[0])} and to "
+                         f"{describe(block, b[0])}: its norm '{norm.path}' is one instance at two sites, which ties "
+                         "their learned scale", op_b.span,
+                         notes=[Note("first applied here", op_a.span), Note("the norm", norm.span)],
+                         hint="declare one instance per site, or tied=true on the norm if the checkpoint really "
+                              "shares it"))
     return out
 
 
@@ -171,4 +176,5 @@ def verify_norm_contract(program: Program) -> list[Diagnostic]:
     base = program_env(program)
     counts = layer_counts(program, base)
     return [d for b in program.blocks for d in (verify_block(program, b, base, counts.get(b.name, (1,)))
-                                                + _check_consistent_eps(program, b, base, counts))]
+                                                + _check_consistent_eps(program, b)
+                                                + _check_shared_instances(program, b))]

@@ -1,6 +1,6 @@
 """Shape and row ownership: a residual add joins two tensors with the same axes, by name.
 
-Matching rank or sizes is not enough (seed 0x01): ``[B,S,D] + [B,S,F]`` is an
+Matching rank or sizes is not enough: ``[B,S,D] + [B,S,F]`` is an
 MLP intermediate, ``[B,S,D] + [B,H,S,Dh]`` unmerged heads, and
 ``[B,T,D] + [B,S,D]`` adds rows owned by another sequence even when T and S
 have the same size. Calls must also receive the axes their declarations take.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import AddOp, CallOp, ConcatOp
+from blockir.ir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Role, TensorType
 from blockir.verifiers.registry import verifier
@@ -48,7 +48,8 @@ def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[Cal
     return None
 
 
-def _check_add(block: Block, op: AddOp, state: str | None) -> Diagnostic | None:
+def _check_add(block: Block, op: AddOp | MulOp, state: str | None) -> Diagnostic | None:
+    sign = "*" if isinstance(op, MulOp) else "+"
     lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
     if lt.names == rt.names:
         return None
@@ -76,7 +77,7 @@ def _check_add(block: Block, op: AddOp, state: str | None) -> Diagnostic | None:
                          f" rows {_rows(ot)}, not the decoder rows {_rows(kt)}", op.span,
                          notes=[Note("called here", call.span)],
                          hint=f"pass the decoder state first and memory second: {call.decl}(norm(state), {memory})")
-        return error("E0202", f"'+' joins different row owners: {describe(block, keep)} has rows {_rows(kt)}, "
+        return error("E0202", f"'{sign}' joins different row owners: {describe(block, keep)} has rows {_rows(kt)}, "
                      f"{describe(block, odd)} has rows {_rows(ot)}", op.span, notes=notes,
                      hint="a residual update must be indexed by the rows of the state it updates, "
                           "even when the sizes agree")
@@ -86,9 +87,23 @@ def _check_add(block: Block, op: AddOp, state: str | None) -> Diagnostic | None:
                      f" ({ot} vs {kt})", op.span, notes=notes,
                      hint=f"contract {ot.last.name} back to {kt.last.name} (the MLP's down projection) before the add"
                      if hidden else f"project the branch to {kt.last.name} before the add")
-    return error("E0201", f"operands of '+' have different axes: {describe(block, op.lhs)} is {lt}, "
+    return error("E0201", f"operands of '{sign}' have different axes: {describe(block, op.lhs)} is {lt}, "
                  f"{describe(block, op.rhs)} is {rt}", op.span, notes=notes,
-                 hint="a residual add is elementwise: both sides need the same axes, in the same order")
+                 hint=f"{'a residual add' if sign == '+' else 'a product of tensors'} is elementwise: both sides "
+                      "need the same axes, in the same order")
+
+
+def _check_channel(block: Block, op: ScaleOp | BiasOp) -> Diagnostic | None:
+    """A learned vector or bias runs along the last axis of the value it applies to."""
+    decl = block.decl_map.get(op.param or "")
+    if not isinstance(decl, KindDecl) or decl.arg("axis") is None:
+        return None
+    t = block.type_of(op.operand)
+    if t.last is not None and t.last.name == decl.arg("axis"):
+        return None
+    return error("E0213", f"{decl.kind} '{decl.name}' runs along {decl.arg('axis')}, but {describe(block, op.operand)} "
+                 f"is {t}", op.span, notes=[Note("declared here", decl.span)],
+                 hint="declare it over the last axis of the value it applies to")
 
 
 def _check_concat(block: Block, op: ConcatOp, stream: frozenset[str]) -> Diagnostic | None:
@@ -153,8 +168,10 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for op in block.ops:
         d: Diagnostic | None = None
-        if isinstance(op, AddOp):
+        if isinstance(op, (AddOp, MulOp)):
             d = _check_add(block, op, state)
+        elif isinstance(op, (ScaleOp, BiasOp)):
+            d = _check_channel(block, op)
         elif isinstance(op, ConcatOp):
             d = _check_concat(block, op, frozenset(stream))
         elif isinstance(op, CallOp):

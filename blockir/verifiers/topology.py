@@ -1,26 +1,27 @@
 """Topology: where dropout, shortcuts, cross-attention and final norms sit.
 
 Branch dropout drops the update before the add, never the shortcut nor the
-sum (seed 0x0A). A stack whose layers leave the stream unnormalized ends with
-a norm (0x09). Cross-attention belongs to the decoder of an encoder–decoder,
-after masked self-attention and before the MLP (0x07). The shortcut is the
+sum (Vaswani et al., 2017). A stack whose layers leave the stream unnormalized ends with
+a norm (Xiong et al., 2020). Cross-attention belongs to the decoder of an encoder–decoder,
+after masked self-attention and before the MLP (Vaswani et al., 2017). The shortcut is the
 identity unless a recipe scales it; DeepNorm's α and β depend on the
-architecture (0x09A). A fused add+norm's normalized output is the branch
-input, its residual output the stream (0x0AA).
+architecture (Wang et al., 2022). A fused add+norm's normalized output is the branch
+input, its residual output the stream (docs/fused.md).
 """
 from __future__ import annotations
 
 import math
 from typing import Iterator
 
-from blockir.analyses.env import block_env, layer_counts, program_env, uses_layer, value
+from blockir.analyses.sizes import block_env, layer_counts, program_env, uses_layer, value
 from blockir.analyses.facts import stated
-from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, is_linear, normalized_shortcut,
-                                        wrapper)
-from blockir.diagnostics import Diagnostic, Note, error, warning
+from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, gated, is_linear,
+                                        normalized_shortcut, wrapper)
+from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
+from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ir.ops import CallOp, DropoutOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier
@@ -35,7 +36,7 @@ def _p(op: DropoutOp, env: dict) -> float | int | None:
 
 # --- dropout -----------------------------------------------------------------
 
-def _dropouts(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
+def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
     results = {s.result for s in w.sublayers} | {s.root.result for s in w.sublayers}
     for s in w.sublayers:
         for op in s.shortcut_ops:
@@ -43,9 +44,19 @@ def _dropouts(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
                 yield error("E0401", f"dropout on the identity path: the shortcut {describe(block, s.state)} of this "
                             "residual add is dropped", op.span, notes=[Note("the residual add", s.root.span)],
                             hint=f"drop the branch update, not the state: {s.state} + dropout(branch(…), p=…)")
+    # a block with no residual update of its own that others call is a helper: where it drops the stream,
+    # its callers report it at the call
+    helper = not w.sublayers and block.name in called_blocks(program)
+    facts = summaries(program)
     for v in w.spine[1:]:
         op = block.producers.get(v)
-        if isinstance(op, DropoutOp) and _p(op, env) != 0:
+        d = callee(program, block, op) if op is not None else None
+        if d is not None and facts[d.block].drops_state and not helper:
+            yield error("E0402", f"'{d.name}' ({d.block}) applies dropout to the residual state it is given, not to "
+                        "a branch update", op.span, notes=[Note(f"'{d.block}' is defined here",
+                                                                program.block(d.block).span)],
+                        hint="apply it to the branch output before the add: x + d(branch(…))")
+        if isinstance(op, DropoutOp) and _p(op, env) != 0 and not helper:
             what = "after the residual add drops the updated state" if op.operand in results \
                 else f"on the residual state drops {describe(block, op.operand)} itself"
             yield error("E0402", f"dropout {what}, not a branch update", op.span,
@@ -84,6 +95,21 @@ def _shortcuts(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                                    "shortcut constant (DeepNorm's alpha) is a constant, not a parameter")
 
 
+def _gates(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+    """A gated shortcut needs gated updates: ``z * x + u`` lets the gate shrink the state while u adds in full."""
+    for s in w.sublayers:
+        if not s.shortcut_gates:
+            continue
+        for b in s.branches:
+            if not b.gates:
+                gate = s.shortcut_gates[0]
+                yield error("E0414", f"the shortcut is gated by {describe(block, gated(block, gate)[0])} but the "
+                            f"update {describe(block, b.leaf)} is not: the gate shrinks the state and the update "
+                            "still adds in full", gate.span,
+                            notes=[Note("the ungated update", block.producers[b.leaf].span)],
+                            hint="gate both sides of the convex combination: z * x + (1 - z) * u")
+
+
 def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
     for s in w.sublayers:
         norm = normalized_shortcut(block, s)
@@ -100,35 +126,13 @@ def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
 
 # --- stacks --------------------------------------------------------------------
 
-def _has_norms(program: Program, block: Block, seen: frozenset[str] = frozenset()) -> bool:
-    if any(isinstance(op, (NormOp, FusedAddNormOp)) for op in block.ops):
-        return True
-    inner = [d.block for d in block.decls if isinstance(d, InstanceDecl) and d.block in program.block_map]
-    return any(_has_norms(program, program.block(b), seen | {block.name}) for b in inner if b not in seen)
-
-
-def _ends_normalized(block: Block) -> bool:
-    out = block.output
-    op = block.producers.get(out.value) if out is not None else None
-    return isinstance(op, NormOp) or isinstance(op, FusedAddNormOp) and out.value == op.normalized
-
-
-def _unnormalized_member(program: Program, block: Block) -> tuple[CallOp, Block] | None:
-    """The stacked block whose output this model returns without a norm, if it normalizes at all."""
-    out = block.output
-    v = out.value if out is not None else None
-    op = block.producers.get(v) if v else None
-    while isinstance(op, (CastOp, DropoutOp, ScaleOp)):
-        op = block.producers.get(op.operand)
-    decl = block.decl_map.get(getattr(op, "decl", "") or "")
-    if not isinstance(op, CallOp) or not isinstance(decl, InstanceDecl) or decl.block not in program.block_map:
+def _unnormalized_member(program: Program, block: Block) -> tuple[Op, Block] | None:
+    """The called block whose un-normalized residual stream this block returns, if any."""
+    _, op = output_source(block)
+    d = callee(program, block, op) if op is not None else None
+    if d is None or not summaries(program)[d.block].unnormalized_stream:
         return None
-    member = program.block(decl.block)
-    if _ends_normalized(member) or not _has_norms(program, member):
-        return None
-    if member.kind == "model" and _unnormalized_member(program, member) is None:
-        return None
-    return op, member
+    return op, program.block(d.block)  # type: ignore[return-value]
 
 
 def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnostic]:
@@ -158,48 +162,91 @@ def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnosti
 
 # --- encoder–decoder -------------------------------------------------------------
 
-def _cross_attention(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
-    memory_inputs = {op.result for op in block.inputs} - {w.state_input}
+def _cross_attention(program: Program, block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+    memory = memory_inputs(block)
+    facts = summaries(program)
     crosses = [op for op in block.ops if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention"]
     for op in crosses:
         # with the arguments swapped (queries from memory) the shape verifier reports E0206 instead
-        if len(op.args) == 2 and not (ancestors(block, op.args[0]) | ancestors(block, op.args[1])) & memory_inputs:
+        if len(op.args) == 2 and not (ancestors(block, op.args[0]) | ancestors(block, op.args[1])) & memory:
             yield error("E0404", f"cross-attention '{op.decl}' reads its keys and values from "
                         f"{describe(block, op.args[1])}, which comes from the block's own state: a decoder-only "
-                        "block has no encoder memory", op.span,
-                        hint="use self_attention; cross-attention belongs to the decoder of an encoder–decoder and "
-                             "reads a separate memory input")
-    if crosses:
-        for d in block.decls:
-            if isinstance(d, KindDecl) and d.kind == "self_attention" and d.arg("causal") is False:
-                yield error("E0413", f"self-attention '{d.name}' of a decoder layer (it reads encoder memory through "
-                            f"'{crosses[0].decl}') is declared causal=false: each target row would see later targets",
-                            d.span, hint="set causal=true: the attention mask controls what a row sees; the residual "
-                                         "add only carries the row's own state")
+                        "block has no encoder memory", op.span, hint=_CROSS_HINT)
+    calls = [(op, d) for op in block.ops if (d := callee(program, block, op)) is not None]
+    for op, d in calls:
+        inner = program.block(d.block)
+        for j in sorted(facts[d.block].memory_params):
+            if j < len(op.operands) and not ancestors(block, op.operands[j]) & memory:
+                yield error("E0404", f"'{d.name}' ({d.block}) reads encoder memory through cross-attention from its "
+                            f"input '{inner.inputs[j].result}', but this block passes {describe(block, op.operands[j])}, "
+                            "which comes from its own state: a decoder-only block has no encoder memory", op.span,
+                            notes=[Note(f"'{d.block}' is defined here", inner.span)], hint=_CROSS_HINT)
+    yield from _noncausal_decoder(program, block, crosses, calls)
 
 
-def _branch_order(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
-    rank = {**{k: 0 for k in SELF}, "cross_attention": 1, **{k: 2 for k in MLPS}}
-    seq = [(rank[b.kind], b) for s in w.sublayers if len(s.branches) == 1 for b in s.branches if b.kind in rank]
-    if not any(r == 1 for r, _ in seq):
+_CROSS_HINT = ("use self_attention; cross-attention belongs to the decoder of an encoder–decoder and reads a "
+               "separate memory input")
+
+
+def _noncausal_decoder(program: Program, block: Block, crosses: list[CallOp],
+                       calls: list[tuple[Op, InstanceDecl]]) -> Iterator[Diagnostic]:
+    """A decoder's self-attention must be causal, wherever the decoder's pieces are written."""
+    facts = summaries(program)
+    own = next((d for d in block.decls if isinstance(d, KindDecl) and d.kind == "self_attention"
+                and d.arg("causal") is False), None)
+    if crosses and own is not None:
+        yield _noncausal_error(own.name, own.span, crosses[0].decl, own.span, [])
         return
-    for (r1, b1), (r2, b2) in zip(seq, seq[1:]):
-        if r2 < r1:
-            order = ", ".join(b.kind for _, b in seq)
-            yield error("E0405", f"decoder branches run in the order {order}: '{b2.name}' ({b2.kind}) comes after "
-                        f"'{b1.name}' ({b1.kind})", (b2.call or block.producers[b2.leaf]).span,
-                        notes=[Note(f"'{b1.name}' runs here", (b1.call or block.producers[b1.leaf]).span)],
+    # parts that each hold one half: this block's own ops, and each call; a part holding both reports itself
+    parts = [(bool(crosses), own is not None, None)] + \
+            [(facts[d.block].has_cross, facts[d.block].noncausal_self is not None, (op, d)) for op, d in calls]
+    if any(c and n for c, n, _ in parts) or not any(c for c, _, _ in parts):
+        return
+    for _, noncausal, where in parts:
+        if not noncausal:
+            continue
+        cross = crosses[0].decl if crosses else next(d.name for op, d in calls if facts[d.block].has_cross)
+        if where is None:
+            yield _noncausal_error(own.name, own.span, cross, own.span, [])  # type: ignore[union-attr]
+        else:
+            op, d = where
+            inner = facts[d.block].noncausal_self
+            yield _noncausal_error(f"{d.name}.{inner.path}", op.span, cross, inner.span, [])  # type: ignore[union-attr]
+        return
+
+
+def _noncausal_error(name: str, span: Span, cross: str, decl_span: Span, notes: list[Note]) -> Diagnostic:
+    if decl_span != span:
+        notes = notes + [Note("declared here", decl_span)]
+    return error("E0413", f"self-attention '{name}' of a decoder layer (it reads encoder memory through "
+                 f"'{cross}') is declared causal=false: each target row would see later targets", span,
+                 notes=notes, hint="set causal=true: the attention mask controls what a row sees; the residual "
+                                   "add only carries the row's own state")
+
+
+def _branch_order(program: Program, block: Block) -> Iterator[Diagnostic]:
+    rank = {**{k: 0 for k in SELF}, "cross_attention": 1, **{k: 2 for k in MLPS}}
+    seq = [(rank[k], k, name, op) for k, name, op in stream_items(program, block, summaries(program)) if k in rank]
+    if not any(r == 1 for r, *_ in seq):
+        return
+    for (r1, k1, n1, op1), (r2, k2, n2, op2) in zip(seq, seq[1:]):
+        if r2 < r1 and op1 is not op2:  # two steps inside one called block are that block's own report
+            order = ", ".join(k for _, k, _, _ in seq)
+            yield error("E0405", f"decoder branches run in the order {order}: '{n2}' ({k2}) comes after "
+                        f"'{n1}' ({k1})", op2.span, notes=[Note(f"'{n1}' runs here", op1.span)],
                         hint="an encoder–decoder decoder layer runs masked self-attention, then cross-attention, "
                              "then the MLP")
             return
 
 
-def _views(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+def _views(program: Program, block: Block, w: Wrapper) -> Iterator[Diagnostic]:
     """One call reading several arguments from different transforms of the same state."""
     stop = w.spine_set | {op.result for op in block.inputs}
     for op in block.ops:
-        if not isinstance(op, CallOp) or len(op.args) < 2 or decl_kind(block, op) == "cross_attention":
-            continue  # cross-attention reads keys and values from another source by design
+        d = callee(program, block, op)
+        if not isinstance(op, CallOp) or len(op.args) < 2 or decl_kind(block, op) == "cross_attention" \
+                or d is not None and summaries(program)[d.block].memory_params:
+            continue  # cross-attention (here or in the called block) reads keys and values from another source
         seen: dict[str, tuple[tuple[str, ...], str]] = {}
         for i, arg in enumerate(op.args):
             source, chain = _source(block, arg, stop)
@@ -234,18 +281,15 @@ ROW = {"single": "the encoder-only / decoder-only row, (2L)^(1/4) and (8L)^(-1/4
        "encoder": "the encoder–decoder encoder row, 0.81(N^4 M)^(1/16) and 0.87(N^4 M)^(-1/16)"}
 
 
-def _has_cross(block: Block) -> bool:
-    return any(isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention" for op in block.ops)
-
-
 def _architecture(program: Program, block: Block, counts: dict[str, tuple[int, ...]]) -> tuple[str, int, int]:
     """(row of the DeepNet table, N encoder layers, M decoder layers) for this block."""
     own = counts.get(block.name, (1,))[0]
     stacked = [b for b in program.blocks if b.name in counts and b.kind == "block"]
-    if _has_cross(block):
-        encoders = [b for b in stacked if not _has_cross(b)]
+    facts = summaries(program)
+    if facts[block.name].has_cross:
+        encoders = [b for b in stacked if not facts[b.name].has_cross]
         return "decoder", counts[encoders[0].name][0] if encoders else own, own
-    decoders = [b for b in stacked if _has_cross(b)]
+    decoders = [b for b in stacked if facts[b.name].has_cross]
     if decoders and block.name in counts:
         return "encoder", own, counts[decoders[0].name][0]
     return "single", own, own
@@ -288,9 +332,10 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
     w = wrapper(block)
     env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
     out: list[Diagnostic] = []
-    for check in (_dropouts(block, w, env), _training(block, env), _shortcuts(block, w),
-                  _normalized_shortcut(block, w), _final_norm(program, block, env), _cross_attention(block, w),
-                  _branch_order(block, w), _views(block, w), _deepnorm(program, block, w, base, counts)):
+    for check in (_dropouts(program, block, w, env), _training(block, env), _shortcuts(block, w), _gates(block, w),
+                  _normalized_shortcut(block, w), _final_norm(program, block, env),
+                  _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
+                  _deepnorm(program, block, w, base, counts)):
         out += check
     return out
 

@@ -7,7 +7,9 @@ backward. Each op has a fake (meta) implementation, so ``torch.compile``
 and ``torch.export`` see through them, and the backward is itself an op, so
 a compiled graph keeps the fused backward instead of decomposing it.
 
-On CUDA the ops launch the Triton kernels. On CPU they run the pure-torch
+On CUDA the ops launch the Triton kernels; without triton installed (it is the
+optional ``blockir[triton]`` extra) they run the reference there too, after one
+warning. On CPU they run the pure-torch
 reference, or, inside :func:`cpu_kernels`, a given kernels module (the
 Triton interpreter copy from ``kernels.load_interpreted``), which lets the
 kernels be checked end to end without a GPU.
@@ -15,8 +17,10 @@ kernels be checked end to end without a GPU.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from types import ModuleType
 
 import torch
@@ -39,13 +43,26 @@ def cpu_kernels(module: ModuleType) -> Iterator[None]:
         _cpu_impl = previous
 
 
-def _cuda_impl(spec: BoundarySpec, *tensors: Tensor | None, extra: tuple[torch.dtype, ...] = ()) -> ModuleType:
-    """The Triton kernels when they cover the dtypes, else the reference (it runs on CUDA too)."""
+@lru_cache(maxsize=1)
+def triton_kernels() -> ModuleType | None:
+    """The Triton kernels module, or None (with one warning per process) when triton is not installed."""
     # imported on first CUDA use so that CPU-only installs never need triton
-    from blockir.backends.fused import kernels
+    try:
+        from blockir.backends.fused import kernels
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "triton":
+            raise
+        warnings.warn("triton is not installed: the fused ops run their PyTorch reference path on CUDA "
+                      "(install the Triton kernels with: pip install 'blockir[triton]')", RuntimeWarning, stacklevel=2)
+        return None
+    return kernels
 
+
+def _cuda_impl(spec: BoundarySpec, *tensors: Tensor | None, extra: tuple[torch.dtype, ...] = ()) -> ModuleType:
+    """The Triton kernels when installed and covering the dtypes, else the reference (it runs on CUDA too)."""
+    kernels = triton_kernels()
     dtypes = tuple(t.dtype for t in tensors if t is not None) + extra
-    return kernels if kernels.supports(spec, *dtypes) else reference
+    return kernels if kernels is not None and kernels.supports(spec, *dtypes) else reference
 
 
 def _spec_ln(eps: float, p: float, training: bool, branch_scale_const: float, shortcut_scale: float,

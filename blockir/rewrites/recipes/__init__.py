@@ -1,4 +1,4 @@
-"""Depth and normalization recipes (seed 0x09A) as transforms: a program in, a new program and its init out.
+"""Depth and normalization recipes (docs/recipes.md) as transforms: a program in, a new program and its init out.
 
 Each recipe is ``apply(program, block_name, **options) -> RecipeResult(program, init, report)``:
 the program is ordinary IR (it prints, parses back and verifies), ``init(module)`` sets what the IR

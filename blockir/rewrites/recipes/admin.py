@@ -1,4 +1,4 @@
-"""Admin (seed 0x09A): Post-LN with a profiled shortcut vector, ``x_i = LN(omega_i * x_{i-1} + F_i(x_{i-1}))``.
+"""Admin (Liu et al., 2020): Post-LN with a profiled shortcut vector, ``x_i = LN(omega_i * x_{i-1} + F_i(x_{i-1}))``.
 
 The graph: every sublayer becomes Post-LN (a Pre-LN one has its norm moved
 behind the sum, as for DeepNorm) with ``omega_i: vector(D, init=1)`` on the
@@ -13,10 +13,10 @@ Var(F_j), the variance over all elements of each branch output, and sets
     omega_i = sqrt(Var(x_0) + sum_{j<i} Var(F_j))
 
 in execution order over the whole stack. The stack input x_0 is the j = 0
-term: with the seed's sum alone omega_1 would be 0 and the first sublayer
+term: with the paper's sum alone omega_1 would be 0 and the first sublayer
 would lose its shortcut (the reference implementation fixes omega_1 = 1 and
 accumulates Var(x_0) + Var(F_1) + ... from there). The profile is one pass
-with every omega at 1, as the seed states (the reference sets each omega
+with every omega at 1, as the method states (the reference sets each omega
 while its pass proceeds).
 
 After training, ``init.fold(module)`` applies the paper's reparameterization:
@@ -33,16 +33,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from blockir.analyses.env import block_env, program_env, value
+from blockir.analyses.fold_legality import FIRST_LINEAR
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.analyses.fold_legality import FIRST_LINEAR
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish,
-                                  models_stacking, num, replace_blocks, scaled_post_ln, sublayers, target_block)
+from blockir.rewrites.recipes.base import (
+    BlockEdit,
+    RecipeError,
+    RecipeResult,
+    Report,
+    drop_final_norms,
+    finish,
+    models_stacking,
+    num,
+    replace_blocks,
+    scaled_post_ln,
+    sublayers,
+    target_block,
+)
 
-AFFINE_NORMS = ("layernorm", "rmsnorm", "dyt")  # norms whose per-channel state can absorb a vector
 PROFILE_TOKENS = 8192  # the paper profiles on no more than this many tokens
 
 
@@ -165,7 +177,7 @@ def _rewrite(program: Program, block: Block) -> tuple[Program, list[str]]:
     subs = sublayers(block)
     for i, s in enumerate(subs, 1):
         omega = f"omega_{i}"
-        edit.add_decl(KindDecl(omega, "vector", (("axis", width), ("init", num(1.0)))))
+        edit.add_decl(KindDecl(omega, "vector", (("axis", width), ("init", num(1.0)), ("offset", 0))))
         changes.append(scaled_post_ln(edit, s, "Admin", param=omega) + f", by {omega} = vector({width}, init=1)")
     converted = any(s.post_norm is None for s in subs)  # Pre-LN sublayers became Post-LN
     models, removed = drop_final_norms(program, block.name) if converted else ([], [])
@@ -185,7 +197,7 @@ def _fold_target(block: Block, s: Sublayer, norm: KindDecl | None, prefix: str) 
     kind = decl_kind(block, b.call) if b.call is not None else None
     if norm is None:
         return (), "it scales the stack input, which no norm inside the module produces"
-    if norm.kind not in AFFINE_NORMS or norm.kind == "layernorm" and not norm.arg("affine"):
+    if family(norm).scale(norm) != "per_channel":
         return (), f"the norm '{norm.name}' ({norm.kind}) has no per-channel affine state to absorb a vector"
     if norm.arg("tied"):
         return (), f"the norm '{norm.name}' is tied: scaling it changes every site"

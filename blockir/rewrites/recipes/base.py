@@ -8,10 +8,10 @@ value renames are applied to every op emitted afterwards.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from blockir.analyses.env import layer_counts, program_env
+from blockir.analyses.sizes import layer_counts, program_env
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.api import parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, render
@@ -78,19 +78,9 @@ def binop(op: str, a: C.ConstExpr, b: C.ConstExpr) -> C.ConstExpr:
 
 # --- the editor -------------------------------------------------------------------------------------
 
-_OPERAND_FIELDS = ("operand", "lhs", "rhs", "branch", "shortcut", "value")
-
-
 def rename_operands(op: O.Op, names: dict[str, str]) -> O.Op:
     """``op`` reading ``names[v]`` wherever it read ``v``."""
-    changes: dict[str, Any] = {}
-    for f in fields(op):  # type: ignore[arg-type]
-        v = getattr(op, f.name)
-        if f.name in _OPERAND_FIELDS and v in names:
-            changes[f.name] = names[v]
-        elif f.name == "args" and isinstance(v, tuple):
-            changes[f.name] = tuple(names.get(a, a) for a in v)
-    return replace(op, **changes) if changes else op  # type: ignore[type-var]
+    return op.reading(names)  # type: ignore[return-value]
 
 
 class BlockEdit:

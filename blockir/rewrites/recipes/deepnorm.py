@@ -1,4 +1,4 @@
-"""DeepNorm (DeepNet, seed 0x09A): ``x_{l+1} = LN(alpha * x_l + G_l(x_l))`` with init gain beta.
+"""DeepNorm (DeepNet, Wang et al., 2022): ``x_{l+1} = LN(alpha * x_l + G_l(x_l))`` with init gain beta.
 
 alpha scales the shortcut inside every Post-LN sum (Pre-LN sublayers are
 moved to Post-LN); beta is the Xavier gain of the value/output projections

@@ -1,4 +1,4 @@
-"""LayerScale (CaiT, seed 0x09A): ``h = x + diag(lambda) A(N(x))``, one learned channel gain per branch.
+"""LayerScale (CaiT, Touvron et al., 2021): ``h = x + diag(lambda) A(N(x))``, one learned channel gain per branch.
 
 The block must be Pre-LN and stays Pre-LN. Each branch output is multiplied
 by ``ls{i}.gamma: vector(D, init=eps)`` (timm's key names) right after the
@@ -59,7 +59,7 @@ def apply(program: Program, block_name: str, *, eps: float | None = None, depth:
                 raise RecipeError(f"branch '{b.name}' of '{block_name}' is already scaled by a learned gain")
             index += 1
             gain = f"ls{index}.gamma"
-            edit.add_decl(KindDecl(gain, "vector", (("axis", width), ("init", num(value)))))
+            edit.add_decl(KindDecl(gain, "vector", (("axis", width), ("init", num(value)), ("offset", 0))))
             # the gain sits between the computation and its first modifier (dropout, drop path, cast)
             reader = b.modifiers[-1] if b.modifiers else next(a for a in s.adds if b.leaf in a.operands)
             output = reader.operands[0] if b.modifiers else b.leaf

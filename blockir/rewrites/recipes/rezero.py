@@ -1,11 +1,11 @@
-"""ReZero (seed 0x09A): ``x_{l+1} = x_l + g_l * F_l(x_l)``, each gate a learned scalar initialised to 0.
+"""ReZero (Bachlechner et al., 2020): ``x_{l+1} = x_l + g_l * F_l(x_l)``, each gate a learned scalar initialised to 0.
 
 At initialisation every layer is the identity (the state Jacobian is I) while
 each gate still receives the gradient <dL/dx_{l+1}, F_l(x_l)>. The paper's
 contract also removes normalization: with ``remove_norms=True`` (the default)
 every norm of the block goes, and so does the final norm of each model that
 stacks it; with ``remove_norms=False`` the gates are added to the graph as it
-is, which the seed calls a related engineering variant, not the paper.
+is, a related engineering variant, not the paper.
 
 One gate per branch (``resweight_1``, ``resweight_2``, …, in sublayer order),
 applied after the branch's dropout, where the add reads the update.
@@ -31,7 +31,7 @@ def apply(program: Program, block_name: str, *, remove_norms: bool = True) -> Re
                 raise RecipeError(f"branch '{b.name}' of '{block_name}' is already gated by a learned scale")
             index += 1
             gate = f"resweight_{index}"
-            edit.add_decl(KindDecl(gate, "scalar", (("init", num(0.0)),)))
+            edit.add_decl(KindDecl(gate, "scalar", (("init", num(0.0)), ("offset", 0))))
             add = next(a for a in s.adds if b.leaf in a.operands)  # the add of the sum tree reading this update
             edit.reroute(add, b.leaf, edit.scale(add, b.leaf, param=gate))
             changes.append(f"'{b.name}': update gated by {gate} = scalar(init=0)")

@@ -1,4 +1,4 @@
-"""T-Fixup (seed 0x09A): initialisation replaces normalization in an encoder–decoder Transformer.
+"""T-Fixup (Huang et al., 2020): initialisation replaces normalization in an encoder–decoder Transformer.
 
 For N encoder and N decoder layers: Xavier-initialise everything but the
 embeddings; scale decoder V/O attention matrices (self- and cross-attention)

@@ -1,4 +1,4 @@
-"""The residual-update ledger (seed 0x0AA): what the wrapper of a block costs.
+"""The residual-update ledger (docs/cost.md): what the wrapper of a block costs.
 
 For one block or model at concrete sizes it counts residual elements, residual
 adds, norm parameters, row reductions, bytes moved through memory by the
@@ -19,8 +19,10 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from blockir.analyses.env import Env, block_env, program_env, value
+from blockir.analyses.norms import FAMILIES, family
+from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_layer, uses_layer, value
 from blockir.analyses.structure import wrapper
+from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
@@ -33,10 +35,10 @@ STATS_ITEMSIZE = 4  # row statistics are fp32 unless a norm declares another acc
 
 # row reductions per norm application: (forward, backward). LayerNorm reduces the mean and the
 # variance forward and sum(g*w) and sum(g*w*xhat) backward; RMSNorm and ScaleNorm one square sum
-# forward and sum(g*w*xhat) backward; DyT is elementwise.
-REDUCTIONS = {"layernorm": (2, 2), "rmsnorm": (1, 1), "scalenorm": (1, 1), "dyt": (0, 0)}
-# row statistics a norm writes for backward: mean and rstd, rstd, the row norm, none
-STATS = {"layernorm": 2, "rmsnorm": 1, "scalenorm": 1, "dyt": 0}
+# forward and sum(g*w*xhat) backward; DyT is elementwise. Row statistics saved for backward: mean and
+# rstd, rstd, the row norm, none. Both come from the norm-family table.
+REDUCTIONS = {name: f.reductions for name, f in FAMILIES.items()}
+STATS = {name: f.statistics for name, f in FAMILIES.items()}
 
 SCOPE = ("branch internals (attention, MLP, projections, activations) are not counted: only the residual "
          "wrapper (adds, scales, dropouts, casts, norms)")
@@ -133,6 +135,14 @@ class Tally:
                      self.reductions_backward + other.reductions_backward, self.bytes_moved + other.bytes_moved,
                      self.saved_bytes + other.saved_bytes)
 
+    def __sub__(self, other: Tally) -> Tally:
+        return self + other * -1
+
+    def __mul__(self, n: int) -> Tally:
+        """``n`` instances of this graph (a stack of n identical layers)."""
+        return Tally(self.adds * n, {k: v * n for k, v in self.norm_params.items()}, self.reductions_forward * n,
+                     self.reductions_backward * n, self.bytes_moved * n, self.saved_bytes * n)
+
     @property
     def norm_parameters(self) -> int:
         return sum(self.norm_params.values())
@@ -208,12 +218,7 @@ def _rows(t: TensorType, env: Env) -> int:
 def norm_parameters(decl: KindDecl, env: Env) -> int:
     """Parameter elements of one norm declaration: LayerNorm 2D (D without bias, 0 without affine),
     RMSNorm D, ScaleNorm 1, DyT 2D + 1."""
-    width = _size(decl.arg("axes")[-1], env)
-    if decl.kind == "layernorm":
-        return width * (1 + bool(decl.arg("bias"))) if decl.arg("affine") else 0
-    if decl.kind == "rmsnorm" and decl.arg("affine") is False:
-        return 0
-    return {"rmsnorm": width, "scalenorm": 1, "dyt": 2 * width + 1}[decl.kind]
+    return family(decl).parameters(decl, _size(decl.arg("axes")[-1], env))
 
 
 def _stats_itemsize(decl: KindDecl) -> int:
@@ -238,10 +243,10 @@ def _boundary(block: Block, op: O.FusedAddNormOp, env: Env, dtype: DType) -> Fus
     if op.branch_param is not None:
         gain = block.decl_map[op.branch_param]
         scale = 1 if gain.kind == "scalar" else _size(gain.arg("axis"), env)
-    affine = decl.arg("affine") is not False if decl.kind == "rmsnorm" else bool(decl.arg("affine"))
+    fam = family(decl)
     return FusedBoundary(decl.kind, _rows(residual, env), _size(residual.axes[-1].name, env),
                          _itemsize(branch, dtype), _itemsize(residual, dtype), _itemsize(op.type, dtype),
-                         weight=affine, bias=affine and decl.kind == "layernorm" and bool(decl.arg("bias")),
+                         weight=fam.weight(decl), bias=fam.bias(decl),
                          scale_elements=scale)
 
 
@@ -293,6 +298,15 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
             elements = 1 if gain.kind == "scalar" else _size(gain.arg("axis"), env)
             own.bytes_moved += elements * _itemsize(block.type_of(op.operand), dtype)
             own.saved[op.operand] = nb(op.operand)
+    elif isinstance(op, O.BiasOp):  # its gradient is the sum of the incoming one: nothing saved
+        own.bytes_moved += nb(op.operand) + nb(op.result) + _size(block.decl_map[op.param].arg("axis"), env) \
+            * _itemsize(block.type_of(op.operand), dtype)
+    elif isinstance(op, O.ComplementOp):
+        own.bytes_moved += nb(op.operand) + nb(op.result)
+    elif isinstance(op, O.MulOp):  # each factor's gradient needs the other
+        own.bytes_moved += nb(op.lhs) + nb(op.rhs) + nb(op.result)
+        own.saved[op.lhs] = nb(op.lhs)
+        own.saved[op.rhs] = nb(op.rhs)
     elif isinstance(op, O.NormOp):
         _norm(block, op, env, dtype, own)
     elif isinstance(op, O.FusedAddNormOp):
@@ -305,7 +319,8 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
         own.reductions(b.family, b.rows)
 
 
-WRAPPER_OPS = (O.AddOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.NormOp, O.FusedAddNormOp)
+WRAPPER_OPS = (O.AddOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.BiasOp, O.ComplementOp, O.MulOp, O.NormOp,
+               O.FusedAddNormOp)
 
 
 def _own_tally(block: Block, env: Env, dtype: DType) -> Tally:
@@ -322,6 +337,29 @@ def _own_tally(block: Block, env: Env, dtype: DType) -> Tally:
     return Tally(adds, params, own.forward, own.backward, own.bytes_moved, sum(own.saved.values()) + own.stats)
 
 
+def _layer_reads(block: Block) -> tuple[tuple[str, C.ConstExpr], ...]:
+    """What a layer's tally reads from expressions that depend on the layer index: whether a dropout is
+    active, and the depth of the stacks it holds. Everything else a tally reads is a size."""
+    reads: list[tuple[str, C.ConstExpr]] = [("active", op.p) for op in block.ops
+                                            if getattr(op, "p", None) is not None]
+    reads += [("count", d.count) for d in block.decls if isinstance(d, InstanceDecl) and d.count is not None]
+    return tuple((what, e) for what, e in reads if uses_layer(e, block))
+
+
+def _layer_groups(walk: _Walk, sub: Block, n: int) -> list[tuple[int, int]]:
+    """(first layer, layers) for each run of layers of a stack of ``n`` whose tallies are equal: one
+    group for a layer that does not read its index, so the cost of a stack does not grow with ``n``."""
+    reads = _layer_reads(sub)
+    if not reads:
+        return [(0, n)]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for layer in range(n):
+        env = block_env(walk.base, sub, layer, n)
+        key = tuple(value(e, env) != 0 if what == "active" else value(e, env) for what, e in reads)
+        groups.setdefault(key, [layer, 0])[1] += 1
+    return [(first, count) for first, count in groups.values()]
+
+
 def _tally(walk: _Walk, block: Block, env: Env, weight: int) -> Tally:
     """One instance of ``block`` (own ops plus every instance of its sub-blocks); ``weight`` counts the
     instances of this very instance in the whole model."""
@@ -334,9 +372,9 @@ def _tally(walk: _Walk, block: Block, env: Env, weight: int) -> Tally:
         n = 1 if decl.count is None else value(decl.count, env)
         if n is None:
             raise CostError(f"the layer count of '{decl.name}' in '{block.name}' does not evaluate")
-        # each layer is evaluated in its own environment: a constant may depend on the layer index
-        for layer in range(int(n)):
-            total += _tally(walk, sub, block_env(walk.base, sub, layer, int(n)), weight)
+        # layers whose environments give equal tallies are counted once and multiplied
+        for first, count in _layer_groups(walk, sub, int(n)):
+            total += _tally(walk, sub, block_env(walk.base, sub, first, int(n)), weight * count) * count
     walk.first.setdefault(block.name, total)
     walk.instances[block.name] = walk.instances.get(block.name, 0) + weight
     return total
@@ -346,6 +384,37 @@ def _walk(program: Program, root: Block, base: Env, dtype: DType) -> _Walk:
     walk = _Walk(program, base, dtype)
     _tally(walk, root, block_env(base, root), 1)
     return walk
+
+
+def _inlined_walk(program: Program, name: str, base: Env, dtype: DType, layers: Mapping[str, int]) -> Tally:
+    inlined, _ = fuse_program(inline_stacks(program, name, Sizes(base, program.filename), layers)[0])
+    return _walk(inlined, inlined.block(name), base, dtype).first[name]
+
+
+def _inlined_tally(program: Program, name: str, base: Env, dtype: DType) -> Tally:
+    """The root's fused tally with its stacks inlined, without writing out every layer.
+
+    Fusion only joins neighbouring ops, so each further layer of a stack whose layers are alike adds
+    the same tally (its own ops and one boundary with the layer before): with one, two and three
+    layers written out, T(n) = T(1) + (n - 1) (T(2) - T(1)), checked against T(3). A layer that reads
+    its index may differ from its neighbours and is written out in full.
+    """
+    root = program.block(name)
+    env = block_env(base, root)
+    depths = {d.name: value(d.count, env) for d in root.decls if isinstance(d, InstanceDecl) and d.count is not None}
+    alike = {k: int(n) for k, n in depths.items() if n is not None and n > 3
+             and not reads_layer(program.block(root.decl_map[k].block))}  # type: ignore[union-attr]
+    if not alike:
+        return _inlined_walk(program, name, base, dtype, {})
+    ones = dict.fromkeys(alike, 1)
+    total = one = _inlined_walk(program, name, base, dtype, ones)
+    for stack, n in alike.items():
+        two = _inlined_walk(program, name, base, dtype, ones | {stack: 2})
+        three = _inlined_walk(program, name, base, dtype, ones | {stack: 3})
+        if three - two != two - one:
+            return _inlined_walk(program, name, base, dtype, {})
+        total += (two - one) * (n - 1)
+    return total
 
 
 def _state(block: Block) -> TensorType:
@@ -360,17 +429,13 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
     ``dtype`` is the dtype of every value whose type leaves it open."""
     if name not in program.block_map:
         raise CostError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
-    unknown = set(dims or {}) - set(program.dim_map)
-    if unknown:
-        raise CostError(f"unknown dim(s): {', '.join(sorted(unknown))} (dims: {', '.join(program.dim_map)})")
-    base = program_env(program, dims)
+    base = program_env(program, dims)  # validates the overrides
     fused_program, _ = fuse_program(program)
     plain = _walk(program, program.block(name), base, dtype)
     fused = _walk(fused_program, fused_program.block(name), base, dtype)
     # the whole graph as backend="fused" compiles it: dropout-free stacks are inlined, so a boundary
     # between layers (and into the final norm) fuses too
-    inlined, _ = fuse_program(inline_stacks(program, name))
-    fused.first[name] = _walk(inlined, inlined.block(name), base, dtype).first[name]
+    fused.first[name] = _inlined_tally(program, name, base, dtype)
     blocks = []
     for block_name in plain.first:  # the order instances finish in: innermost first, the root last
         block = program.block(block_name)

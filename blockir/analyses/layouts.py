@@ -1,0 +1,195 @@
+"""Layouts: where every value lives over the device mesh.
+
+A file states placements only at block boundaries (parameters, results,
+extern signatures); this analysis carries them through each block. Norms,
+scales, casts, activations and dropout keep their operand's placement
+(norms and elementwise ops act row by row or element by element). A
+built-in branch or linear returns the placement of its input: its derived
+plan splits the inner projections and reduces (or reduce-scatters) the
+outer one back to the stream's layout before the result leaves it. An
+extern returns what its signature declares, else its input's placement. A
+call to another block analyses that block under the caller's placements
+for every parameter the callee leaves undeclared, so a layer without
+annotations inherits the layout of the model that stacks it.
+
+A mesh axis a layout does not mention is replicated over, so ``()`` and
+``tp=replicate`` compare equal. Files without a ``mesh`` dim have no layouts
+and the analysis is empty.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from blockir.diagnostics import Span
+from blockir.ir.decls import ExternDecl, InstanceDecl, Param
+from blockir.ir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp
+from blockir.ir.program import Block, Program
+from blockir.ir.types import Layout, Placement, Role
+
+Canon = frozenset[tuple[str, str, "str | None"]]
+
+
+def canon(layout: Layout) -> Canon:
+    """The placements that differ from replication: what two layouts must agree on."""
+    return frozenset((p.mesh, p.kind, p.axis) for p in layout if p.kind != "replicate")
+
+
+def same(a: Layout, b: Layout) -> bool:
+    return canon(a) == canon(b)
+
+
+def placement(layout: Layout, mesh: str) -> Placement:
+    return next((p for p in layout if p.mesh == mesh), Placement(mesh, "replicate"))
+
+
+def partial(layout: Layout) -> tuple[str, ...]:
+    """Mesh axes over which the value is a pending sum."""
+    return tuple(p.mesh for p in layout if p.kind == "partial")
+
+
+def sharded(layout: Layout, axis: str) -> tuple[str, ...]:
+    """Mesh axes that split tensor axis ``axis``."""
+    return tuple(p.mesh for p in layout if p.kind == "shard" and p.axis == axis)
+
+
+def describe_layout(layout: Layout) -> str:
+    shown = [p for p in layout if p.kind != "replicate"]
+    return ", ".join(map(str, shown)) if shown else "replicated"
+
+
+def meshes(program: Program) -> tuple[str, ...]:
+    return tuple(d.name for d in program.dims if d.role is Role.MESH)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A value meeting a declared layout: a call argument, or the value a block returns."""
+
+    op: Op
+    value: str
+    found: Layout
+    declared: Layout
+    target: str  # how a diagnostic names the declaration, e.g. "parameter 'x' of extern 'f'"
+    declared_at: Span
+
+
+@dataclass
+class BlockLayouts:
+    """One block analysed under one assignment of placements to its inputs."""
+
+    block: Block
+    inputs: tuple[Layout, ...]
+    values: dict[str, Layout] = field(default_factory=dict)
+    boundaries: list[Boundary] = field(default_factory=list)
+    callees: dict[int, "BlockLayouts"] = field(default_factory=dict)  # id(call op) → callee analysis
+
+    def of(self, value: str) -> Layout:
+        return self.values.get(value, ())
+
+    def contexts(self) -> list["BlockLayouts"]:
+        """This analysis and every callee analysis below it, each once."""
+        out: list[BlockLayouts] = []
+        seen: set[int] = set()
+        stack = [self]
+        while stack:
+            ctx = stack.pop()
+            if id(ctx) in seen:
+                continue
+            seen.add(id(ctx))
+            out.append(ctx)
+            stack.extend(ctx.callees.values())
+        return out
+
+
+class _Analyser:
+    def __init__(self, program: Program):
+        self.program = program
+        self.memo: dict[tuple[str, tuple[Canon, ...]], BlockLayouts] = {}
+
+    def run(self, block: Block, given: tuple[Layout, ...]) -> BlockLayouts:
+        inputs = tuple(p.layout if p.layout else g for p, g in zip(block.params, given))
+        key = (block.name, tuple(canon(i) for i in inputs))
+        if key in self.memo:
+            return self.memo[key]
+        out = BlockLayouts(block, inputs)
+        self.memo[key] = out
+        params = dict(zip((p.name for p in block.params), inputs))
+        for op in block.ops:
+            if isinstance(op, InputOp):
+                out.values[op.result] = params.get(op.result, ())
+            elif isinstance(op, OutputOp):
+                if block.result_layout:
+                    out.boundaries.append(Boundary(op, op.value, out.of(op.value), block.result_layout,
+                                                   f"the declared result of {block.kind} '{block.name}'", block.span))
+            elif isinstance(op, CallOp):
+                out.values[op.result] = self._call(out, op)
+            elif isinstance(op, FusedAddNormOp):
+                for r in op.results:
+                    out.values[r] = out.of(op.shortcut)
+            elif isinstance(op, AddOp):
+                out.values[op.result] = out.of(op.lhs)
+            elif op.operands:
+                out.values[op.result] = out.of(op.operands[0])
+        return out
+
+    def _check_args(self, ctx: BlockLayouts, op: CallOp, params: tuple[Param, ...], what: str) -> None:
+        for p, arg in zip(params, op.args):
+            if p.layout:
+                ctx.boundaries.append(Boundary(op, arg, ctx.of(arg), p.layout,
+                                               f"parameter '{p.name}' of {what}", p.span))
+
+    def _call(self, ctx: BlockLayouts, op: CallOp) -> Layout:
+        d = ctx.block.decl_map.get(op.decl)
+        first = ctx.of(op.args[0]) if op.args else ()
+        if isinstance(d, ExternDecl):
+            self._check_args(ctx, op, d.params, f"extern '{d.name}'")
+            return d.result_layout or first
+        if isinstance(d, InstanceDecl) and d.block in self.program.block_map:
+            callee = self.program.block(d.block)
+            self._check_args(ctx, op, callee.params, f"block '{callee.name}'")
+            sub = self.run(callee, tuple(ctx.of(a) for a in op.args))
+            ctx.callees[id(op)] = sub
+            returned = callee.output.value if callee.output is not None else None
+            return callee.result_layout or (sub.of(returned) if returned else first)
+        return first
+
+
+_CACHE: dict[int, tuple[weakref.ref[Program], _Analyser]] = {}
+
+
+def _analyser(program: Program) -> _Analyser:
+    key = id(program)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is program:
+        return hit[1]
+    a = _Analyser(program)
+    _CACHE[key] = (weakref.ref(program, lambda _, key=key, cache=_CACHE: cache.pop(key, None)), a)
+    return a
+
+
+def layouts(program: Program, block: Block, given: tuple[Layout, ...] | None = None) -> BlockLayouts:
+    """``block`` analysed with its declared input placements, or ``given`` where it declares none."""
+    return _analyser(program).run(block, given if given is not None else tuple(() for _ in block.params))
+
+
+def all_contexts(program: Program) -> list[BlockLayouts]:
+    """Every block under its own declarations and every context a call reaches; empty without a mesh."""
+    if not meshes(program):
+        return []
+    seen: dict[int, BlockLayouts] = {}
+    for b in program.blocks:
+        for ctx in layouts(program, b).contexts():
+            seen.setdefault(id(ctx), ctx)
+    return list(seen.values())
+
+
+def norm_sites(ctx: BlockLayouts) -> list[tuple[Op, str, Layout]]:
+    """(op, norm declaration, placement of the normalized row) for every norm in the block."""
+    out: list[tuple[Op, str, Layout]] = []
+    for op in ctx.block.ops:
+        if isinstance(op, NormOp):
+            out.append((op, op.decl, ctx.of(op.operand)))
+        elif isinstance(op, FusedAddNormOp):
+            out.append((op, op.decl, ctx.of(op.shortcut)))
+    return out

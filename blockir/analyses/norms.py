@@ -1,0 +1,98 @@
+"""The norm-family table: what each norm family owns, computes and costs, stated once.
+
+Keys, the cost ledger, the manifest, the fusion pass and the module factory
+all read a norm declaration through its family's entry here, so they agree
+on which parameters exist (and under which keys), on the affine defaults,
+and on how many row statistics and reductions one application takes.
+
+=========  ======================  =========================  ==========  =============
+family     parameters (keys)       affine default             statistics  reductions
+=========  ======================  =========================  ==========  =============
+layernorm  weight, bias            affine=true, bias=true     mean, rstd  2 fwd, 2 bwd
+rmsnorm    weight                  affine unless false        rstd        1 fwd, 1 bwd
+scalenorm  scale (one scalar)      always                     row norm    1 fwd, 1 bwd
+dyt        alpha, weight, bias     always                     none        elementwise
+=========  ======================  =========================  ==========  =============
+
+Every family may store its gain as a deviation from one (``offset=1``: the
+scale is ``1 + weight``, or ``1 + scale`` for ScaleNorm); the keys are the
+same, and the fused kernels implement the offset for RMSNorm only.
+
+(Ba et al., 2016; Zhang and Sennrich, 2019; Nguyen and Salazar, 2019; Zhu et al., 2025.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from blockir.ir.decls import KindDecl
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NormFamily:
+    name: str
+    module: str  # the numerics class the backends build
+    statistics: int  # row statistics saved for backward
+    reductions: tuple[int, int]  # row reductions per application: forward, backward
+    fusable: bool  # the fused add+norm kernels implement it
+    _weight: Callable[[KindDecl], bool]
+    _bias: Callable[[KindDecl], bool]
+    _scale: str  # per_channel | scalar | none (when not affine)
+    _extra: tuple[tuple[str, Shape], ...] = ()  # parameters of fixed shape, before weight and bias
+    _fused_offset: bool = False  # the fused kernels implement a (1 + weight) gain
+
+    def fuses(self, decl: KindDecl) -> bool:
+        """Whether the fused add+norm kernels reproduce this declaration exactly."""
+        return self.fusable and (self._fused_offset or not decl.arg("offset", 0))
+
+    def weight(self, decl: KindDecl) -> bool:
+        """Whether the norm learns a gain (per channel, or ScaleNorm's one scalar)."""
+        return self._weight(decl)
+
+    def bias(self, decl: KindDecl) -> bool:
+        """Whether the norm learns a shift."""
+        return self.weight(decl) and self._bias(decl)
+
+    def scale(self, decl: KindDecl) -> str:
+        return self._scale if self.weight(decl) else "none"
+
+    def keys(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
+        """(key suffix, shape) of every parameter, in the order the module registers them."""
+        if self._scale == "scalar":
+            return [("scale", ())]
+        out = list(self._extra)
+        if self.weight(decl):
+            out.append(("weight", shape))
+        if self.bias(decl):
+            out.append(("bias", shape))
+        return out
+
+    def parameters(self, decl: KindDecl, width: int) -> int:
+        """Parameter elements of one declaration over a width-``width`` axis."""
+        return sum(_numel(shape) for _, shape in self.keys(decl, (width,)))
+
+
+def _numel(shape: Shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
+    NormFamily("layernorm", "LayerNorm", 2, (2, 2), True, lambda d: bool(d.arg("affine")),
+               lambda d: bool(d.arg("bias")), "per_channel"),
+    # an unset affine means the usual per-channel weight; only an affine fold writes affine=false
+    NormFamily("rmsnorm", "RMSNorm", 1, (1, 1), True, lambda d: d.arg("affine") is not False,
+               lambda d: False, "per_channel", _fused_offset=True),
+    NormFamily("scalenorm", "ScaleNorm", 1, (1, 1), False, lambda d: True, lambda d: False, "scalar"),
+    NormFamily("dyt", "DyT", 0, (0, 0), False, lambda d: True, lambda d: True, "per_channel",
+               (("alpha", (1,)),)),
+)}
+
+
+def family(decl: KindDecl) -> NormFamily:
+    """The family entry of a norm declaration."""
+    return FAMILIES[decl.kind]

@@ -1,0 +1,185 @@
+"""The tensor-parallel plan a block implies, derived from its declarations (no torch).
+
+Given the residual stream's layout over one mesh axis of size P, every
+declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
+
+* attention: q/k/v split by output columns (whole heads per rank), o split by
+  input rows; the o output is reduced to the stream's layout — all-reduce
+  for a replicated stream, reduce-scatter onto rows (sequence) or features
+  (hidden); a sharded stream is all-gathered at the branch input;
+* MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
+* norms: replicated parameters; under sequence sharding each rank normalizes
+  its own complete rows and the affine gradients are summed over ranks;
+  under hidden sharding the row moments come from one all-reduce of Σx, Σx²;
+* linears, scales, externs: replicated, gathered in and sliced out.
+
+The plan also counts the collectives of one forward per layer with their
+payload, which the cost report turns into bytes on the wire.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import Sizes
+from blockir.diagnostics import BlockError, error
+from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.program import Block, Program
+
+LAYOUTS = ("replicated", "sequence", "hidden")
+COLUMN = {"self_attention": ("q_proj", "k_proj", "v_proj"), "cross_attention": ("q_proj", "k_proj", "v_proj"),
+          "mlp": ("fc1",), "gated_mlp": ("gate_proj", "up_proj")}
+ROW = {"self_attention": "o_proj", "cross_attention": "o_proj", "mlp": "fc2", "gated_mlp": "down_proj"}
+# where the stream lives, as a placement of a [B, S, D] tensor
+STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)"}
+# collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
+# brings the stream to a branch input (full rows on every rank)
+REDUCE = {"replicated": "all-reduce", "sequence": "reduce-scatter", "hidden": "reduce-scatter"}
+GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather"}
+
+
+@dataclass(frozen=True)
+class ModuleStyle:
+    """How one submodule is parallelised; ``path`` is its name in the compiled module."""
+
+    path: str
+    style: str  # colwise | rowwise | branch | norm | replicate | extern
+    kind: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    site: str  # the module whose boundary performs it
+    op: str  # all-reduce | all-gather | reduce-scatter
+    elements: int  # logical elements of the full tensor it moves
+
+    def wire_bytes(self, world: int, itemsize: int) -> int:
+        """Bytes each rank sends in a ring implementation: (P-1)/P of the payload, twice for all-reduce."""
+        factor = 2 if self.op == "all-reduce" else 1
+        return factor * (world - 1) * self.elements * itemsize // world
+
+
+@dataclass
+class ParallelPlan:
+    layout: str
+    world: int
+    per_token: bool = False  # batch or sequence size unknown: collective sizes count one token (one row)
+    modules: list[ModuleStyle] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)  # state_dict key → placement
+    collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
+
+    def styles(self) -> dict[str, str]:
+        return {m.path: m.style for m in self.modules}
+
+
+def _fail(span, message: str, hint: str | None = None) -> BlockError:
+    return BlockError([error("E0730", message, span, hint=hint)])
+
+
+def _divisible(d: KindDecl, what: str, n: int, world: int) -> None:
+    if n % world:
+        raise _fail(d.span, f"{d.kind} '{d.name}' has {n} {what}, which {world} ranks cannot split evenly",
+                    f"choose a tensor-parallel degree that divides {n}")
+
+
+class _Planner:
+    def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int):
+        self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
+        self.plan = ParallelPlan(layout, world)
+
+    def block(self, block: Block, prefix: str, layer: str) -> None:
+        sizes = self.sizes.for_block(block)
+        for d in block.decls:
+            path = prefix + d.name
+            if isinstance(d, InstanceDecl):
+                sub = self.program.block(d.block)
+                if d.count is None:
+                    self.block(sub, path + ".", layer)
+                else:
+                    for i in range(sizes.count(d.count, f"stack '{d.name}'", d.span)):
+                        self.block(sub, f"{path}.{i}.", f"{path}.{i}")
+            elif isinstance(d, ExternDecl):
+                self.plan.modules.append(ModuleStyle(path, "extern", "extern"))
+                self._gathered(layer, path)
+            else:
+                self.decl(d, path, layer, sizes)
+
+    def _gathered(self, layer: str, path: str) -> None:
+        gather = GATHER[self.layout]
+        if gather:
+            self._collective(layer, Collective(path, gather, self.elements))
+
+    def _collective(self, layer: str, c: Collective) -> None:
+        self.plan.collectives.setdefault(layer, []).append(c)
+
+    def _param(self, path: str, placement: str) -> None:
+        self.plan.params[path] = placement
+
+    def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+        if d.category == "norm":
+            self.plan.modules.append(ModuleStyle(path, "norm", d.kind))
+            grads = {"sequence": "replicate (gradient summed over tp)"}
+            for name in _norm_params(d):
+                self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
+            if self.layout == "hidden":
+                self._collective(layer, Collective(path, "all-reduce", 2 * self.elements // sizes.dim(d.arg("axes")[-1])))
+            return
+        if d.kind in COLUMN:
+            if d.kind.endswith("attention"):
+                heads = int(sizes.value(d.arg("heads")))
+                kv = d.arg("kv_heads")
+                _divisible(d, "heads", heads, self.world)
+                _divisible(d, "key/value heads", int(sizes.value(kv)) if kv is not None else heads, self.world)
+            else:
+                _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
+            self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
+            bias = d.arg("bias")
+            for name in COLUMN[d.kind]:
+                self.plan.modules.append(ModuleStyle(f"{path}.{name}", "colwise", "linear"))
+                self._param(f"{path}.{name}.weight", "shard(0)")
+                if bias:
+                    self._param(f"{path}.{name}.bias", "shard(0)")
+            row = ROW[d.kind]
+            self.plan.modules.append(ModuleStyle(f"{path}.{row}", "rowwise", "linear"))
+            self._param(f"{path}.{row}.weight", "shard(1)")
+            if d.arg("out_bias" if d.kind.endswith("attention") else "bias"):
+                self._param(f"{path}.{row}.bias", "replicate")
+            self._gathered(layer, path)
+            self._collective(layer, Collective(f"{path}.{row}", REDUCE[self.layout], self.elements))
+            return
+        self.plan.modules.append(ModuleStyle(path, "replicate", d.kind))
+        if d.kind == "linear":
+            self._param(f"{path}.weight", "replicate")
+            if d.arg("bias"):
+                self._param(f"{path}.bias", "replicate")
+        elif d.category == "scale":
+            self._param(path, "replicate")
+
+
+def _norm_params(d: KindDecl) -> tuple[str, ...]:
+    return tuple(name for name, _ in family(d).keys(d, ()))
+
+
+def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int) -> ParallelPlan:
+    """The plan for ``block`` with its stream ``layout`` over ``world`` ranks.
+
+    ``sizes`` must know the stream's batch and sequence sizes for the collective counts."""
+    if layout not in LAYOUTS:
+        raise _fail(block.span, f"unknown layout '{layout}'", "layouts: " + ", ".join(LAYOUTS))
+    state = block.params[0].type if block.params else block.result
+    known = {a: sizes.env.get(a) for a in state.names}
+    per_token = any(known[a] is None for a in state.rows)
+    elements = 1
+    for a in state.names:
+        elements *= 1 if a in state.rows and per_token else sizes.dim(a)
+    if layout == "sequence":
+        seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
+        if seq is None or (known[seq] is not None and int(known[seq]) % world):
+            raise _fail(block.span, f"the sequence axis of {state} does not split evenly over {world} ranks",
+                        "choose a sequence length divisible by the tensor-parallel degree")
+    if layout == "hidden" and sizes.dim(state.names[-1]) % world:
+        raise _fail(block.span, f"the model axis of {state} does not split evenly over {world} ranks")
+    planner = _Planner(program, sizes, layout, world, elements)
+    planner.plan.per_token = per_token
+    planner.block(block, "", "")
+    return planner.plan

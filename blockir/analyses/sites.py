@@ -1,0 +1,64 @@
+"""Residual sites through a whole model: every update of the stream, by its full value path.
+
+A site is one residual update as the structure analysis finds it: the value
+the stream becomes (the sum), the shortcut operand it adds to, and the
+branch operands that make the update ``u`` (several for a parallel block:
+``x + attn(n) + mlp(n)`` is one site whose update is the sum of both).
+Stacks and nested blocks are walked with an explicit work list, so depth is
+bounded by memory, not by Python's recursion limit. Telemetry reads these
+sites; so does every report that names a residual update.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+from blockir.analyses.sizes import Sizes
+from blockir.analyses.structure import wrapper
+from blockir.ir.decls import InstanceDecl
+from blockir.ir.ops import FusedAddNormOp
+from blockir.ir.program import Block, Program
+
+
+class Site(NamedTuple):
+    site: str  # the stream value after the add (the sum, before any post-norm), with its layer path
+    shortcut: str  # the add operand carrying the shortcut
+    updates: tuple[str, ...]  # the add operands carrying the branches; the update is their sum
+
+
+Scope = tuple[Block, Sizes, str]  # a called block, its sizes for that call, and its value-path prefix
+
+
+def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[Site | Scope]:
+    """The block's own sites and the scopes of the blocks it calls, in program order."""
+    roots = {id(sub.root): sub for sub in wrapper(block).sublayers if sub.shortcut is not None}
+    for op in block.ops:
+        sub = roots.get(id(op))
+        if sub is not None:
+            total = sub.root.residual if isinstance(sub.root, FusedAddNormOp) else sub.root.result
+            yield Site(prefix + total, prefix + sub.shortcut, tuple(prefix + v for v in sub.updates))
+            continue
+        d = block.decl_map.get(getattr(op, "decl", None) or "")
+        if not isinstance(d, InstanceDecl):
+            continue
+        inner = program.block(d.block)
+        if d.count is None:
+            yield inner, scope.for_block(inner), f"{prefix}{d.name}."
+            continue
+        n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)
+        for i in range(n):
+            yield inner, scope.for_block(inner, i, n), f"{prefix}{d.name}.{i}."
+
+
+def residual_sites(program: Program, block: Block, sizes: Sizes) -> list[Site]:
+    """Every site reachable from ``block``, in execution order, through sub-blocks and stacks."""
+    out: list[Site] = []
+    stack = [_items(program, block, sizes.for_block(block), "")]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif isinstance(item, Site):
+            out.append(item)
+        else:
+            stack.append(_items(program, *item))
+    return out

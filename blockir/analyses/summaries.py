@@ -1,0 +1,261 @@
+"""Block summaries: what a block does, as seen from a call to it.
+
+A verifier that meets a call to another block must know what happens inside
+without walking into it again (that made nested programs cubic, and deep
+ones overflow the stack). Each block is summarised once, callees first (a
+topological order of the call graph, computed iteratively with networkx),
+and the summary is all a caller consults:
+
+* whether it normalizes anywhere, whether its output is normalized, and
+  whether it returns a residual stream it left unnormalized (a model that
+  returns it needs a final norm);
+* the branch kinds along its stream, in order, through the blocks it calls
+  (an encoder–decoder decoder runs self-attention, cross-attention, MLP);
+* whether it holds cross-attention and which of its inputs it reads as
+  encoder memory; its first non-causal self-attention;
+* whether it has no residual update of its own and drops the value it is
+  given (a dropout helper: legal on a branch output, not on the stream);
+* the first untied norm it applies (one instance called on two values ties
+  that norm's scale) and the epsilons of its norms by family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import networkx as nx
+
+from blockir.analyses.cache import per_object
+from blockir.analyses.sizes import block_env, program_env, value
+from blockir.analyses.structure import ancestors, decl_kind, wrapper
+from blockir.diagnostics import Span
+from blockir.ir.decls import InstanceDecl, KindDecl
+from blockir.ir.ops import ActivationOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ir.program import Block, Program
+
+CALLS = ("block", "stack")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A declaration found in a block or below it, named by its path from the summarised block."""
+
+    path: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class EpsCount:
+    value: float | int
+    count: int
+    decl: KindDecl
+    owner: str  # the block that declares it
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    has_norms: bool = False
+    ends_normalized: bool = False
+    unnormalized_stream: bool = False
+    stream_kinds: tuple[str, ...] = ()
+    has_cross: bool = False
+    memory_params: frozenset[int] = frozenset()
+    noncausal_self: Declared | None = None
+    drops_state: bool = False
+    untied_norm: Declared | None = None
+    eps: Mapping[str, tuple[EpsCount, ...]] = field(default_factory=dict)
+
+
+def callee(program: Program, block: Block, op: Op) -> InstanceDecl | None:
+    """The sub-block or stack declaration ``op`` calls, if it calls one that exists."""
+    d = block.decl_map.get(getattr(op, "decl", None) or "")
+    return d if isinstance(op, CallOp) and isinstance(d, InstanceDecl) and d.block in program.block_map else None
+
+
+def _transparent(block: Block, op: Op | None) -> bool:
+    """Ops that leave a normalized value normalized: casts, dropout, scales and the identity activation."""
+    if isinstance(op, (CastOp, DropoutOp, ScaleOp)):
+        return True
+    if isinstance(op, ActivationOp):
+        return op.fn == "identity"
+    d = block.decl_map.get(getattr(op, "decl", None) or "")
+    return isinstance(d, KindDecl) and d.kind == "activation" and d.arg("fn") == "identity"
+
+
+def output_source(block: Block) -> tuple[str | None, Op | None]:
+    """The value the block returns and its producer, looking through transparent ops."""
+    v = block.output.value if block.output is not None else None
+    op = block.producers.get(v) if v is not None else None
+    while _transparent(block, op):
+        v = op.operands[0]  # type: ignore[union-attr]
+        op = block.producers.get(v)
+    return v, op
+
+
+def stream_items(program: Program, block: Block, summaries: Mapping[str, Summary]) -> list[tuple[str, str, Op]]:
+    """(branch kind, its name, the local op that runs it) along the stream, expanding calls once."""
+    w = wrapper(block)
+    roots = {id(s.root): s for s in w.sublayers}
+    items: list[tuple[str, str, Op]] = []
+    for op in block.ops:
+        sub = roots.get(id(op))
+        if sub is not None:
+            for b in sub.branches:
+                d = callee(program, block, b.call) if b.call is not None else None
+                if d is not None and b.kind in CALLS:
+                    items += [(k, d.name, b.call) for k in summaries[d.block].stream_kinds]  # type: ignore[misc]
+                else:
+                    items.append((b.kind, b.name, b.call or block.producers[b.leaf]))
+            continue
+        d = callee(program, block, op)
+        if d is not None and op.result in w.spine_set:
+            items += [(k, d.name, op) for k in summaries[d.block].stream_kinds]
+    return items
+
+
+KEEP = 4  # kinds kept at each end of a long stream
+
+
+def _bounded(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeats collapsed, then the two ends of a long stream: a caller checks order only where its own
+    steps meet this block's, and this block reports disorder inside itself."""
+    collapsed = tuple(k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k)
+    return collapsed if len(collapsed) <= 2 * KEEP else collapsed[:KEEP] + collapsed[-KEEP:]
+
+
+def memory_inputs(block: Block) -> set[str]:
+    return {op.result for op in block.inputs} - {wrapper(block).state_input}
+
+
+def _memory_params(program: Program, block: Block, summaries: Mapping[str, Summary]) -> frozenset[int]:
+    names = [op.result for op in block.inputs]
+    memory = memory_inputs(block)
+    read: set[str] = set()
+    for op in block.ops:
+        if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention" and len(op.args) == 2:
+            read |= ancestors(block, op.args[1]) & memory
+        d = callee(program, block, op)
+        if d is not None:
+            for j in summaries[d.block].memory_params:
+                if j < len(op.args):
+                    read |= ancestors(block, op.args[j]) & memory
+    return frozenset(i for i, n in enumerate(names) if n in read)
+
+
+def _noncausal(program: Program, block: Block, summaries: Mapping[str, Summary]) -> Declared | None:
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.kind == "self_attention" and d.arg("causal") is False:
+            return Declared(d.name, d.span)
+        if isinstance(d, InstanceDecl) and d.block in summaries and summaries[d.block].noncausal_self is not None:
+            inner = summaries[d.block].noncausal_self
+            return Declared(f"{d.name}.{inner.path}", inner.span)  # type: ignore[union-attr]
+    return None
+
+
+def _untied_norm(block: Block, summaries: Mapping[str, Summary]) -> Declared | None:
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.category == "norm" and not d.arg("tied") \
+                and any(getattr(op, "decl", None) == d.name for op in block.ops):
+            return Declared(d.name, d.span)
+        if isinstance(d, InstanceDecl) and d.block in summaries and summaries[d.block].untied_norm is not None:
+            inner = summaries[d.block].untied_norm
+            return Declared(f"{d.name}.{inner.path}", inner.span)  # type: ignore[union-attr]
+    return None
+
+
+def _eps(block: Block, env: dict, summaries: Mapping[str, Summary]) -> dict[str, tuple[EpsCount, ...]]:
+    """Norm epsilons by family over the block and the blocks it instantiates, first seen first."""
+    out: dict[str, dict[float | int, EpsCount]] = {}
+
+    def add(family: str, entry: EpsCount) -> None:
+        seen = out.setdefault(family, {})
+        old = seen.get(entry.value)
+        seen[entry.value] = entry if old is None else EpsCount(old.value, old.count + entry.count, old.decl, old.owner)
+
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.category == "norm" and d.arg("eps") is not None:
+            v = value(d.arg("eps"), env)
+            if v is not None:
+                add(d.kind, EpsCount(v, 1, d, block.name))
+        elif isinstance(d, InstanceDecl) and d.block in summaries:
+            for family, entries in summaries[d.block].eps.items():
+                for e in entries:
+                    add(family, e)
+    return {family: tuple(seen.values()) for family, seen in out.items()}
+
+
+def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str, Summary]) -> Summary:
+    w = wrapper(block)
+    calls = [(op, d) for op in block.ops if (d := callee(program, block, op)) is not None]
+    inner = [summaries[d.block] for _, d in calls]
+    has_norms = any(isinstance(op, (NormOp, FusedAddNormOp)) for op in block.ops) or any(s.has_norms for s in inner)
+    v, out = output_source(block)
+    out_call = callee(program, block, out) if out is not None else None
+    if isinstance(out, NormOp) or isinstance(out, FusedAddNormOp) and v == out.normalized:
+        ends = True
+    else:
+        ends = out_call is not None and summaries[out_call.block].ends_normalized
+    returns_stream = bool(w.sublayers) or out_call is not None and summaries[out_call.block].unnormalized_stream
+    drops = not w.sublayers and any(
+        isinstance(p := block.producers.get(s), DropoutOp) and value(p.p, env) != 0
+        or (d := callee(program, block, p)) is not None and summaries[d.block].drops_state
+        for s in w.spine[1:])
+    return Summary(
+        block.name, has_norms=has_norms, ends_normalized=ends,
+        unnormalized_stream=has_norms and not ends and returns_stream,
+        stream_kinds=_bounded(tuple(k for k, _, _ in stream_items(program, block, summaries))),
+        has_cross=any(decl_kind(block, op) == "cross_attention" for op in block.ops) or any(s.has_cross for s in inner),
+        memory_params=_memory_params(program, block, summaries),
+        noncausal_self=_noncausal(program, block, summaries), drops_state=drops,
+        untied_norm=_untied_norm(block, summaries), eps=_eps(block, env, summaries))
+
+
+def call_graph(program: Program) -> nx.DiGraph:
+    """Blocks as nodes, an edge from each block to every block it instantiates."""
+    g = nx.DiGraph()
+    g.add_nodes_from(b.name for b in program.blocks)
+    g.add_edges_from((b.name, d.block) for b in program.blocks for d in b.decls
+                     if isinstance(d, InstanceDecl) and d.block in program.block_map)
+    return g
+
+
+def callees_first(program: Program) -> list[str]:
+    """Block names with every callee before its callers (cycles, reported by the builder, are broken)."""
+    g = call_graph(program)
+    g.remove_edges_from(list(nx.selfloop_edges(g)))
+    if not nx.is_directed_acyclic_graph(g):
+        g = nx.condensation(g)
+        return [n for c in reversed(list(nx.topological_sort(g))) for n in sorted(g.nodes[c]["members"])]
+    return list(reversed(list(nx.topological_sort(g))))
+
+
+class Summaries(dict):
+    """The summary of every block by name, and the set of blocks some block calls.
+
+    A callee not yet summarised (only inside a cycle, which the builder
+    reports) reads as an empty summary.
+    """
+
+    def __init__(self, called: frozenset[str]) -> None:
+        super().__init__()
+        self.called = called
+
+    def __missing__(self, name: str) -> Summary:
+        return Summary(name)
+
+
+@per_object
+def summaries(program: Program) -> Summaries:
+    """The summary of every block, computed once per program object."""
+    base = program_env(program)
+    out = Summaries(frozenset(d.block for b in program.blocks for d in b.decls if isinstance(d, InstanceDecl)))
+    for name in callees_first(program):
+        block = program.block(name)
+        out[name] = _summarise(program, block, block_env(base, block), out)
+    return out
+
+
+def called_blocks(program: Program) -> frozenset[str]:
+    """Blocks that some block instantiates."""
+    return summaries(program).called

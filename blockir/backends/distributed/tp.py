@@ -1,0 +1,104 @@
+"""Apply a derived tensor-parallel plan to a compiled module with ``parallelize_module``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.placement_types import Placement
+
+from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
+from blockir.analyses.sizes import Sizes
+from blockir.api import load
+from blockir.diagnostics import BlockError, argument_error
+from blockir.ir.program import Block, Program
+
+
+def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
+    return BlockError([argument_error("parallelize", argument, message, hint)])
+
+
+def _stream(block: Block, program: Program, layout: str) -> Placement:
+    """The stream's placement as DTensor states it: the tensor dim of S (sequence) or of D (hidden)."""
+    if layout == "replicated":
+        return Replicate()
+    state = block.params[0].type
+    role = "seq" if layout == "sequence" else "model"
+    return Shard(next(i for i, a in enumerate(state.axes) if a.role.value == role))
+
+
+def _gathered(stream: Placement) -> PrepareModuleInput:
+    """Full rows at a branch input: all-gather a sharded stream, hand the branch plain local tensors."""
+    return PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_output=True)
+
+
+def _styles(plan: ParallelPlan, stream: Placement) -> dict[str, ParallelStyle]:
+    sharded = not isinstance(stream, Replicate)
+    out: dict[str, ParallelStyle] = {}
+    for m in plan.modules:
+        if m.style == "colwise":
+            out[m.path] = ColwiseParallel()
+        elif m.style == "rowwise":
+            # a replicated stream stays a plain tensor; a sharded one stays a DTensor so adds see its placement
+            out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
+        elif m.style == "branch" and sharded:
+            out[m.path] = _gathered(stream)
+        elif m.style == "norm" and plan.layout == "sequence":
+            out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
+        elif m.style == "extern" and sharded:
+            out[m.path] = PrepareModuleInputOutput(
+                input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(stream,), use_local_output=False)
+    return out
+
+
+def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:
+    """Parameters no style owns become replicated DTensors, so they meet DTensor activations."""
+    for name, param in list(module.named_parameters()):
+        if isinstance(param.data, torch.distributed.tensor.DTensor):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if any(owner == s or owner.startswith(s + ".") for s in styled):
+            continue
+        parent = module.get_submodule(owner) if owner else module
+        parent.register_parameter(leaf, nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
+                                                     requires_grad=param.requires_grad))
+
+
+def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
+                layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
+    """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over the 1-D ``mesh`` in place.
+
+    ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
+    parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
+    split). The module still takes and returns full tensors: its input is sliced to the stream's
+    layout and its output gathered, so it is a drop-in replacement for the single-device module.
+    ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
+    """
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (take mesh['tp'] of a larger one)")
+    if layout not in LAYOUTS:
+        raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if isinstance(program, (str, Path)):
+        program = load(program)
+    if name not in program.block_map:
+        raise _bad("name", f"no block named {name!r}", "blocks: " + ", ".join(program.block_map))
+    block = program.block(name)
+    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
+    stream = _stream(block, program, layout)
+    styles = _styles(plan, stream)
+    if styles:
+        parallelize_module(module, mesh, styles)
+    if not isinstance(stream, Replicate):
+        _replicate_rest(module, mesh, plan, set(styles))
+        parallelize_module(module, mesh, PrepareModuleInputOutput(
+            input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_input=False,
+            output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
+    module.blockir_plan = plan
+    return module

@@ -1,0 +1,104 @@
+"""`blockir diverge A.block [B.block]`: the first IR value where two compiled modules disagree.
+
+Both sides are compiled from one seed (so equal keys get equal initial weights), optionally
+loaded from run checkpoints, put in eval mode (no dropout: the comparison replays no randomness)
+and traced on one input; the values are compared in A's execution order under ``--policy``.
+B defaults to A, so ``--backend-b fused`` or ``--dtype-b bf16`` checks one program on two
+backends or precisions. Exit 0 when every value agrees, 1 at a divergence (as ``diff``).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option,
+                         load_program, log, print_json, target_block)
+from blockir.commands.run import name_stand_ins, row_dims, set_threads
+
+DTYPES = ("f32", "bf16", "f16", "f64")
+
+
+def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: str, dtype: str,
+            ckpt: str | None) -> Any:
+    import torch
+
+    from blockir.backends.checkpoint import read_record
+    from blockir.backends.compile import compile as compile_block
+    from blockir.backends.session import stand_ins
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = compile_block(program, block.name, backend, dims=dims, bind=stand_ins(program, block, dims), seed=seed)
+    if ckpt is not None:
+        read_record(ckpt)  # the files are checked against their recorded hashes before they are trusted
+        state = torch.load(Path(ckpt) / "model.pt", weights_only=True)
+        core = {k[len("core."):]: v for k, v in state.items() if k.startswith("core.")}
+        missing, unexpected = m.load_state_dict(core, strict=False)
+        if missing or unexpected:
+            raise UsageError(f"{ckpt} does not hold {block.name}'s parameters at these sizes "
+                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}[dtype]
+    return m.to(dt).eval(), dt
+
+
+def diverge(args: argparse.Namespace) -> int:
+    import torch
+
+    from blockir.backends.diverge import POLICIES, first_divergence, producer
+    from blockir.backends.session import random_inputs
+    from blockir.backends.trace import trace
+    set_threads(1)
+    pa = load_program(args.a)
+    pb = load_program(args.b) if args.b else pa
+    ba = target_block(pa, args.block)
+    bb = target_block(pb, args.block_b or (args.block if args.block in pb.block_map else None)) if args.b else ba
+    name_stand_ins(pa, ba)
+    dims = row_dims(pa, args.dims)
+    ma, da = _module(pa, ba, dims, args.seed, args.backend, args.dtype, args.checkpoint_a)
+    mb, db = _module(pb, bb, row_dims(pb, args.dims), args.seed, args.backend_b or args.backend,
+                     args.dtype_b or args.dtype, args.checkpoint_b or args.checkpoint_a)
+    inputs = random_inputs(pa, ba, dims, torch.Generator().manual_seed(args.seed))
+    with torch.no_grad():
+        _, va = trace(ma, *(x.to(da) for x in inputs))
+        _, vb = trace(mb, *(x.to(db) for x in inputs))
+    policy = POLICIES[args.policy]
+    found, compared = first_divergence(va, vb, policy)
+    where = f"{args.a}:{ba.name}" + (f" vs {args.b}:{bb.name}" if args.b else "")
+    if args.format == "json":
+        print_json({"a": args.a, "b": args.b or args.a, "policy": {"name": policy.name, "atol": policy.atol,
+                                                                    "rtol": policy.rtol},
+                    "compared": compared, "divergence": None if found is None else {
+                        "value": found.value, "op": producer(pa, ba, found.value), "max_error": found.max_error,
+                        "bound": found.bound, "reason": found.reason, "agreed_before": found.agreed}})
+    elif found is None:
+        print(f"{where}: all {compared} values agree within the {policy.name} policy "
+              f"(atol {policy.atol:g}, rtol {policy.rtol:g})")
+    else:
+        op = producer(pa, ba, found.value)
+        print(f"{where}: first divergent value {found.value}" + (f" ({op})" if op else ""))
+        print(f"  max |B - A| = {found.max_error:.3e} > bound {found.bound:.3e} ({found.reason}; {policy.name} policy, "
+              f"atol {policy.atol:g}, rtol {policy.rtol:g})")
+        print(f"  {found.agreed} value{'s' if found.agreed != 1 else ''} before it agree")
+    log(f"compared {compared} values on one input of seed {args.seed}")
+    return EXIT_OK if found is None else EXIT_ERRORS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("diverge", help="the first IR value where two modules (files, backends, dtypes or "
+                                       "checkpoints) disagree beyond a tolerance policy")
+    r.add_argument("a", metavar="A.block")
+    r.add_argument("b", metavar="B.block", nargs="?", help="the candidate (default: A again)")
+    add_block_option(r)
+    r.add_argument("--block-b", metavar="NAME", help="the block of B (default: --block's name if B has it)")
+    add_dims_option(r)
+    r.add_argument("--seed", type=int, default=0, help="seed of both initialisations and of the input")
+    r.add_argument("--backend", choices=("fx", "fused"), default="fx")
+    r.add_argument("--backend-b", choices=("fx", "fused"), help="B's backend (default: --backend)")
+    r.add_argument("--dtype", choices=DTYPES, default="f32", help="A's parameter and input dtype (default f32)")
+    r.add_argument("--dtype-b", choices=DTYPES, help="B's dtype (default: --dtype)")
+    r.add_argument("--checkpoint-a", metavar="DIR", help="load A's block from a `run --save` checkpoint")
+    r.add_argument("--checkpoint-b", metavar="DIR", help="load B's block from a checkpoint (default: A's)")
+    r.add_argument("--policy", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32: atol=rtol=1e-5; bf16: rtol 2**-6, atol 1e-2 against the fp32 side")
+    add_format_option(r)
+    r.set_defaults(func=diverge)

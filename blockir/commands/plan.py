@@ -1,0 +1,66 @@
+"""`blockir plan FILE [--block B] --tp N [--layout sequence|hidden|replicated] [--dims …] [--dtype …]`:
+the tensor-parallel plan a block implies — each parameter's placement, the stream's layout at block
+boundaries, and each layer's collectives with the bytes they move."""
+from __future__ import annotations
+
+import argparse
+
+from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, print_json,
+                         with_program)
+from blockir.ir.program import Block, Program
+from blockir.ir.types import DType
+
+# Closed forms per layer and forward pass, stream of B·S·D elements (Korthikanti et al., 2022, table 2):
+# tensor parallelism all-reduces the attention and MLP outputs; sequence parallelism replaces each
+# all-reduce by an all-gather before the branch and a reduce-scatter after it.
+CLOSED_FORM = {"replicated": {"all-reduce": 2}, "sequence": {"all-gather": 2, "reduce-scatter": 2},
+               "hidden": {"all-gather": 2, "reduce-scatter": 2, "all-reduce": 2}}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.tp < 1:
+        raise UsageError(f"--tp must be a positive integer, got {args.tp}")
+
+    def show(program: Program, block: Block) -> int:
+        from blockir.analyses.parallel import STREAM, derive_plan
+        from blockir.analyses.sizes import Sizes
+        plan = derive_plan(program, block, Sizes.of(program, args.dims), args.layout, args.tp)
+        itemsize = DType(args.dtype).itemsize
+        unit = "per token" if plan.per_token else "per step"
+        layers = {layer or block.name: [dict(site=c.site, op=c.op, elements=c.elements,
+                                             bytes=c.elements * itemsize, wire_bytes=c.wire_bytes(args.tp, itemsize))
+                                        for c in cs] for layer, cs in plan.collectives.items()}
+        stream = STREAM[args.layout]
+        if args.format == "json":
+            print_json({"block": block.name, "tp": args.tp, "layout": args.layout, "dtype": args.dtype,
+                        "sizes": unit, "stream": stream, "params": plan.params, "modules": plan.styles(),
+                        "collectives": layers, "closed_form": CLOSED_FORM[args.layout]})
+            return EXIT_OK
+        print(f"{block.kind} {block.name}: tp={args.tp}, layout {args.layout}, stream [{', '.join(block.params[0].type.names)}; "
+              f"tp={stream}] at every block boundary")
+        print("parameters:")
+        width = max((len(k) for k in plan.params), default=0)
+        for key, placement in plan.params.items():
+            print(f"  {key.ljust(width)}  {placement}")
+        print(f"collectives (forward; backward mirrors them), {args.dtype}, {unit}:")
+        for layer, cs in layers.items():
+            print(f"  {layer}:")
+            for c in cs:
+                print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
+        forms = ", ".join(f"{n} {op}" for op, n in CLOSED_FORM[args.layout].items())
+        print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: the all-reduces carry Σx, Σx² per row)")
+        return EXIT_OK
+    return with_program(args, show)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("plan", help="the tensor-parallel plan: parameter placements, stream layout, collectives")
+    s.add_argument("file", metavar="FILE")
+    add_block_option(s)
+    s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    s.add_argument("--layout", choices=("sequence", "hidden", "replicated"), default="sequence",
+                   help="where the residual stream lives between blocks (default: sequence)")
+    s.add_argument("--dtype", choices=[d.value for d in DType], default="bf16", help="activation dtype for bytes")
+    add_dims_option(s, "B=8,S=2048")
+    add_format_option(s)
+    s.set_defaults(func=run)

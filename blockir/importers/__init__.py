@@ -1,0 +1,1 @@
+"""Writers of `.block` text from other libraries' model descriptions (no torch needed)."""

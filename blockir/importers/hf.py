@@ -1,0 +1,268 @@
+"""A transformers config (dict or JSON) → the `.block` text of its ``*ForCausalLM`` class.
+
+Names equal the HF classes' attribute names, so the compiled model loads the real state dict
+strictly; dims, norms, eps, placement and attention options come from the config fields. Only
+``json`` is imported: a config object is read through its ``to_dict()``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from blockir.diagnostics import BlockError, Span, error
+
+ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
+        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh"}
+
+
+def _fail(message: str, hint: str | None = None) -> BlockError:
+    return BlockError([error("E0800", message, Span("<hf config>", 1, 1), hint=hint)])
+
+
+class _Config:
+    """Config fields with the defaults the transformers class applies."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = dict(raw)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.raw.get(key)
+        return default if v is None else v
+
+    def need(self, key: str) -> Any:
+        if self.raw.get(key) is None:
+            raise _fail(f"the config of model type '{self.raw.get('model_type')}' has no '{key}'")
+        return self.raw[key]
+
+    def rope(self) -> dict[str, Any]:
+        params = dict(self.get("rope_parameters") or self.get("rope_scaling") or {})
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default":
+            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: default (unscaled) RoPE")
+        params.setdefault("rope_theta", self.get("rope_theta", 10000.0))
+        return params
+
+    def act(self, key: str = "hidden_act", default: str = "silu") -> str:
+        name = self.get(key, default)
+        if name not in ACTS:
+            raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)))
+        return ACTS[name]
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _header(cls: str, model_type: str, c: _Config, extra: dict[str, int]) -> list[str]:
+    dims = {"D": c.need("hidden_size"), "V": c.need("vocab_size"), **extra}
+    lines = [f"# {cls} (transformers model_type '{model_type}'), written by `blockir import hf` from its config.",
+             "# Declaration names are the HF attribute names: the real state dict loads with strict=True.", "",
+             "dim B: batch", "dim S: seq"]
+    roles = {"D": "model", "F": "hidden", "V": "vocab", "P": "vocab"}
+    lines += [f"dim {k}: {roles.get(k, 'hidden')} = {v}" for k, v in dims.items() if k != "L"]
+    return lines + [f"const L = {dims['L']}", ""] if "L" in dims else lines + [""]
+
+
+def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | None = None) -> list[str]:
+    h = c.need("num_attention_heads")
+    opts = [f"heads={h}"]
+    kv = c.get("num_key_value_heads", h)
+    if kv != h:
+        opts.append(f"kv_heads={kv}")
+    hd = head_dim if head_dim is not None else c.get("head_dim") or c.need("hidden_size") // h
+    if hd * h != c.need("hidden_size"):
+        opts.append(f"head_dim={hd}")
+    if rotary:
+        rope = c.rope()
+        opts += ["rope=true", f"rope_theta={_num(rope['rope_theta'])}"]
+        factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)))
+        if factor != 1.0:
+            opts.append(f"rotary_dim={int(hd * factor)}")
+    p = c.get("attention_dropout", c.get("attn_pdrop", 0.0))
+    if p:
+        opts.append(f"dropout={_num(p)}")
+    if exact:
+        opts.append("impl=eager")
+    return opts
+
+
+def _decl(name: str, kind: str, args: list[str]) -> str:
+    return f"  {name}: {kind}({', '.join(args)})"
+
+
+def _rms(c: _Config, key: str = "rms_norm_eps", offset: int = 0, cast: str = "before_weight") -> str:
+    return f"rmsnorm(D, eps={_num(c.get(key, 1e-6))}, offset={offset}, cast={cast})"
+
+
+def _window(c: _Config) -> list[str]:
+    types = c.get("layer_types")
+    window = c.get("sliding_window")
+    if types and any(t != types[0] for t in types):
+        raise _fail("layers of different attention types (sliding and full) are not supported yet",
+                    "every layer must use the same attention type")
+    sliding = (types[0] == "sliding_attention") if types else window is not None and c.get("use_sliding_window", True)
+    return [f"window={window}"] if sliding and window else []
+
+
+def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[str] | None = None,
+           scale: str | None = None, softcap: float | None = None) -> list[str]:
+    tied = bool(c.get("tie_word_embeddings", False))
+    embed = ["V", "D"] + ([f"scale={scale}"] if scale else [])
+    head = ["V"] + (["tied=true"] if tied else []) + ([f"softcap={_num(softcap)}"] if softcap else [])
+    return [f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+            _decl(f"{base}.embed_tokens", "embedding", embed),
+            f"  {base}.layers: {layer} * L",
+            f"  {base}.norm: {norm}",
+            _decl("lm_head", "head", head),
+            *(extra or []),
+            f"  return lm_head({base}.norm({base}.layers({base}.embed_tokens(input_ids))))",
+            "}"]
+
+
+def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False) -> Callable[..., str]:
+    def write(c: _Config, model_type: str, exact: bool) -> str:
+        layer = f"{prefix}DecoderLayer"
+        bias = c.get("attention_bias", False) if qkv_bias is None else qkv_bias
+        attn = _attn_opts(c, exact) + _window(c)
+        if bias:
+            attn.append("bias=true")
+        if qkv_bias is None and bias:
+            attn.append("out_bias=true")
+        if qk_norm:
+            attn += ["qk_norm=rmsnorm", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
+        mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+        lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+                  f"  input_layernorm: {_rms(c)}", _decl("self_attn", "self_attention", attn),
+                  f"  post_attention_layernorm: {_rms(c)}", _decl("mlp", "gated_mlp", mlp),
+                  "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+                  "  return y", "}", ""]
+        return "\n".join(lines + _model(cls, "model", layer, c, _rms(c))) + "\n"
+    return write
+
+
+def _gemma(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
+    norm = _rms(c, offset=1, cast="after_weight")
+    attn = _attn_opts(c, exact) + (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
+    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", _decl("mlp", "gated_mlp", mlp),
+              "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+              "  return y", "}", ""]
+    c.raw.setdefault("tie_word_embeddings", True)
+    return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5")) + "\n"
+
+
+def _olmo2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+    norm = _rms(c, cast="after_weight")
+    attn = _attn_opts(c, exact) + ["qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+                                   f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
+    if c.get("attention_bias", False):
+        attn += ["bias=true", "out_bias=true"]
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              _decl("self_attn", "self_attention", attn), f"  post_attention_layernorm: {norm}",
+              _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]), f"  post_feedforward_layernorm: {norm}",
+              "  h = x + post_attention_layernorm(self_attn(x))", "  y = h + post_feedforward_layernorm(mlp(h))",
+              "  return y", "}", ""]
+    return "\n".join(lines + _model(cls, "model", layer, c, norm)) + "\n"
+
+
+def _phi3(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Phi3ForCausalLM", "Phi3DecoderLayer"
+    norm = _rms(c, key="rms_norm_eps")
+    attn = _attn_opts(c, exact) + _window(c) + ["fused=stacked"]
+    mlp = ["F", f"act={c.act()}", "fused=true"]
+    p = c.get("resid_pdrop", 0.0)
+    drop = (lambda e: f"dropout({e}, p={_num(p)})") if p else (lambda e: e)
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", _decl("mlp", "gated_mlp", mlp),
+              f"  h = x + {drop('self_attn(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}",
+              "  return y", "}", ""]
+    return "\n".join(lines + _model(cls, "model", layer, c, norm)) + "\n"
+
+
+def _gpt2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "GPT2LMHeadModel", "GPT2Block"
+    d = c.get("n_embd", c.get("hidden_size"))
+    c.raw.setdefault("hidden_size", d)
+    c.raw["num_attention_heads"] = c.get("n_head", c.get("num_attention_heads"))
+    if c.get("scale_attn_by_inverse_layer_idx", False) or c.get("reorder_and_upcast_attn", False):
+        raise _fail("GPT-2 options scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn are not supported")
+    eps = _num(c.get("layer_norm_epsilon", 1e-5))
+    attn = _attn_opts(c, exact, rotary=False) + ["bias=true", "out_bias=true", "fused=stacked", "conv1d=true",
+                                                 "qkv=c_attn", "o=c_proj", "softmax_f32=false"]
+    if not c.get("scale_attn_weights", True):
+        attn.append("scale=1")
+    mlp = ["F", f"act={c.act('activation_function', 'gelu_new')}", "fc1=c_fc", "fc2=c_proj", "conv1d=true"]
+    p, e = c.get("resid_pdrop", 0.1), c.get("embd_pdrop", 0.1)
+    lines = _header(cls, model_type, c, {"D": d, "F": c.get("n_inner") or 4 * d, "P": c.get("n_positions", 1024),
+                                         "L": c.get("n_layer", c.get("num_hidden_layers"))})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  ln_1: layernorm(D, eps={eps})", _decl("attn", "self_attention", attn),
+              f"  ln_2: layernorm(D, eps={eps})", _decl("mlp", "mlp", mlp),
+              f"  h = x + dropout(attn(ln_1(x)), p={_num(p)})", f"  y = h + dropout(mlp(ln_2(h)), p={_num(p)})",
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  transformer.wte: embedding(V, D)", "  transformer.wpe: embedding(P, D, positions=true)",
+              f"  transformer.h: {layer} * L", f"  transformer.ln_f: layernorm(D, eps={eps})",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              f"  # embd_pdrop={_num(e)} (dropout on the sum of the two lookups while training) is not written:",
+              "  # the verifiers read that sum as a residual add. Evaluation is unaffected.",
+              "  x = transformer.wte(input_ids) + transformer.wpe(input_ids)",
+              "  return lm_head(transformer.ln_f(transformer.h(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "GPTNeoXForCausalLM", "GPTNeoXLayer"
+    eps = _num(c.get("layer_norm_eps", 1e-5))
+    attn = _attn_opts(c, exact) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value", "o=dense"]
+    if not c.get("attention_bias", True):
+        attn = [a for a in attn if not a.startswith(("bias", "out_bias"))]
+    mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    update = (["  y = x + attention(input_layernorm(x)) + mlp(post_attention_layernorm(x))"]
+              if c.get("use_parallel_residual", True) else
+              ["  h = x + attention(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))"])
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: layernorm(D, eps={eps})", f"  post_attention_layernorm: layernorm(D, eps={eps})",
+              _decl("attention", "self_attention", attn), _decl("mlp", "mlp", mlp), *update, "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  gpt_neox.embed_in: embedding(V, D)", f"  gpt_neox.layers: {layer} * L",
+              f"  gpt_neox.final_layer_norm: layernorm(D, eps={eps})",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", False) else [])),
+              "  return lm_head(gpt_neox.final_layer_norm(gpt_neox.layers(gpt_neox.embed_in(input_ids))))", "}"]
+    return "\n".join(lines) + "\n"
+
+
+WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
+    "llama": _llama_like("LlamaForCausalLM", "Llama"),
+    "mistral": _llama_like("MistralForCausalLM", "Mistral", qkv_bias=False),
+    "qwen2": _llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True),
+    "qwen3": _llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True),
+    "gemma": _gemma,
+    "olmo2": _olmo2,
+    "phi3": _phi3,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+}
+
+
+def block_text(config: Any, exact: bool = False) -> str:
+    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object).
+
+    ``exact`` writes ``impl=eager`` on every attention: HF's eager reference op for op.
+    """
+    raw = config.to_dict() if hasattr(config, "to_dict") else config
+    if not isinstance(raw, Mapping):
+        raise _fail(f"expected a config dict or object, got {type(config).__name__}")
+    model_type = raw.get("model_type")
+    if model_type not in WRITERS:
+        raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
+    return WRITERS[model_type](_Config(raw), model_type, exact)

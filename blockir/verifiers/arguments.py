@@ -1,0 +1,90 @@
+"""Arguments that only make sense together with the sizes: attention heads against the model width.
+
+Multi-head attention splits the width into ``heads`` slices of ``head_dim``
+(unless ``head_dim`` is given), grouped-query attention shares each key/value
+head among ``heads / kv_heads`` query heads, and the rotary embedding rotates
+pairs of channels of each head. A size that breaks one of these would build
+projections that do not line up and fail deep inside the forward, so the
+verifier checks them wherever the sizes are known: at ``check`` with the
+declared sizes, and again at compile time with the sizes given there.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from blockir.analyses.sizes import Env, contexts, layer_counts, program_env, uses_layer, value
+from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir.decls import KindDecl
+from blockir.ir.ops import CallOp
+from blockir.ir.program import Block, Program
+from blockir.verifiers.registry import verifier
+
+ATTENTION = ("self_attention", "cross_attention")
+COUNTS = ("heads", "kv_heads", "head_dim")
+
+
+def _width(block: Block, decl: KindDecl, env: Env) -> tuple[str, int] | None:
+    """The name and size of the query width at the declaration's first use, when known."""
+    use = next((op for op in block.ops if isinstance(op, CallOp) and op.decl == decl.name and op.args), None)
+    if use is None:
+        return None
+    last = block.type_of(use.args[0]).last
+    if last is None or not isinstance(env.get(last.name), int):
+        return None
+    return last.name, int(env[last.name])
+
+
+def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
+    sizes: dict[str, int] = {}
+    for name in COUNTS:
+        expr = decl.arg(name)
+        v = value(expr, env)
+        if expr is None or v is None:
+            continue
+        if not float(v).is_integer() or v < 1:
+            return error("E0212", f"{name} of '{decl.name}' must be a positive integer, got {v}", decl.span)
+        sizes[name] = int(v)
+    heads, kv = sizes.get("heads"), sizes.get("kv_heads")
+    if heads is not None and kv is not None and heads % kv:
+        return error("E0210", f"kv_heads={kv} of '{decl.name}' does not divide heads={heads}", decl.span,
+                     hint="each key/value head serves heads / kv_heads query heads; pick a divisor of heads")
+    width = _width(block, decl, env)
+    head_dim = sizes.get("head_dim")
+    if head_dim is None and heads is not None and width is not None:
+        if width[1] % heads:
+            return error("E0209", f"heads={heads} of '{decl.name}' does not divide its width {width[0]} = "
+                         f"{width[1]}", decl.span, hint="pick a divisor of the width, or give head_dim=… explicitly")
+        head_dim = width[1] // heads
+    if decl.arg("rope") and head_dim is not None and head_dim % 2:
+        return error("E0211", f"the rotary embedding of '{decl.name}' needs an even head_dim, got {head_dim}",
+                     decl.span, hint="rotary embeddings rotate pairs of channels")
+    return None
+
+
+def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...]) -> list[Diagnostic]:
+    """Every attention declaration of ``block``, in each layer whose environment can change its sizes."""
+    out = []
+    for decl in block.decls:
+        if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
+            continue
+        per_layer = any(uses_layer(decl.arg(n), block) for n in COUNTS if decl.arg(n) is not None)
+        for layer, n, env in contexts(base, block, counts, per_layer):
+            found = _attention(block, decl, env)
+            if found is not None:
+                where = [Note(f"in layer {layer} of {n}")] if per_layer and n > 1 else []
+                out.append(error(found.code, found.message, found.span, hint=found.hint, notes=where))
+                break
+    return out
+
+
+def check_arguments(program: Program, overrides: Mapping[str, int] | None = None) -> list[Diagnostic]:
+    """The argument diagnostics of every block at the declared sizes, with ``overrides`` taking precedence."""
+    base = program_env(program, overrides)
+    counts = layer_counts(program, base)
+    return [d for b in program.blocks for d in check_block(b, base, counts.get(b.name, (1,)))]
+
+
+@verifier("arguments")
+def verify_arguments(program: Program) -> list[Diagnostic]:
+    return check_arguments(program)
+

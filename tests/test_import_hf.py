@@ -1,0 +1,99 @@
+"""`blockir import hf`: tiny random HF models from configs, compiled without bind, compared on logits and gradients."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import blockir  # noqa: E402
+from blockir.importers.hf import block_text  # noqa: E402
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
+CONFIGS: dict[str, dict] = {
+    "llama": dict(COMMON, model_type="llama", num_key_value_heads=2, attention_bias=True, rms_norm_eps=1e-5),
+    "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=5),
+    "qwen2": dict(COMMON, model_type="qwen2", num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen3": dict(COMMON, model_type="qwen3", num_key_value_heads=2, head_dim=8),
+    "gemma": dict(COMMON, model_type="gemma", num_key_value_heads=2, head_dim=16),
+    "olmo2": dict(COMMON, model_type="olmo2", num_key_value_heads=2),
+    "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
+    "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
+    "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25, use_parallel_residual=True),
+}
+CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
+
+
+def _class_name(model_type: str) -> str:
+    return CLASSES.get(model_type) or next(line.split()[1] for line in block_text(CONFIGS[model_type]).splitlines()
+                                           if line.startswith("model ")).split("(")[0]
+
+
+def _real(model_type: str, dtype: torch.dtype, attn: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**CONFIGS[model_type])
+    cfg._attn_implementation = attn
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    return model
+
+
+def _pair(model_type: str, dtype: torch.dtype, exact: bool):
+    real = _real(model_type, dtype, "eager" if exact else "sdpa")
+    text = block_text(real.config.to_dict(), exact=exact)
+    program = blockir.parse(text, f"<{model_type}>")
+    assert not [d for d in blockir.verify(program) if d.is_error]
+    name = _class_name(model_type)
+    ours = blockir.compile(program, name, dtype=dtype, seed=0).eval()
+    ours.load_state_dict(real.state_dict(), strict=True)
+    report = blockir.reconcile(program, name, real.state_dict())
+    assert report.ok, str(report)
+    return real, ours
+
+
+def _inputs():
+    torch.manual_seed(1)
+    ids = torch.randint(1, 97, (2, 7))
+    keep = torch.ones(2, 7, dtype=torch.long)
+    keep[1, -2:] = 0  # right padding: the padded keys are masked, the real positions stay comparable
+    return ids, keep
+
+
+def _run(model, ids, keep, real: bool):
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=keep).logits if real else model(ids, attention_mask=keep)
+    out.float().pow(2).mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out.detach(), grads
+
+
+FAST = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason="OLMo2 logits match; its gradients do not yet"))
+        if t == "olmo2" else t for t in sorted(CONFIGS)]
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_fast_path_matches(model_type: str) -> None:
+    real, ours = _pair(model_type, torch.float32, exact=False)
+    ids, keep = _inputs()
+    ref, ref_g = _run(real, ids, keep, True)
+    got, got_g = _run(ours, ids, keep, False)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+    for n, g in ref_g.items():
+        assert torch.allclose(got_g[n], g, rtol=1e-4, atol=1e-6), (n, (got_g[n] - g).abs().max())
+
+
+EXACT_NOW = {("gemma", "f32"), ("llama", "f32"), ("phi3", "f32"), ("qwen2", "f32"), ("qwen3", "f32"), ("gpt2", "bf16")}
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=() if (t, name) in EXACT_NOW else pytest.mark.xfail(
+    strict=True, reason="not yet bit-exact: bf16 norms/rotary order, sliding window, fused-head and Conv1D paths"))
+    for t in sorted(CONFIGS) for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
+
+
+@pytest.mark.parametrize("model_type, dtype", EXACT)
+def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
+    real, ours = _pair(model_type, dtype, exact=True)
+    ids, keep = _inputs()
+    ref, ref_g = _run(real, ids, keep, True)
+    got, got_g = _run(ours, ids, keep, False)
+    assert torch.equal(got, ref), (got.float() - ref.float()).abs().max()
+    for n, g in ref_g.items():
+        assert torch.equal(got_g[n], g), (n, (got_g[n].float() - g.float()).abs().max())

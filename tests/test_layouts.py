@@ -1,0 +1,58 @@
+"""Layouts at block boundaries: parsed, printed back, checked where written, carried through blocks."""
+from __future__ import annotations
+
+import pytest
+
+import blockir
+from blockir.analyses.layouts import describe_layout, layouts
+from blockir.ir.printer import format_program
+
+HEAD = "dim B: batch\ndim S: seq\ndim D: model = 8\ndim F: hidden = 32\ndim tp: mesh\n"
+SP = HEAD + """block Layer(x: [B, S, D]) -> [B, S, D] {
+  norm: layernorm(D)
+  mlp: mlp(F)
+  f: extern(x: [B, S, D; tp=replicate]) -> [B, S, D; tp=shard(S)]
+  h = x + mlp(norm(x))
+  return h
+}
+
+model M(x: [B, S, D; tp=shard(S)]) -> [B, S, D; tp=shard(S)] {
+  layers: Layer * 2
+  norm: layernorm(D)
+  return norm(layers(x))
+}
+"""
+
+
+def test_layouts_round_trip_through_the_printer() -> None:
+    prog = blockir.parse(SP, "sp.block")
+    text = format_program(prog)
+    assert "model M(x: [B, S, D; tp=shard(S)]) -> [B, S, D; tp=shard(S)] {" in text
+    assert "f: extern(x: [B, S, D; tp=replicate]) -> [B, S, D; tp=shard(S)]" in text
+    assert blockir.parse(text, "sp.block") == prog
+
+
+def test_an_unannotated_layer_inherits_the_models_layout() -> None:
+    prog = blockir.parse(SP.replace("  f: extern(x: [B, S, D; tp=replicate]) -> [B, S, D; tp=shard(S)]\n", ""), "sp.block")
+    assert blockir.verify(prog) == []
+    model = layouts(prog, prog.block("M"))
+    (layer,) = {id(c): c for c in model.contexts() if c.block.name == "Layer"}.values()
+    assert describe_layout(layer.of("h")) == "tp=shard(S)"
+    assert describe_layout(layouts(prog, prog.block("Layer")).of("h")) == "replicated"
+
+
+@pytest.mark.parametrize("typ, code, message", [
+    ("[B, S, D; tq=shard(S)]", "E0101", "undefined mesh axis 'tq'"),
+    ("[B, S, D; S=shard(S)]", "E0111", "'S' is a seq axis, not a mesh axis"),
+    ("[B, S, D; tp=shard(F)]", "E0111", "'tp' shards F, which is not an axis of [B, S, D]"),
+    ("[B, S, D; tp=split(S)]", "E0107", "a placement is one of replicate, shard, partial, got 'split'"),
+    ("[B, S, D; tp=shard]", "E0106", "shard names the tensor axis it splits: shard(S)"),
+    ("[B, S, D; tp=partial(S)]", "E0106", "partial takes no axis"),
+    ("[B, S, D; tp=replicate, tp=partial]", "E0102", "mesh axis 'tp' is placed twice"),
+    ("[B, tp, D]", "E0111", "'tp' is a mesh axis, not a tensor axis"),
+])
+def test_a_bad_placement_is_reported_where_it_is_written(typ: str, code: str, message: str) -> None:
+    text = HEAD + f"block L(x: {typ}) -> [B, S, D] {{\n  return x\n}}\n"
+    with pytest.raises(blockir.BlockError) as info:
+        blockir.parse(text, "bad.block")
+    assert [(d.code, d.message, d.span.line) for d in info.value.diagnostics][0] == (code, message, 6)

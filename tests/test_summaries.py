@@ -1,0 +1,193 @@
+"""Verifiers see through calls: a bug is found whether it is written inline or inside a block instance."""
+from __future__ import annotations
+
+import blockir
+
+HEAD = """dim B: batch
+dim S: seq
+dim T: seq
+dim D: model = 16
+dim F: hidden = 32
+"""
+
+
+def _found(source: str) -> list[tuple[str, int, str]]:
+    return [(d.code, d.span.line, d.message) for d in blockir.verify(blockir.parse(HEAD + source, "t.block"))]
+
+
+def _codes(source: str) -> list[tuple[str, int]]:
+    return [(code, line) for code, line, _ in _found(source)]
+
+
+def test_a_block_instance_holding_a_norm_applied_to_two_values_shares_the_norm() -> None:
+    found = _found("""
+block Sub(x: [B, S, D]) -> [B, S, D] {
+  n: layernorm(D)
+  return n(x)
+}
+
+block A(x: [B, S, D]) -> [B, S, D] {
+  s: Sub
+  attn: self_attention(heads=2)
+  f: mlp(F)
+  h = x + attn(s(x))
+  y = h + f(s(h))
+  return y
+}
+""")
+    assert found == [("E0307", 17, "block instance 's' (Sub) is applied to 'x' and to 'h': its norm 'n' is one "
+                      "instance at two sites, which ties their learned scale")]
+
+
+CROSS_SUB = """
+block CrossSub(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
+  n: layernorm(D)
+  ca: cross_attention(heads=2)
+  y = x + ca(n(x), memory)
+  return y
+}
+"""
+
+
+def test_a_nested_cross_attention_sublayer_before_self_attention_is_out_of_order() -> None:
+    found = _found(CROSS_SUB + """
+block Dec(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
+  cross: CrossSub
+  n1: layernorm(D)
+  sa: self_attention(heads=2, causal=true)
+  c = cross(x, memory)
+  y = c + sa(n1(c))
+  return y
+}
+""")
+    assert [(c, line) for c, line, _ in found] == [("E0405", 19)]
+    assert found[0][2] == ("decoder branches run in the order cross_attention, causal_self_attention: 'sa' "
+                           "(causal_self_attention) comes after 'cross' (cross_attention)")
+
+
+def test_a_decoder_whose_nested_sublayer_holds_non_causal_self_attention() -> None:
+    found = _found(CROSS_SUB + """
+block SelfSub(x: [B, T, D]) -> [B, T, D] {
+  n: layernorm(D)
+  sa: self_attention(heads=2, causal=false)
+  y = x + sa(n(x))
+  return y
+}
+
+block Dec(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
+  me: SelfSub
+  cross: CrossSub
+  h = me(x)
+  y = cross(h, memory)
+  return y
+}
+""")
+    assert found == [("E0413", 24, "self-attention 'me.sa' of a decoder layer (it reads encoder memory through "
+                      "'cross') is declared causal=false: each target row would see later targets")]
+
+
+def test_a_decoder_only_block_passing_its_own_state_as_memory() -> None:
+    found = _found(CROSS_SUB.replace("x: [B, T, D]", "x: [B, S, D]").replace("-> [B, T, D]", "-> [B, S, D]") + """
+block Only(x: [B, S, D]) -> [B, S, D] {
+  cross: CrossSub
+  n: layernorm(D)
+  y = cross(x, n(x))
+  return y
+}
+""")
+    assert [(c, line) for c, line, _ in found] == [("E0404", 17)]
+    assert found[0][2].startswith("'cross' (CrossSub) reads encoder memory through cross-attention from its input "
+                                  "'memory', but this block passes 'n(…)'")
+
+
+def test_a_pre_ln_model_hiding_its_stack_behind_identity_needs_a_final_norm() -> None:
+    found = _found("""
+block L(x: [B, S, D]) -> [B, S, D] {
+  n: rmsnorm(D)
+  f: mlp(F)
+  y = x + f(n(x))
+  return y
+}
+
+model M(x: [B, S, D]) -> [B, S, D] {
+  layers: L * 2
+  return identity(layers(x))
+}
+""")
+    assert [(c, line) for c, line, _ in found] == [("E0403", 16)]
+
+
+def test_deepnorm_constants_see_cross_attention_in_a_nested_block() -> None:
+    found = _found(CROSS_SUB + """
+block DecLayer(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
+  const alpha = (2 * 6) ** 0.25
+  sa: self_attention(heads=2, causal=true)
+  n1: layernorm(D)
+  cross: CrossSub
+  f: mlp(F)
+  n2: layernorm(D)
+  h = n1(alpha * x + sa(x))
+  c = cross(h, memory)
+  y = n2(alpha * c + f(c))
+  return y
+}
+
+model Decoder(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
+  layers: DecLayer * 6
+  return layers(x, memory)
+}
+""")
+    (code, _, message), = [f for f in found if f[0] == "E0410"]
+    assert "the decoder of an encoder–decoder (it reads memory through cross-attention; M = 6)" in message
+
+
+def test_a_dropout_helper_on_a_branch_output_is_legal_and_on_the_stream_is_not() -> None:
+    helper = """
+block Drop(x: [B, S, D]) -> [B, S, D] {
+  return dropout(x, p=0.1)
+}
+
+block A(x: [B, S, D]) -> [B, S, D] {
+  d: Drop
+  n: layernorm(D)
+  f: mlp(F)
+  BODY
+}
+"""
+    assert _codes(helper.replace("BODY", "y = x + d(f(n(x)))\n  return y")) == []
+    found = _found(helper.replace("BODY", "h = d(x)\n  y = h + f(n(h))\n  return y"))
+    assert found == [("E0402", 15, "'d' (Drop) applies dropout to the residual state it is given, not to a branch "
+                      "update")]
+
+
+def test_pre_and_post_norms_on_every_update_are_one_placement() -> None:
+    assert _codes("""
+block Sandwich(x: [B, S, D]) -> [B, S, D] {
+  pre1: layernorm(D)
+  post1: layernorm(D)
+  attn: self_attention(heads=2)
+  pre2: layernorm(D)
+  post2: layernorm(D)
+  mlp: mlp(F)
+  h = post1(x + attn(pre1(x)))
+  y = post2(h + mlp(pre2(h)))
+  return y
+}
+""") == []
+
+
+def test_a_post_ln_layer_with_a_separate_gain_ends_normalized() -> None:
+    assert _codes("""
+block L(x: [B, S, D]) -> [B, S, D] {
+  ln: layernorm(D, affine=false, bias=false)
+  g: vector(D)
+  attn: self_attention(heads=2)
+  y = g * ln(x + attn(x))
+  return y
+}
+
+model M(x: [B, S, D]) -> [B, S, D] {
+  layers: L * 2
+  return layers(x)
+}
+""") == []
