@@ -153,21 +153,27 @@ def test_inputs_named_like_generated_code_globals_keep_their_positions() -> None
 
 # ------------------------------------------------------------ built-in functions in every form
 
-def _gelu_new(t: Tensor) -> Tensor:
-    from transformers.activations import ACT2FN  # GPT-2's spelling has no torch function; HF's is the reference
-    return ACT2FN["gelu_new"](t)
+def _act2fn(name: str):
+    """transformers' own function, for the activations the language takes from its ACT2FN table."""
+    from transformers.activations import ACT2FN
+    return ACT2FN[name]
 
 
 TORCH_ACTIVATIONS = {
     "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
-    "tanh": torch.tanh, "identity": lambda t: t, "gelu_new": _gelu_new,
+    "tanh": torch.tanh, "identity": lambda t: t, "relu6": F.relu6, "leaky_relu": F.leaky_relu,
+    "hardswish": F.hardswish, "mish": F.mish, "swish": F.silu,
 }
+for _name in ACTIVATIONS:
+    TORCH_ACTIVATIONS.setdefault(_name, lambda t, n=_name: _act2fn(n)(t))
 TORCH_GATES = {"sigmoid": torch.sigmoid, "erf": torch.erf}
 
 
 def test_every_activation_has_a_torch_reference() -> None:
     assert set(TORCH_ACTIVATIONS) == set(ACTIVATIONS)
-    assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | {"dropout", "drop_path", "cast", "concat"}
+    assert all(callable(_act2fn(n)) for n in ACTIVATIONS if n not in ("relu", "gelu", "gelu_tanh", "silu", "tanh",
+                                                                      "identity", "hardswish"))
+    assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | {"dropout", "drop_path", "layer_drop", "cast", "concat"}
 
 
 def _activation_cases() -> list[tuple[str, str]]:
@@ -281,13 +287,15 @@ def test_bad_inputs_name_the_input_and_the_axis(llama: nn.Module, bad: object, m
 
 
 def test_a_size_given_at_compile_time_is_checked(llama: nn.Module) -> None:
-    m = blockir.compile(LLAMA, "LlamaDecoderLayer", dims={"S": 5})
-    m(_x(2, 5, 64))
-    d = _error(m, _x(2, 6, 64))
-    assert d.message == "input 'x' of LlamaDecoderLayer: axis S has size 6, but the module was compiled with S = 5"
-    assert d.hint == "compile with dims={'S': 6} for this size"
-    # open dims take any size
+    m = blockir.compile(LLAMA, "LlamaDecoderLayer", dims={"D": 32})
+    m(_x(2, 5, 32))
+    d = _error(m, _x(2, 5, 64))
+    assert d.message == "input 'x' of LlamaDecoderLayer: axis D has size 64, but the module was compiled with D = 32"
+    assert d.hint == "compile with dims={'D': 64} for this size"
+    # open dims take any size, and batch and sequence sizes stay free even when dims= gives them
     llama(_x(3, 7, 64))
+    pinned = blockir.compile(LLAMA, "LlamaDecoderLayer", dims={"B": 2, "S": 5})
+    assert pinned(_x(4, 9, 64)).shape == (4, 9, 64)
 
 
 def test_one_size_per_axis_name_across_inputs() -> None:

@@ -46,7 +46,7 @@ KEYWORDS = ("return", "const", "dim", "extern", "true", "false")
 RESERVED = frozenset(KEYWORDS + C.LAYER_NAMES + FUNCTIONS + tuple(d.value for d in DType))
 # Legal names that look like something else (dtypes, kinds, functions, roles,
 # float spellings): the lexer, the builder and the printer must keep them apart.
-LOOKALIKES = ("f32", "bf16", "f16", "f64", "gelu", "relu", "dropout", "drop_path", "cast", "concat", "mlp",
+LOOKALIKES = ("f32", "bf16", "f16", "f64", "gelu", "relu", "dropout", "drop_path", "layer_drop", "cast", "concat", "mlp",
               "linear", "scalar", "layernorm", "model", "block", "seq", "batch", "hidden", "inf", "nan", "e5", "x",
               "y", "_", "_0", "returns", "constant", "dims", "layers", "extern_", "true_")
 NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
@@ -541,7 +541,7 @@ class BlockGen:
             fn = self.function(ACTIVATIONS)
             return None if fn is None else (f"{fn}({self.tensor(t, sub)[0]})", 5)
         if form == "dropout":
-            fn = self.function(("dropout", "drop_path"))
+            fn = self.function(("dropout", "drop_path", "layer_drop"))
             if fn is None:
                 return None
             p, _ = self.block_constant(lambda v: 0 <= v < 1, lambda: number(r.pick(["0.1", "0", "0.0", ".5"])))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_edge_match, categorical_node_match
@@ -49,27 +50,31 @@ def _text(e: C.ConstExpr | None, block: Block) -> str | None:
     return C.format_expr(_expand(e, {c.name: c.value for c in block.consts})) if e is not None else None
 
 
-def label(block: Block, op: O.Op) -> tuple:
-    """What ``op`` computes, independent of value names."""
+DeclText = Callable[[Block, "str | None"], str]
+
+
+def label(block: Block, op: O.Op, decl: DeclText = _decl) -> tuple:
+    """What ``op`` computes, independent of value names; ``decl`` says how a declaration it applies is written
+    (by default with its name: a renamed declaration is a different op)."""
     if isinstance(op, O.InputOp):
         return ("input", [p.name for p in block.params].index(op.result), str(op.type))
     if isinstance(op, (O.NormOp, O.CallOp)):
-        return (type(op).__name__, _decl(block, op.decl), str(op.type))
+        return (type(op).__name__, decl(block, op.decl), str(op.type))
     if isinstance(op, O.ActivationOp):
         return ("activation", op.fn)
     if isinstance(op, O.DropoutOp):
         return ("dropout", _text(op.p, block), op.mask)
     if isinstance(op, O.ScaleOp):
-        return ("scale", _text(op.factor, block), _decl(block, op.param) if op.param else None)
+        return ("scale", _text(op.factor, block), decl(block, op.param) if op.param else None)
     if isinstance(op, O.BiasOp):
-        return ("bias", _decl(block, op.param))
+        return ("bias", decl(block, op.param))
     if isinstance(op, O.AddOp):
         return ("add", op.inplace)
     if isinstance(op, O.CastOp):
         return ("cast", op.dtype.value)
     if isinstance(op, O.FusedAddNormOp):
-        return ("fused_add_norm", _decl(block, op.decl), _text(op.p, block), op.mask, _text(op.branch_factor, block),
-                _decl(block, op.branch_param) if op.branch_param else None, _text(op.shortcut_factor, block))
+        return ("fused_add_norm", decl(block, op.decl), _text(op.p, block), op.mask, _text(op.branch_factor, block),
+                decl(block, op.branch_param) if op.branch_param else None, _text(op.shortcut_factor, block))
     return (type(op).__name__,)
 
 
@@ -86,11 +91,12 @@ def op_graph(block: Block) -> nx.DiGraph:
     return g
 
 
-def _hashes(block: Block) -> list[int]:
+def op_hashes(block: Block, decl: DeclText = _decl) -> list[int]:
+    """A structural hash per op: its label and the hashes of its operands (value names play no part)."""
     h: dict[str, int] = {}
     out = []
     for op in block.ops:
-        value = hash((label(block, op), tuple(h[v] for v in op.operands)))
+        value = hash((label(block, op, decl), tuple(h[v] for v in op.operands)))
         for i, r in enumerate(op.results):
             h[r] = hash((value, i))
         out.append(value)
@@ -149,7 +155,7 @@ def diff_blocks(pa: Program, a: Block, pb: Program, b: Block) -> BlockDiff:
     signature_changed = [str(p.type) for p in a.params] != [str(p.type) for p in b.params] \
         or str(a.result) != str(b.result)
     identical = not signature_changed and nx.is_isomorphic(ga, gb, node_match=NODE, edge_match=EDGE)
-    ha, hb = _hashes(a), _hashes(b)
+    ha, hb = op_hashes(a), op_hashes(b)
     first_a = None if identical else _first_unmatched(a, ha, hb)
     first_b = None if identical else _first_unmatched(b, hb, ha)
     if _layout(pa, a) == _layout(pb, b) is not None:  # equal layouts: equal keys, without writing layers out

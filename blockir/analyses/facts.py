@@ -11,6 +11,10 @@ verifiers check the graph against every stated fact:
                        0: branches update the state one after another.
 ``final_norm``         (models) 1: the stack must end with a norm;
                        0: it deliberately does not (the output head owns it).
+``residual_from_norm`` 1: an update deliberately continues the stream from a
+                       normalized value (its shortcut is a norm's output and
+                       its own sum is not normalized), as some released models
+                       do; unstated, that wiring is an error.
 ``training``           1: the block is trained (an ``@inplace`` add must also
                        be legal in training); 0: it is only evaluated (no
                        dropout may remain active).
@@ -23,7 +27,7 @@ from typing import Mapping
 from blockir.analyses.sizes import value
 from blockir.ir.program import Block, Const
 
-FACTS = ("norm_first", "parallel_residual", "final_norm", "training")
+FACTS = ("norm_first", "parallel_residual", "final_norm", "residual_from_norm", "training")
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
 
 
 def _dropout_site(op: DropoutOp, mode: str) -> FoldSite:
-    name = f"{'drop_path' if op.mask == 'sample' else 'dropout'}({op.operand})"
+    name = f"{op.function}({op.operand})"
     if mode == "train":
         return FoldSite("dropout", name, op.span, False, "keep", (), "training", "dropout is active in training")
     return FoldSite("dropout", name, op.span, True, "remove: the identity in inference")

@@ -37,6 +37,8 @@ class Key:
     shape: Shape
     owner: str  # the declaration path that owns it (with stack prefixes)
     family: str  # the owner's kind: layernorm, rmsnorm, self_attention, linear, scalar, …
+    block: str = ""  # the block whose declaration owns it
+    decl: str = ""  # that declaration's name inside the block
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
                 unknown.append(path)
             elif isinstance(decl, KindDecl):
                 for name, shape in _kind_keys(current, decl, scope):
-                    keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind))
+                    keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind, current.name,
+                                    decl.name))
             elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
                 inner = program.block(decl.block)
                 work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards

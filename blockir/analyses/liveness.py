@@ -83,7 +83,8 @@ class BufferPlan:
 
 def _mask(op: DropoutOp, t: TensorType) -> str:
     axes = list(t.names)
-    keep = {"element": axes, "row": axes[:-1], "channel": axes[:1] + axes[-1:], "sample": axes[:1]}[op.mask]
+    keep = {"element": axes, "row": axes[:-1], "channel": axes[:1] + axes[-1:], "sample": axes[:1],
+            "layer": []}[op.mask]
     return "[" + ", ".join(a if a in keep else "1" for a in axes) + "]"
 
 

@@ -15,7 +15,7 @@ import yaml
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Env, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
-from blockir.analyses.structure import Branch, Sublayer, wrapper
+from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
@@ -122,6 +122,9 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
     fields["norm_sites"] = norms
     fields["residual"] = {"shortcut_scale": [_product(block, s.shortcut_ops, env) for s in subs],
                           "updates": [[_branch_fields(block, b, env) for b in s.branches] for s in subs]}
+    from_norm = [normalized_shortcut(block, s) for s in subs]
+    if any(n is not None for n in from_norm):  # the stream continues from these norms' outputs, on purpose
+        fields["residual"]["from_norm"] = [n.decl if n is not None else None for n in from_norm]
     branch_drops = {id(d) for s in subs for b in s.branches for d in b.dropouts}
     inner = [{"value": op.result, **_dropout(op, env)} for op in block.ops
              if isinstance(op, DropoutOp) and id(op) not in branch_drops]
@@ -146,6 +149,18 @@ class _Dumper(yaml.SafeDumper):
         return True  # repeated values are written out, never as anchors
 
 
-def to_yaml(data: dict[str, Any]) -> str:
-    """YAML with short scalar lists inline ([B, S, D]) and no anchors."""
+class _ReportDumper(_Dumper):
+    """Mappings always in block style, one field a line: reports hold hashes and sentences."""
+
+
+_ReportDumper.add_representer(dict, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(),
+                                                                         flow_style=False))
+
+
+def to_yaml(data: dict[str, Any], report: bool = False) -> str:
+    """YAML with short scalar lists inline ([B, S, D]) and no anchors; a ``report`` keeps every mapping in
+    block style and does not fold long lines."""
+    if report:
+        return yaml.dump(data, Dumper=_ReportDumper, sort_keys=False, default_flow_style=None, allow_unicode=True,
+                         width=1 << 16)
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, allow_unicode=True)

@@ -12,6 +12,7 @@ layernorm  weight, bias            affine=true, bias=true     mean, rstd  2 fwd,
 rmsnorm    weight                  affine unless false        rstd        1 fwd, 1 bwd
 scalenorm  scale (one scalar)      always                     row norm    1 fwd, 1 bwd
 dyt        alpha, weight, bias     always                     none        elementwise
+l2norm     none                    never                      row norm    1 fwd, 1 bwd
 =========  ======================  =========================  ==========  =============
 
 Every family may store its gain as a deviation from one (``offset=1``: the
@@ -90,6 +91,8 @@ FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
     NormFamily("scalenorm", "ScaleNorm", 1, (1, 1), False, lambda d: True, lambda d: False, "scalar"),
     NormFamily("dyt", "DyT", 0, (0, 0), False, lambda d: True, lambda d: True, "per_channel",
                (("alpha", (1,)),)),
+    # F.normalize: the row over its clamped L2 norm, nothing learned (nGPT, QK-norm)
+    NormFamily("l2norm", "L2Norm", 1, (1, 1), False, lambda d: False, lambda d: False, "none"),
 )}
 
 

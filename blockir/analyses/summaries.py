@@ -26,6 +26,7 @@ from typing import Mapping
 import networkx as nx
 
 from blockir.analyses.cache import per_object
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
@@ -155,7 +156,7 @@ def _noncausal(program: Program, block: Block, summaries: Mapping[str, Summary])
 
 def _untied_norm(block: Block, summaries: Mapping[str, Summary]) -> Declared | None:
     for d in block.decls:
-        if isinstance(d, KindDecl) and d.category == "norm" and not d.arg("tied") \
+        if isinstance(d, KindDecl) and d.category == "norm" and not d.arg("tied") and family(d).keys(d, (1,)) \
                 and any(getattr(op, "decl", None) == d.name for op in block.ops):
             return Declared(d.name, d.span)
         if isinstance(d, InstanceDecl) and d.block in summaries and summaries[d.block].untied_norm is not None:

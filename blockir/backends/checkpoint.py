@@ -49,20 +49,38 @@ def program_digest(program: Program) -> str:
 
 def save(trainer: Trainer, directory: str | Path, source: str) -> dict[str, Any]:
     """Write the trainer's state to ``directory`` (created); returns the ``run.json`` record."""
+    state = trainer.state_dict()
+    cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN}
+    return write(directory, trainer.program, trainer.block.name, source, cfg,
+                 {"data": trainer.corpus.source, "data_sha256": trainer.corpus.digest}, state)
+
+
+def write(directory: str | Path, program: Program, block: str, source: str, config: dict[str, Any],
+          data: dict[str, str], state: dict[str, Any], extra: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """A checkpoint of ``state`` (model, optimizer, schedule, step, rng) for ``block`` of ``program``.
+
+    ``extra`` files (a conversion report) are written beside it and hashed in ``run.json`` too.
+    """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    state = trainer.state_dict()
-    payloads = {"program.block": format_program(trainer.program).encode(),
+    payloads = {"program.block": format_program(program).encode(),
                 "model.pt": _bytes(state["model"]), "optimizer.pt": _bytes(state["optimizer"]),
                 "counters.pt": _bytes({"schedule": state["schedule"], "step": state["step"], "rng": state["rng"]})}
-    for name, data in payloads.items():
-        (out / name).write_bytes(data)
-    cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN}
-    record = {"file": source, "block": trainer.block.name, "program_sha256": program_digest(trainer.program),
-              "config": cfg, "data": trainer.corpus.source, "data_sha256": trainer.corpus.digest,
-              "step": trainer.step_count, "sha256": {name: sha256(data) for name, data in payloads.items()}}
+    payloads |= extra or {}
+    for name, payload in payloads.items():
+        (out / name).write_bytes(payload)
+    record = {"file": source, "block": block, "program_sha256": program_digest(program), "config": config,
+              **data, "step": int(state["step"]), "sha256": {name: sha256(p) for name, p in payloads.items()}}
     (out / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def read_state(directory: str | Path) -> dict[str, Any]:
+    """The model, optimizer, schedule, step and rng of a checkpoint whose hashes were checked."""
+    path = Path(directory)
+    counters = torch.load(path / "counters.pt", weights_only=True)
+    return {"model": torch.load(path / "model.pt", weights_only=True),
+            "optimizer": torch.load(path / "optimizer.pt", weights_only=True), **counters}
 
 
 def _refuse(directory: Path, message: str, hint: str | None = None) -> BlockError:
@@ -82,6 +100,16 @@ def read_record(directory: str | Path) -> dict[str, Any]:
             raise _refuse(path, f"checkpoint file {name} is unreadable: {exc.strerror or exc}") from None
         if sha256(data) != record.get("sha256", {}).get(name):
             raise _refuse(path, f"checkpoint file {name} does not match the sha256 recorded in run.json")
+    return record
+
+
+def check_program(directory: str | Path, program: Program, block: str) -> dict[str, Any]:
+    """The checkpoint's record, after checking it was trained on ``block`` of ``program``."""
+    path = Path(directory)
+    record = read_record(path)
+    if record["block"] != block or record["program_sha256"] != program_digest(program):
+        raise _refuse(path, f"the checkpoint was trained on {record['block']} of {record['file']}, a different "
+                      f"program from {block} of {program.filename}", "name the file the checkpoint was saved from")
     return record
 
 
@@ -105,6 +133,4 @@ def load(trainer: Trainer, directory: str | Path) -> None:
     if frozen != record["config"]:
         changed = sorted(k for k in FROZEN if frozen.get(k) != record["config"].get(k))
         raise _refuse(path, f"the run's {', '.join(changed)} differ from the checkpoint's")
-    counters = torch.load(path / "counters.pt", weights_only=True)
-    trainer.load_state_dict({"model": torch.load(path / "model.pt", weights_only=True),
-                             "optimizer": torch.load(path / "optimizer.pt", weights_only=True), **counters})
+    trainer.load_state_dict(read_state(path))

@@ -46,7 +46,7 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import DType
+from blockir.ir.types import DType, Role
 
 TORCH_DTYPES = {DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
                 DType.BF16: torch.bfloat16}
@@ -102,6 +102,13 @@ def dropout_site(x: torch.Tensor, p: float, mask: str, training: bool, seed: tor
     return numerics.dropout(x, p, mask, training, dropout_key(seed, layer, site))
 
 
+def layer_drop_site(x: torch.Tensor, p: float, training: bool, seed: torch.Tensor, layer: int) -> torch.Tensor:
+    """LayerDrop keyed by (seed, layer) only: every ``layer_drop`` of one layer shares the draw."""
+    if not training or p == 0.0:
+        return x
+    return numerics.layer_drop(x, p, training, dropout_key(seed, layer, LAYER_DROP_SITE))
+
+
 # ---------------------------------------------------------------- input checks
 
 # (name, axis names, compiled sizes (None: open), declared dtype, "ids" or None, line, column)
@@ -118,8 +125,8 @@ def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *input
 
     Each input must be a floating tensor (of the declared dtype, when the type states one), or an
     integer one when an embedding reads it (token ids), with one size per declared axis; an
-    axis with a size at compile time must have that size, and an axis named by several inputs
-    must have one size across them.
+    axis with a size at compile time must have that size (batch and sequence axes excepted),
+    and an axis named by several inputs must have one size across them.
     """
     seen: dict[str, tuple[int, str]] = {}
     for spec, t in zip(specs, inputs):
@@ -152,6 +159,7 @@ def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *input
 
 
 IDS = "ids"  # the dtype policy of an input an embedding reads: integer token ids
+FREE_ROLES = (Role.BATCH, Role.SEQ)
 
 
 def _reads_ids(program: Program | None, block: Block, value: str) -> bool:
@@ -172,7 +180,9 @@ def _reads_ids(program: Program | None, block: Block, value: str) -> bool:
 def _input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
     specs = []
     for p in block.params:
-        fixed = tuple(int(sizes.env[a.name]) if a.name in sizes.env else
+        # batch and sequence sizes stay free even when dims= gave them (a run compiles at its training
+        # batch and evaluates at another); every other size shapes the parameters
+        fixed = tuple(None if a.role in FREE_ROLES else int(sizes.env[a.name]) if a.name in sizes.env else
                       (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
         dtype = IDS if _reads_ids(program, block, p.name) else p.type.dtype.value if p.type.dtype is not None else None
         specs.append((p.name, tuple(a.name for a in p.type.axes), fixed, dtype, p.span.line, p.span.column))
@@ -335,6 +345,10 @@ def site_id(ssa: str) -> int:
     return zlib.crc32(ssa.encode())
 
 
+# no value can be called layer_drop (a built-in name), so no dropout site shares this identity
+LAYER_DROP_SITE = site_id("layer_drop")
+
+
 def node_name(ssa: str) -> str:
     """A Python identifier for an SSA name: %3 → t3, and inlined layers.0.%3 → layers_0_t3.
 
@@ -459,6 +473,13 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
             b.module(op.decl, args, op.result, with_ctx=True)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
+    elif isinstance(op, O.LayerDropOp):
+        p = float(b.value(op.p))
+        if p == 0.0:
+            b.bind(op.result, b.env[op.operand])
+        else:
+            b.fn(layer_drop_site, (b.env[op.operand], p, b.training_flag(), b.seed_node(), b.layer_index()),
+                 op.result, wrapped=True)
     elif isinstance(op, O.DropoutOp):
         b.dropout(b.env[op.operand], float(b.value(op.p)), op.mask, op.result)
     elif isinstance(op, O.ScaleOp):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blockir.backends.rng import keep_mask
+from blockir.backends.rng import keep_mask, layer_keep
 
 ACCUM: dict[str, torch.dtype] = {
     "f32": torch.float32,
@@ -38,19 +38,22 @@ def layer_norm(
     eps: float,
     accum: torch.dtype = torch.float32,
     offset: int = 0,
+    two_pass: bool = False,
 ) -> Tensor:
     """LayerNorm over the last axis: biased variance, ``eps`` inside the square root.
 
     With fp32 statistics on an fp32/bf16/fp16 input this is exactly the ATen
     kernel behind ``nn.LayerNorm``, so checkpoints trained with it are
-    reproduced bit for bit. Any other accumulation dtype is spelled out so
-    that the declared dtype, not the kernel's, owns the statistics.
+    reproduced bit for bit. Any other accumulation dtype, or ``two_pass``, is
+    spelled out: ``x`` in ``accum``, its mean, the mean of the squared
+    deviations, ``(x - mean) * rsqrt(var + eps)``, the affine in ``accum``, one
+    cast back at the end — bit for bit what code written that way computes.
     ``offset=1`` scales by ``1 + weight``, the one added in the weight's own
     dtype before the kernel runs (Megatron's LayerNorm1P).
     """
     if weight is not None:
         weight = offset_weight(weight, offset)
-    if accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
+    if not two_pass and accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     work = x.to(accum)
     centered = work - work.mean(-1, keepdim=True)
@@ -124,6 +127,11 @@ def scale_norm(x: Tensor, scale: Tensor, eps: float, offset: int = 0) -> Tensor:
     return offset_weight(scale, offset) * (x / norm)
 
 
+def l2_norm(x: Tensor, eps: float) -> Tensor:
+    """``F.normalize`` over the last axis: the row over its L2 norm clamped at ``eps`` (not ``eps`` under the root)."""
+    return F.normalize(x, p=2.0, dim=-1, eps=eps)
+
+
 def dyt(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor, offset: int = 0) -> Tensor:
     """Dynamic Tanh: an elementwise ``weight * tanh(alpha * x) + bias`` (``1 + weight`` with ``offset=1``)."""
     return offset_weight(weight, offset) * torch.tanh(alpha * x) + bias
@@ -174,32 +182,95 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
-def identity(x: Tensor) -> Tensor:
+def layer_drop(x: Tensor, p: float, training: bool, key: int | Tensor | None) -> Tensor:
+    """LayerDrop: ``x`` or zeros, one decision for the whole tensor, kept values not rescaled.
+
+    The decision depends on ``key`` alone, so every site that shares the key
+    (all updates of one layer) is kept or dropped together.
+    """
+    if not training or p == 0.0:
+        return x
+    return torch.where(layer_keep(key, p).to(x.device), x, 0.0)  # type: ignore[arg-type]
+
+
+def _identity(x: Tensor) -> Tensor:
     return x
 
 
-def gelu_tanh(x: Tensor) -> Tensor:
-    """GELU with the tanh approximation (``F.gelu(approximate="tanh")``).
+# transformers' ACT2FN functions, written with the same operations in the same order so that
+# fp32 and bf16 results agree bit for bit with the checkpoints' own code
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
-    A named function rather than a ``functools.partial``: fx code generation
-    refers to every call target by its qualified name.
-    """
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    # a named function, not a partial: fx code generation needs a qualified name for every call
     return F.gelu(x, approximate="tanh")
 
 
 def _gelu_new(x: Tensor) -> Tensor:
-    """The tanh GELU as GPT-2's code spells it (HF ``gelu_new``); not bit-equal to ``F.gelu(approximate="tanh")``."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu_python_tanh(x: Tensor) -> Tensor:
+    return x * 0.5 * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu_fast(x: Tensor) -> Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def _gelu_accurate(x: Tensor) -> Tensor:
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+def _gelu_python(x: Tensor) -> Tensor:
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_10(x: Tensor) -> Tensor:
+    return torch.clip(F.gelu(x), -10, 10)
+
+
+def _quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _relu2(x: Tensor) -> Tensor:
+    return torch.square(F.relu(x))
+
+
+def _laplace(x: Tensor, mu: float = 0.707107, sigma: float = 0.282095) -> Tensor:
+    x = (x - mu).div(sigma * math.sqrt(2.0))
+    return 0.5 * (1.0 + torch.erf(x))
+
+
+def _sqrtsoftplus(x: Tensor) -> Tensor:
+    return F.softplus(x).sqrt()
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
-    "gelu_tanh": gelu_tanh,
-    "gelu_new": _gelu_new,
+    "gelu_tanh": _gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,
-    "identity": identity,
+    "identity": _identity,
+    "gelu_new": _gelu_new,
+    "gelu_fast": _gelu_fast,
+    "gelu_accurate": _gelu_accurate,
+    "gelu_python": _gelu_python,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_python_tanh": _gelu_python_tanh,
+    "gelu_10": _gelu_10,
+    "quick_gelu": _quick_gelu,
+    "relu2": _relu2,
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,
+    "hardswish": F.hardswish,
+    "mish": F.mish,
+    "laplace": _laplace,
+    "sqrtsoftplus": _sqrtsoftplus,
+    "swish": F.silu,
     "sigmoid": torch.sigmoid,
     "erf": torch.erf,
 }
@@ -216,21 +287,24 @@ class LayerNorm(nn.Module):
         affine: bool = True,
         accum: torch.dtype = torch.float32,
         offset: int = 0,
+        two_pass: bool = False,
     ) -> None:
         super().__init__()
         self.width = width
         self.eps = eps
         self.accum = accum
         self.offset = offset  # the zero init for offset=1 keeps the initial scale at one
+        self.two_pass = two_pass
         self.register_parameter("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps, self.accum, self.offset)
+        return layer_norm(x, self.weight, self.bias, self.eps, self.accum, self.offset, self.two_pass)
 
     def extra_repr(self) -> str:
         affine, bias = self.weight is not None, self.bias is not None
-        return f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}, offset={self.offset}"
+        return (f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}, "
+                f"offset={self.offset}, two_pass={self.two_pass}")
 
 
 class RMSNorm(nn.Module):
@@ -280,6 +354,21 @@ class ScaleNorm(nn.Module):
         return f"{self.width}, eps={self.eps}, offset={self.offset}"
 
 
+class L2Norm(nn.Module):
+    """``F.normalize`` over the last axis; learns nothing."""
+
+    def __init__(self, width: int, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.width = width
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return l2_norm(x, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.width}, eps={self.eps}"
+
+
 class DyT(nn.Module):
     """Dynamic Tanh with the paper's init: ``weight`` ones, ``bias`` zeros, a one-element ``alpha``."""
 
@@ -300,5 +389,5 @@ class DyT(nn.Module):
 
 # torch.fx.symbolic_trace records each norm as one call (as it does F.layer_norm) instead of
 # tracing into the dtype checks that pick its cast order.
-for _name in ("layer_norm", "rms_norm", "scale_norm", "dyt"):
+for _name in ("layer_norm", "rms_norm", "scale_norm", "dyt", "l2_norm"):
     torch.fx.wrap(_name)

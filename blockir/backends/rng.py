@@ -68,3 +68,8 @@ def keep_mask(key: int | torch.Tensor, p: float, rows: int, cols: int, device: t
     r = torch.arange(rows, device=device, dtype=torch.int64).unsqueeze(1)
     c = torch.arange(cols, device=device, dtype=torch.int64).unsqueeze(0)
     return (element_hash(key, r, c) >> (32 - KEEP_BITS)) >= drop_threshold(p)
+
+
+def layer_keep(key: int | torch.Tensor, p: float) -> torch.Tensor:
+    """One keep decision (a 0-d bool tensor) for a whole layer: the same test as one element of a mask."""
+    return torch.as_tensor((fmix32(key) >> (32 - KEEP_BITS)) >= drop_threshold(p))

@@ -100,6 +100,18 @@ def batch_size(program: Program, block: Block, cfg: RunConfig) -> int:
     return Sizes.of(program, cfg.dims).dim(block.params[0].type.axes[0].name)
 
 
+def build_model(program: Program, block: Block, cfg: RunConfig) -> tuple[ByteLM, torch.Tensor]:
+    """The language model around ``block`` as initialised from ``cfg.seed``, and torch's generator state after it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        core = compile_block(program, block.name, cfg.backend, dims=cfg.dims,
+                             bind=stand_ins(program, block, cfg.dims), seed=cfg.seed)
+        if cfg.init is not None:
+            cfg.init(core)
+        model = ByteLM(core, layout(program, block, Sizes.of(program, cfg.dims)), needs_final_norm(program, block))
+        return model, torch.get_rng_state()
+
+
 class Trainer:
     """One model, its optimizer and schedule, its data stream and its randomness."""
 
@@ -108,14 +120,7 @@ class Trainer:
         sizes = Sizes.of(program, cfg.dims)
         self.shape = layout(program, block, sizes)
         self.batch = batch_size(program, block, cfg)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            core = compile_block(program, block.name, cfg.backend, dims=cfg.dims,
-                                 bind=stand_ins(program, block, cfg.dims), seed=cfg.seed)
-            if cfg.init is not None:
-                cfg.init(core)
-            self.model = ByteLM(core, self.shape, needs_final_norm(program, block))
-            self.rng = torch.get_rng_state()
+        self.model, self.rng = build_model(program, block, cfg)
         self.batches = torch.Generator().manual_seed(cfg.seed)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
         warmup = max(cfg.warmup, 0)

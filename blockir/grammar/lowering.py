@@ -275,7 +275,7 @@ class Lowerer:
             if args is None:
                 return None
             return self.emit(O.ActivationOp(name or self.fresh(), self.scope.values[args[0]], fn, args[0], span=e.span))
-        if fn in ("dropout", "drop_path"):
+        if fn in ("dropout", "drop_path", "layer_drop"):
             return self._dropout(e, name)
         if fn == "cast":
             return self._cast(e, name)
@@ -328,6 +328,8 @@ class Lowerer:
         if args is None or p is None:
             return None
         t = self.scope.values[args[0]]
+        if e.callee == "layer_drop":
+            return self.emit(O.LayerDropOp(name or self.fresh(), t, args[0], p, span=e.span))
         return self.emit(O.DropoutOp(name or self.fresh(), t, args[0], p, mask, span=e.span))
 
     def _cast(self, e: ast.Call, name: str | None) -> str | None:

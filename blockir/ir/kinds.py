@@ -12,7 +12,11 @@ from typing import Any
 from blockir.ir.consts import Num
 
 REQUIRED = object()
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_new", "silu", "tanh", "identity")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
+               # transformers' ACT2FN names without parameters, each computed exactly as there
+               "gelu_new", "gelu_fast", "gelu_accurate", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+               "gelu_10", "quick_gelu", "relu2", "relu6", "leaky_relu", "hardswish", "mish", "laplace",
+               "sqrtsoftplus", "swish")
 # elementwise functions that make gates; usable in equations, not as a branch's activation
 GATES = ("sigmoid", "erf")
 CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
@@ -125,7 +129,9 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("layernorm", "norm", (
             _axes(), _eps(1e-5),
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD),
+            _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
+            ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
+                    "cast at the end (code written that way); unset: the LayerNorm kernel")),
             "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
              Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
@@ -141,6 +147,9 @@ KINDS: dict[str, KindSpec] = {
              Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
         KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
                  "ScaleNorm: one learned scalar over x/||x||"),
+        KindSpec("l2norm", "norm", (_axes(), ArgSpec("eps", "expr", Num(1e-12), doc="lower bound of the row's "
+                                                     "L2 norm (clamped, not added); must be > 0"), _TIED),
+                 "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
         KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
         KindSpec("self_attention", "branch", (
@@ -203,7 +212,7 @@ KINDS: dict[str, KindSpec] = {
 }
 
 # Functions usable inside equations (not declarations).
-FUNCTIONS = ("dropout", "drop_path", "cast", "concat") + ACTIVATIONS + GATES
+FUNCTIONS = ("dropout", "drop_path", "layer_drop", "cast", "concat") + ACTIVATIONS + GATES
 
 # The default name of each named layer inside a built-in branch; the key table and the backend both read it.
 LAYER_NAMES: dict[str, dict[str, str]] = {

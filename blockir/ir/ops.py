@@ -182,8 +182,13 @@ class DropoutOp(OpBase):
     mask: str = field()
     span: Span = field(**_SPAN)
 
+    @property
+    def function(self) -> str:
+        """The built-in function that writes it."""
+        return "drop_path" if self.mask == "sample" else "dropout"
+
     def label(self) -> str:
-        return "'drop_path(…)'" if self.mask == "sample" else "'dropout(…)'"
+        return f"'{self.function}(…)'"
 
     def text(self) -> str:
         p = format_expr(self.p)
@@ -191,6 +196,25 @@ class DropoutOp(OpBase):
             return f"{self.result} = drop_path({self.operand}, p={p})"
         mask = "" if self.mask == "element" else f", mask={self.mask}"
         return f"{self.result} = dropout({self.operand}, p={p}{mask})"
+
+
+@dataclass(frozen=True)
+class LayerDropOp(DropoutOp):
+    """Layer dropout (LayerDrop): one draw per layer and step, shared by the whole batch and by every
+    ``layer_drop`` of the layer, so a dropped layer's updates all vanish and the layer is skipped.
+
+    Kept updates are not rescaled. It stays a dropout site for every analysis (the identity in
+    inference, a branch modifier); only its mask, scale and randomness differ.
+    """
+
+    mask: str = field(default="layer")
+
+    @property
+    def function(self) -> str:
+        return "layer_drop"
+
+    def text(self) -> str:
+        return f"{self.result} = layer_drop({self.operand}, p={format_expr(self.p)})"
 
 
 @dataclass(frozen=True)
@@ -376,5 +400,5 @@ class OutputOp(OpBase):
         return f"return {self.value}"
 
 
-Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
+Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, LayerDropOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
            ConcatOp, FusedAddNormOp, OutputOp]

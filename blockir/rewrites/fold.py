@@ -47,7 +47,7 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("dropout", "dropout", "dropout(x) = drop_path(x) = x in inference"),
+    Rule("dropout", "dropout", "dropout(x) = drop_path(x) = layer_drop(x) = x in inference"),
     Rule("scale-into-linear", "scale", "s ⊙ (W x + b) = (diag(s) W) x + s ⊙ b"),
     Rule("scale-into-norm", "scale",
          "s ⊙ (γ ⊙ x̂ + β) = (s ⊙ γ) ⊙ x̂ + s ⊙ β; with (1 + w): w' = s ⊙ (1 + w) - 1"),

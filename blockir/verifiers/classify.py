@@ -32,7 +32,7 @@ def _mixed(block: Block, w: Wrapper) -> Diagnostic | None:
                         "normalize every update the same way, or state the intended order with `const norm_first`")
 
 
-def _fact_problem(name: str, w: Wrapper) -> tuple[str, Sublayer] | None:
+def _fact_problem(name: str, block: Block, w: Wrapper) -> tuple[str, Sublayer] | None:
     """What contradicts a stated fact (description, offending update), if anything."""
     for s in w.sublayers:
         if name == "norm_first=1" and ("pre" not in s.placement or "post" in s.placement):
@@ -41,6 +41,8 @@ def _fact_problem(name: str, w: Wrapper) -> tuple[str, Sublayer] | None:
             return "leaves the residual sum unnormalized", s
         if name == "parallel_residual=0" and len(s.branches) > 1:
             return f"joins {len(s.branches)} branches in one add", s
+    if name == "residual_from_norm=1" and not any(normalized_shortcut(block, s) for s in w.sublayers):
+        return "continues from an un-normalized state, as every update of the block does", w.sublayers[0]
     if name == "parallel_residual=1" and not (len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1):
         return "updates the state one branch after another", w.sublayers[0]
     return None
@@ -49,7 +51,10 @@ def _fact_problem(name: str, w: Wrapper) -> tuple[str, Sublayer] | None:
 MEANING = {"norm_first=1": "Pre-LN: every branch reads a normalized state",
            "norm_first=0": "Post-LN: every residual sum is normalized",
            "parallel_residual=1": "all branches read the same state and join one add",
-           "parallel_residual=0": "branches update the state one after another"}
+           "parallel_residual=0": "branches update the state one after another",
+           "residual_from_norm=1": "an update continues the stream from a normalized value"}
+# residual_from_norm = 0 needs no check of its own: an unstated normalized shortcut is E0412
+CHECKED = ("norm_first", "parallel_residual", "residual_from_norm")
 
 
 def verify_block(block: Block, base: dict) -> list[Diagnostic]:
@@ -60,9 +65,9 @@ def verify_block(block: Block, base: dict) -> list[Diagnostic]:
         if not fact.valid:
             out.append(error("E0408", f"'{fact.name}' states a fact and must be 0 or 1, got {fact.value}",
                              fact.const.span, hint="reserved constants: " + ", ".join(FACTS)))
-    for fact in (f for f in facts.values() if f.valid and f.name in ("norm_first", "parallel_residual")):
+    for fact in (f for f in facts.values() if f.valid and f.name in CHECKED):
         key = f"{fact.name}={int(fact.value or 0)}"
-        problem = _fact_problem(key, w) if w.sublayers else None
+        problem = _fact_problem(key, block, w) if w.sublayers and key in MEANING else None
         if problem is not None:
             what, sub = problem
             out.append(error("E0407", f"'{block.name}' states {key.replace('=', ' = ')} ({MEANING[key]}), but "

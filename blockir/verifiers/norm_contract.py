@@ -10,6 +10,7 @@ ties their learned scale, which the checkpoint must say (``tied=true``).
 from __future__ import annotations
 
 
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import contexts, layer_counts, program_env, uses_layer, value
 from blockir.analyses.structure import describe
 from blockir.analyses.summaries import summaries
@@ -104,8 +105,8 @@ def _check_precision(decl: KindDecl, sites: list[tuple[Op, str, TensorType]], bl
 
 
 def _check_sharing(decl: KindDecl, sites: list[tuple[Op, str, TensorType]], block: Block) -> Diagnostic | None:
-    if decl.arg("tied"):
-        return None
+    if decl.arg("tied") or not family(decl).keys(decl, (1,)):
+        return None  # tied on purpose, or nothing learned to share (l2norm)
     first: dict[str, Op] = {}
     for op, operand, _ in sites:
         first.setdefault(operand, op)

@@ -21,7 +21,7 @@ from blockir.analyses.summaries import callee, called_blocks, memory_inputs, out
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import CallOp, DropoutOp, Op, ScaleOp
+from blockir.ir.ops import CallOp, DropoutOp, LayerDropOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier
@@ -61,6 +61,36 @@ def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator
                 else f"on the residual state drops {describe(block, op.operand)} itself"
             yield error("E0402", f"dropout {what}, not a branch update", op.span,
                         hint="apply dropout to the branch output before the add: x + dropout(branch(…), p=…)")
+
+
+def _layer_drops(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
+    """One draw skips the whole layer, so it must remove every update and leave the state exactly as it came."""
+    drops = [op for op in block.ops if isinstance(op, LayerDropOp) and _p(op, env) != 0]
+    if not drops:
+        return
+    first = drops[0]
+    hint = "a skipped layer returns its input: put layer_drop(…, p=P) with one P on every update, in a block " \
+           "whose residual sums are not normalized"
+    for op in drops[1:]:
+        if _p(op, env) != _p(first, env):
+            yield error("E0415", f"layer_drop with p={_p(op, env)} in a layer whose first layer_drop has "
+                        f"p={_p(first, env)}: one draw decides the whole layer", op.span,
+                        notes=[Note("the first layer_drop", first.span)], hint=hint)
+    on_updates = {id(d) for s in w.sublayers for b in s.branches for d in b.dropouts}
+    for op in drops:
+        if id(op) not in on_updates and not any(op in s.shortcut_ops for s in w.sublayers):  # shortcut: E0401
+            yield error("E0415", "layer_drop does not scale a whole residual update: a dropped layer would still "
+                        "apply the rest of it", op.span, hint=hint)
+    for s in w.sublayers:
+        for b in s.branches:
+            if not any(isinstance(d, LayerDropOp) for d in b.dropouts):
+                yield error("E0415", f"the update {describe(block, b.leaf)} is not layer-dropped while "
+                            f"{first.label()} is: a dropped layer would still apply it", s.root.span,
+                            notes=[Note("layer-dropped here", first.span)], hint=hint)
+        if s.post_norm is not None or s.fused_post:
+            yield error("E0415", "this residual sum is normalized: a dropped layer would still normalize the state "
+                        "instead of returning it", s.root.span, notes=[Note("layer-dropped here", first.span)],
+                        hint=hint)
 
 
 def _training(block: Block, env: dict) -> Iterator[Diagnostic]:
@@ -110,7 +140,10 @@ def _gates(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                             hint="gate both sides of the convex combination: z * x + (1 - z) * u")
 
 
-def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
+def _normalized_shortcut(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
+    fact = stated(block, env).get("residual_from_norm")
+    if fact is not None and fact.value == 1:
+        return  # stated on purpose; the classification verifier checks the statement holds
     for s in w.sublayers:
         norm = normalized_shortcut(block, s)
         if norm is None:
@@ -121,7 +154,8 @@ def _normalized_shortcut(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                     notes=[Note("normalized here", norm.span)],
                     hint="add the update to the un-normalized state (Pre-LN: h + f(norm(h))) or normalize the sum "
                          "(Post-LN: norm(h + f(h))); a fused add+norm returns (normalized, residual) and the "
-                         "residual is the stream")
+                         "residual is the stream; if the model is wired this way on purpose, state it with "
+                         "`const residual_from_norm = 1`")
 
 
 # --- stacks --------------------------------------------------------------------
@@ -332,8 +366,9 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
     w = wrapper(block)
     env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
     out: list[Diagnostic] = []
-    for check in (_dropouts(program, block, w, env), _training(block, env), _shortcuts(block, w), _gates(block, w),
-                  _normalized_shortcut(block, w), _final_norm(program, block, env),
+    for check in (_dropouts(program, block, w, env), _layer_drops(block, w, env), _training(block, env),
+                  _shortcuts(block, w), _gates(block, w),
+                  _normalized_shortcut(block, w, env), _final_norm(program, block, env),
                   _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
                   _deepnorm(program, block, w, base, counts)):
         out += check
