@@ -65,9 +65,10 @@ def hf(n: int) -> nn.Module:
 
 
 def ours(n: int) -> nn.Module:
-    text = LLAMA.replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {n}").replace("kv_heads=2", f"kv_heads={KV}")
-    return blockir.compile(blockir.parse(text, "llama.block"), "LlamaModel",
-                           dims={"D": D, "F": F, "H": HEADS}, device="meta")
+    text = (LLAMA.replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {n}").replace("kv_heads=2", f"kv_heads={KV}")
+            .replace("dim D: model = 64", f"dim D: model = {D}").replace("dim F: hidden = 2 * D", f"dim F: hidden = {F}")
+            .replace("dim H: heads = 4", f"dim H: heads = {HEADS}"))
+    return blockir.compile(blockir.parse(text, "llama.block"), "LlamaModel", device="meta")
 
 
 def timed(build, n: int) -> float:

@@ -318,26 +318,31 @@ def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, sp
     """Install a module or parameter at a dotted path, creating plain containers on the way.
 
     ``check`` refuses the names torch itself defines; one that another library added to
-    ``nn.Module`` at run time is reported here (E0709), located at ``span``.
+    ``nn.Module`` at run time is reported here (E0709), located at ``span``. The check is done
+    here rather than by ``add_module``, whose ``hasattr`` raises and catches an AttributeError
+    for every new name, which a deep stack pays thousands of times.
     """
     *path, leaf = dotted.split(".")
     owner = root
-    try:
-        for part in path:
-            child = owner._modules.get(part)
-            if child is None:
-                child = nn.Module()
-                owner.add_module(part, child)
-            owner = child
-        if isinstance(value, nn.Parameter):
-            owner.register_parameter(leaf, value)
-        else:
-            owner.add_module(leaf, value)
-    except KeyError as exc:
+    for part in path:
+        child = owner._modules.get(part)
+        if child is None:
+            _free(owner, part, dotted, span)
+            child = nn.Module()
+            setattr(owner, part, child)
+        owner = child
+    _free(owner, leaf, dotted, span)
+    setattr(owner, leaf, value)  # nn.Module.__setattr__ registers the module or parameter
+
+
+def _free(owner: nn.Module, name: str, dotted: str, span: Span | None) -> None:
+    """Refuse a name that is already an attribute of ``owner`` (what ``add_module`` refuses)."""
+    if name in vars(owner) or hasattr(type(owner), name):
+        message = f"attribute '{name}' already exists"
         if span is None:
-            raise
-        raise BlockError([error("E0709", f"declaration '{dotted}' cannot be registered: {exc.args[0]}", span,
-                                hint="rename the declaration")]) from None
+            raise KeyError(message)
+        raise BlockError([error("E0709", f"declaration '{dotted}' cannot be registered: {message}", span,
+                                hint="rename the declaration")])
 
 
 def site_id(ssa: str) -> int:
