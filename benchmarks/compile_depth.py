@@ -65,9 +65,11 @@ def hf(n: int) -> nn.Module:
 
 
 def ours(n: int) -> nn.Module:
-    text = (LLAMA.replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {n}").replace("kv_heads=2", f"kv_heads={KV}")
-            .replace("dim D: model = 64", f"dim D: model = {D}").replace("dim F: hidden = 2 * D", f"dim F: hidden = {F}")
-            .replace("dim H: heads = 4", f"dim H: heads = {HEADS}"))
+    # the sizes go into the text: check verifies the file's own sizes (kv_heads=8 must divide heads)
+    text = LLAMA.replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {n}").replace("kv_heads=2", f"kv_heads={KV}")
+    for old, new in (("dim D: model = 64", f"dim D: model = {D}"), ("dim F: hidden = 2 * D", f"dim F: hidden = {F}"),
+                     ("dim H: heads = 4", f"dim H: heads = {HEADS}")):
+        text = text.replace(old, new)
     return blockir.compile(blockir.parse(text, "llama.block"), "LlamaModel", device="meta")
 
 

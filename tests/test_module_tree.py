@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.fx as fx
 from conftest import EXAMPLES, ROOT
-from test_fx_backend import _externs, _size
 from torch import Tensor, nn
 
 import blockir
@@ -282,7 +281,7 @@ def test_symbolic_trace_through_the_built_in_attention() -> None:
 
 
 @pytest.mark.xfail(strict=True, raises=NameError,
-                   reason="a BoundExtern shares its module's tables instead of holding it, so fx cannot name the module")
+                   reason="a BoundExtern shares its module's tables instead of holding it: fx cannot name the module")
 def test_symbolic_trace_through_a_bound_extern() -> None:
     text = ("block T(x: [B, S, D]) -> [B, S, D] {\n  f: extern(x: [B, S, D]) -> [B, S, D]\n  y = x + f(x)\n"
             "  return y\n}\n")

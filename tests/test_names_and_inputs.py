@@ -11,8 +11,8 @@ from conftest import ROOT
 from torch import Tensor, nn
 
 import blockir
-from blockir.backends import fx as bfx
 from blockir.analyses.sizes import Sizes
+from blockir.backends import fx as bfx
 from blockir.ir.identifiers import BLOCK_ATTRIBUTES, MODULE_ATTRIBUTES
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS
 
@@ -173,7 +173,8 @@ def test_every_activation_has_a_torch_reference() -> None:
     assert set(TORCH_ACTIVATIONS) == set(ACTIVATIONS)
     assert all(callable(_act2fn(n)) for n in ACTIVATIONS if n not in ("relu", "gelu", "gelu_tanh", "silu", "tanh",
                                                                       "identity", "hardswish"))
-    assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | {"dropout", "drop_path", "layer_drop", "cast", "concat"}
+    others = {"dropout", "drop_path", "layer_drop", "cast", "concat"}
+    assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | others
 
 
 def _activation_cases() -> list[tuple[str, str]]:

@@ -37,10 +37,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from blockir.analyses.sizes import Sizes
 from blockir.backends import numerics
 from blockir.backends.modules import bound_extern, kind_factory
 from blockir.backends.rng import dropout_key
-from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
 from blockir.ir import ops as O
