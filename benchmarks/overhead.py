@@ -3,8 +3,10 @@
 Measures forward and forward+backward time of LlamaDecoderLayer at a tiny
 shape (Python overhead dominates) and a medium one, interleaving the two
 candidates so drift hits both, and reports blockir/HF time ratios; then the
-compile time (parse + verify + lower with weights on the meta device) of
-LLaMA-style models with 1, 10, 100 and 1000 layers.
+cost of the input check a compiled module runs on its inputs (the same module
+with and without it, and the check alone); then the compile time (parse +
+verify + lower with weights on the meta device) of LLaMA-style models with 1,
+10, 100 and 1000 layers.
 
     python benchmarks/overhead.py [--repeats 30]
 """
@@ -81,17 +83,52 @@ def compare(label: str, b: int, s: int, width: int, inter: int, heads: int, kv: 
     return rows
 
 
+def input_check(repeats: int) -> list[str]:
+    """Forward of a tiny LlamaDecoderLayer with and without the input check, and the check alone."""
+    from blockir.backends.fx import check_inputs, lower_block
+    from blockir.analyses.sizes import Sizes
+
+    program = blockir.parse(LLAMA_TEXT, "llama.block")
+    checked = blockir.compile(program, "LlamaDecoderLayer", seed=0).eval()
+    plain = lower_block(program, program.block("LlamaDecoderLayer"), Sizes.of(program), {}).eval()
+    plain.load_state_dict(checked.state_dict())
+    x = torch.randn(1, 8, 64)
+    spec = next(n for n in checked.graph.nodes if n.target is check_inputs).args[:3]
+
+    def cpu_per_call(fn, calls: int = 200) -> float:
+        # CPU time of this thread: other jobs on a shared machine disturb it far less than wall time
+        t0 = time.thread_time()
+        for _ in range(calls):
+            fn()
+        return (time.thread_time() - t0) / calls
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every op on this thread, so thread time is the whole cost
+    with torch.no_grad():
+        for fn in (lambda: checked(x), lambda: plain(x)):
+            cpu_per_call(fn, 50)
+        t_checked, t_plain = [], []
+        for _ in range(repeats):
+            t_checked.append(cpu_per_call(lambda: checked(x)))
+            t_plain.append(cpu_per_call(lambda: plain(x)))
+    alone = [cpu_per_call(lambda: check_inputs(*spec, x), 10000) for _ in range(repeats)]
+    torch.set_num_threads(threads)
+    mc, mp = statistics.median(t_checked), statistics.median(t_plain)
+    return [f"| tiny B=1 S=8 D=64, forward | {mp * 1e6:.1f} | {mc * 1e6:.1f} | {(mc - mp) * 1e6:+.1f} | "
+            f"{mc / mp:.3f} | {statistics.median(alone) * 1e6:.2f} |"]
+
+
 def compile_times(depths: tuple[int, ...]) -> list[str]:
     rows = []
     for n in depths:
         text = LLAMA_TEXT.replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {n}")
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         prog = blockir.parse(text, "llama.block")
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         blockir.verify(prog)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         blockir.compile(prog, "LlamaModel", dims={"D": 4096, "F": 11008, "H": 32}, device="meta")
-        t3 = time.perf_counter()
+        t3 = time.process_time()
         rows.append(f"| {n} | {(t1 - t0) * 1e3:.1f} | {(t2 - t1) * 1e3:.1f} | {(t3 - t2) * 1e3:.1f} | "
                     f"{(t3 - t0) * 1e3 / n:.2f} |")
     return rows
@@ -108,7 +145,12 @@ def main() -> None:
     for row in compare("tiny", 1, 8, 64, 128, 4, 2, args.repeats) + \
             compare("medium", 4, 256, 1024, 2816, 16, 4, max(args.repeats // 3, 5)):
         print(row)
-    print("\nCompile time, LLaMA-style model at D=4096 (weights on the meta device):\n")
+    print("\nInput check of the compiled root (same weights, one thread; CPU time per call, medians of "
+          "interleaved runs of 200 calls):\n")
+    print("| shape | unchecked µs | checked µs | difference µs | ratio | check alone µs |\n|---|---|---|---|---|---|")
+    for row in input_check(args.repeats):
+        print(row)
+    print("\nCompile time (CPU time), LLaMA-style model at D=4096 (weights on the meta device):\n")
     print("| layers | parse ms | verify ms | lower ms | total ms per layer |\n|---|---|---|---|---|")
     for row in compile_times(tuple(int(d) for d in args.depths.split(","))):
         print(row)

@@ -27,6 +27,7 @@ from blockir.cli import main
 from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.grammar.parser import decode
 from blockir.ir import consts as C
+from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, KINDS, MASKS, ArgSpec
 from blockir.ir.ops import OutputOp
 from blockir.ir.printer import format_program
@@ -88,9 +89,12 @@ class R:
     def name(self) -> str:
         if self.coin(0.25):
             text = self.pick(LOOKALIKES)
-            return text + "_" if text in RESERVED else text
-        text = self.pick(NAME_START) + "".join(self.pick(NAME_REST) for _ in range(self.int(0, 7)))
-        return text + "_" if text in RESERVED else text
+        else:
+            text = self.pick(NAME_START) + "".join(self.pick(NAME_REST) for _ in range(self.int(0, 7)))
+        # a declaration may not take a name that cannot be a submodule (forward, to, a keyword…)
+        if text in RESERVED or reserved_declaration(text):
+            text += "_"
+        return text + "0" if reserved_declaration(text) else text  # __x__ + _ is still special
 
     def comment(self) -> str:
         chars = [chr(self.int(0x20, 0x2FFFF)) for _ in range(self.int(0, 10))]

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-import torch.fx as fx
 
 from blockir.api import load, verify
 from blockir.backends.bind import check_bind
-from blockir.backends.fx import lower_block
+from blockir.backends.fx import BlockModule, lower_block
 from blockir.backends.modules import tie_heads
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, argument_error, error
@@ -57,8 +56,12 @@ def _check_arguments(name: Any, backend: Any, dtype: Any, seed: Any, mode: Any) 
 def compile(program: Program | str | Path, name: str, backend: str = "fx", *, dims: Mapping[str, int] | None = None,
             bind: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None, seed: int | None = None,
-            mode: str = "train") -> fx.GraphModule:
+            mode: str = "train") -> BlockModule:
     """Compile block or model ``name`` to a GraphModule whose state_dict keys are the declared names.
+
+    The module's forward checks its inputs against the block's declared axes (a floating
+    tensor per input, one size per axis, sizes fixed at compile time kept, one size per axis
+    name across inputs) and raises ``BlockError`` (E0708) naming the input and the axis.
 
     ``bind`` maps extern declaration paths (``"self_attn"``, ``"layers.3.attn"``) to a module or
     ``(module, adapter)``: every key must name an extern and every extern must be bound; the caller's
@@ -101,6 +104,6 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     with rng, place if place is not None else nullcontext():
         if seed is not None:
             torch.manual_seed(seed)
-        module = lower_block(program, program.block(name), sizes, bindings, act_dtype=dtype, mode=mode)
+        module = lower_block(program, program.block(name), sizes, bindings, act_dtype=dtype, mode=mode, check=True)
     tie_heads(module, program.block(name))
     return module

@@ -1,48 +1,79 @@
-"""IR → torch.fx.GraphModule, built node by node from the ops (no tracing).
+"""IR → a tree of torch.fx.GraphModules, built node by node from the ops (no tracing).
 
+Every compiled block is a :class:`BlockModule` (an ``fx.GraphModule``).
 Declarations become submodules or parameters at their declared (dotted)
-names, so ``state_dict()`` keys are the declared names; stacks become
-``name.0 … name.N-1``. SSA names become node names; the mapping is kept on
-the module (``blockir_values``) so :func:`blockir.trace` can return every
-intermediate by its IR name.
+names, so ``state_dict()`` keys are the declared names. Branches, sub-blocks
+and the layers of a stack are called with ``call_module`` nodes; a stack is
+an ``nn.ModuleList`` (``layers.0 … layers.N-1``). SSA names become node
+names; the mapping is kept on the module (``blockir_values``) so
+:func:`blockir.trace` can return every intermediate by its IR name.
+
+The forward's keyword arguments (``ctx``: masks, position embeddings) reach
+every branch, sub-block, stack and bound extern: their ``call_module`` nodes
+carry the context under the keyword ``"**"``, which :class:`BlockCodeGen`
+prints as ``**context``. A bound extern is a ``BoundExtern`` module at its
+declared path, which shares the bound module's parameter tables (so its keys
+are the user's) and calls ``adapter(module, *inputs, **ctx)``.
+
+One graph is built per distinct block — per block, mode and value of the
+constants its ops read — and its code is generated once: the layers of a
+stack are instances of one generated class that share the graph until one of
+them asks for it (``.graph`` hands each instance a private copy on first use,
+and ``recompile`` moves that instance to a class of its own). The layer index
+is an attribute (``blockir_layer``) read by the graph, not a constant in it.
 """
 from __future__ import annotations
 
+import builtins
+import copy
+import keyword
 import operator
+import re
 import zlib
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
 from torch import nn
 
-from blockir.backends import numerics
-from blockir.backends.modules import bound_extern, make_kind
-from blockir.backends.rng import dropout_key
 from blockir.analyses.sizes import Sizes
-from blockir.diagnostics import BlockError, error
+from blockir.backends import numerics
+from blockir.backends.modules import bound_extern, kind_factory
+from blockir.backends.rng import dropout_key
+from blockir.diagnostics import BlockError, Span, error
+from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import DType
+from blockir.ir.types import DType, Role
 
 TORCH_DTYPES = {DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
                 DType.BF16: torch.bfloat16}
 SEED_HIGH = 1 << 62
+SPLAT = "**"  # the keyword under which a node passes the whole context on; printed as **ctx
+LAYER_ATTR = "blockir_layer"
 
 # Lowering of ops that need more than one node; registered by the fused backend.
 OpLowering = Callable[["GraphBuilder", Any], fx.Node]
 EXTRA_LOWERINGS: dict[type, OpLowering] = {}
 
 
-def _kwargs(ctx: Any) -> dict[str, Any]:
-    # fx.Interpreter (used by non-strict torch.export) binds a `**ctx` placeholder to an empty list
-    return ctx if isinstance(ctx, dict) else {}
+def context(ctx: Any) -> dict[str, Any]:
+    """The keyword context a block hands to its branches, sub-blocks and externs.
 
-
-def invoke(module: nn.Module, ctx: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
-    """Call a branch or sub-block with the forward's extra keyword arguments."""
-    return module(*args, **_kwargs(ctx))
+    Generated code calls this once on its ``**ctx``. Under ``fx.Interpreter``
+    (non-strict ``torch.export``) a ``**ctx`` placeholder is bound to a list and
+    under ``torch.fx.symbolic_trace`` to a Proxy: both mean "no context". A parent
+    run by an interpreter passes its context as the single keyword ``"**"``.
+    """
+    if type(ctx) is not dict:
+        return {}
+    if SPLAT in ctx:
+        inner = ctx[SPLAT]
+        rest = {k: v for k, v in ctx.items() if k != SPLAT}
+        return {**(inner if type(inner) is dict else {}), **rest}
+    return ctx
 
 
 def inplace_add(target: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -78,20 +109,240 @@ def layer_drop_site(x: torch.Tensor, p: float, training: bool, seed: torch.Tenso
     return numerics.layer_drop(x, p, training, dropout_key(seed, layer, LAYER_DROP_SITE))
 
 
-def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter) -> None:
-    """Install a module or parameter at a dotted path, creating plain containers on the way."""
+# ---------------------------------------------------------------- input checks
+
+# (name, axis names, compiled sizes (None: open), declared dtype, "ids" or None, line, column)
+InputSpec = tuple[str, tuple[str, ...], tuple[int | None, ...], str | None, int, int]
+
+
+def _input_error(filename: str, spec: InputSpec, message: str, hint: str | None = None) -> BlockError:
+    name, *_, line, column = spec
+    return BlockError([error("E0708", message, Span(filename, line, column, column + len(name)), hint=hint)])
+
+
+def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *inputs: Any) -> None:
+    """Check the inputs of a compiled block against its declared axes; raise BlockError naming the axis.
+
+    Each input must be a floating tensor (of the declared dtype, when the type states one), or an
+    integer one when an embedding reads it (token ids), with one size per declared axis; an
+    axis with a size at compile time must have that size (batch and sequence axes excepted),
+    and an axis named by several inputs must have one size across them.
+    """
+    seen: dict[str, tuple[int, str]] = {}
+    for spec, t in zip(specs, inputs):
+        name, axes, sizes, dtype, _, _ = spec
+        if not isinstance(t, torch.Tensor):
+            raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor [{', '.join(axes)}], "
+                                               f"got {type(t).__name__}")
+        shape, dt = t.shape, t.dtype
+        if dtype == IDS:
+            if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+                raise _input_error(filename, spec, f"input '{name}' of {block} holds token ids and must be an "
+                                                   f"integer tensor, got {dt}")
+        elif not dt.is_floating_point:
+            raise _input_error(filename, spec, f"input '{name}' of {block} must be a floating-point tensor, got {dt}")
+        elif dtype is not None and dt != TORCH_DTYPES[DType(dtype)]:
+            raise _input_error(filename, spec, f"input '{name}' of {block} is declared {dtype}, got {dt}",
+                               hint=f"cast it first: x.to({TORCH_DTYPES[DType(dtype)]})")
+        if len(shape) != len(axes):
+            raise _input_error(filename, spec, f"input '{name}' of {block} has {len(shape)} axes {list(shape)}, "
+                                               f"expected {len(axes)}: [{', '.join(axes)}]")
+        for axis, size, actual in zip(axes, sizes, shape):
+            if size is not None and actual != size:
+                raise _input_error(filename, spec, f"input '{name}' of {block}: axis {axis} has size {actual}, "
+                                                   f"but the module was compiled with {axis} = {size}",
+                                   hint=f"compile with dims={{'{axis}': {actual}}} for this size")
+            first = seen.setdefault(axis, (actual, name))
+            if first[0] != actual:
+                raise _input_error(filename, spec, f"input '{name}' of {block}: axis {axis} has size {actual}, "
+                                                   f"but input '{first[1]}' has {axis} = {first[0]}")
+
+
+IDS = "ids"  # the dtype policy of an input an embedding reads: integer token ids
+FREE_ROLES = (Role.BATCH, Role.SEQ)
+
+
+def _reads_ids(program: Program | None, block: Block, value: str) -> bool:
+    """Whether an embedding reads ``value`` (directly, or as an input of a sub-block or stack)."""
+    for op in block.users.get(value, ()):
+        if not isinstance(op, O.CallOp):
+            continue
+        decl = block.decl_map[op.decl]
+        if isinstance(decl, KindDecl) and decl.kind == "embedding":
+            return True
+        if isinstance(decl, InstanceDecl) and program is not None:
+            sub = program.block(decl.block)
+            if any(_reads_ids(program, sub, p.name) for a, p in zip(op.args, sub.params) if a == value):
+                return True
+    return False
+
+
+def _input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
+    specs = []
+    for p in block.params:
+        # batch and sequence sizes stay free even when dims= gave them (a run compiles at its training
+        # batch and evaluates at another); every other size shapes the parameters
+        fixed = tuple(None if a.role in FREE_ROLES else int(sizes.env[a.name]) if a.name in sizes.env else
+                      (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
+        dtype = IDS if _reads_ids(program, block, p.name) else p.type.dtype.value if p.type.dtype is not None else None
+        specs.append((p.name, tuple(a.name for a in p.type.axes), fixed, dtype, p.span.line, p.span.column))
+    return tuple(specs)
+
+
+class Stack(nn.ModuleList):
+    """The layers of a stack ``name: Block * N``: an ``nn.ModuleList`` whose forward runs them in order.
+
+    Its items are the compiled layers (``m.layers[3]``, keys ``layers.3.…``); each receives the
+    previous one's output, the stack's other inputs (a decoder's ``memory``) and the context.
+    """
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor, **ctx: Any) -> torch.Tensor:
+        for layer in self:
+            x = layer(x, *rest, **ctx)
+        return x
+
+
+# ---------------------------------------------------------------- code generation
+
+_SPLAT_ARG = re.compile(r"(\(|, )\*\* = ")
+
+
+class BlockCodeGen(fx.graph.CodeGen):
+    """fx's code generation, printing a ``"**"`` keyword argument as ``**value``."""
+
+    def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
+        code = super()._gen_python_code(*args, **kwargs)
+        code.src = _SPLAT_ARG.sub(r"\1**", code.src)
+        return code
+
+
+class BlockModule(fx.GraphModule):
+    """A compiled block: an ``fx.GraphModule`` whose generated class may be shared by the layers of a stack.
+
+    ``blockir_values`` maps SSA names to node names, ``blockir_block`` names the block and
+    ``blockir_layer`` is the layer index inside its stack (0 outside a stack).
+    """
+
+    _blockir_shared = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "BlockModule":
+        # fx.GraphModule.__new__ makes a class per instance; instances of one compiled block share theirs
+        return object.__new__(cls)
+
+    def __init__(self, root: nn.Module | dict[str, Any], graph: fx.Graph, class_name: str | None = None) -> None:
+        # fx's own constructor (used by fx passes that copy a module): it installs code for this instance only
+        self._blockir_private_class()
+        super().__init__(root, graph, class_name or type(self).__name__)
+
+    def _blockir_private_class(self) -> None:
+        cls = type(self)
+        if cls._blockir_shared:
+            # a sibling of the shared class, not a subclass: fx's call wrapper would recurse through both
+            attrs = {"_blockir_shared": False, "__module__": cls.__module__}
+            self.__class__ = type(cls.__name__, (BlockModule,), attrs)
+
+    @property  # type: ignore[override]
+    def graph(self) -> fx.Graph:
+        if not self.__dict__.get("_blockir_owns_graph", True):
+            g = copy.deepcopy(self._graph)
+            g.owning_module = self
+            self._graph = g
+            self._blockir_owns_graph = True
+        return self._graph
+
+    @graph.setter
+    def graph(self, g: fx.Graph) -> None:
+        self._blockir_owns_graph = True
+        fx.GraphModule.graph.fset(self, g)  # type: ignore[attr-defined]
+
+    def recompile(self) -> Any:
+        self._blockir_private_class()
+        return super().recompile()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "BlockModule":
+        res = object.__new__(type(self))
+        memo[id(self)] = res
+        res.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        if res.__dict__.get("_blockir_owns_graph", True):
+            res._graph.owning_module = res
+        return res
+
+    def __copy__(self) -> "BlockModule":
+        res = object.__new__(type(self))
+        res.__dict__.update(self.__dict__)
+        for key in ("_parameters", "_buffers", "_modules"):
+            res.__dict__[key] = dict(self.__dict__[key])
+        res.__dict__["_blockir_owns_graph"] = False
+        return res
+
+
+# instance state fx.GraphModule.__init__ would set; given to each instance of a shared class
+def _fresh_state() -> dict[str, Any]:
+    return dict(_tracer_cls=None, _tracer_extras={}, meta={}, _replace_hooks=[], _create_node_hooks=[],
+                _erase_node_hooks=[], _deepcopy_hooks=[], shape_env=None)
+
+
+@dataclass
+class _Code:
+    """One generated class and the graph it was generated from."""
+
+    cls: type[BlockModule]
+    graph: fx.Graph
+    state: dict[str, Any]
+    values: dict[str, str]
+    consts: tuple[tuple[C.ConstExpr, float | int], ...]
+
+    def instance(self, block: str, layer: int) -> BlockModule:
+        m = object.__new__(self.cls)
+        nn.Module.__init__(m)
+        m.__dict__.update(self.state, **_fresh_state(), _graph=self.graph, _blockir_owns_graph=False,
+                          blockir_values=self.values, blockir_block=block, **{LAYER_ATTR: layer})
+        return m
+
+
+def _generate(name: str, graph: fx.Graph, values: dict[str, str],
+              consts: tuple[tuple[C.ConstExpr, float | int], ...]) -> _Code:
+    cls = type(name, (BlockModule,), {"_blockir_shared": True, "__module__": BlockModule.__module__})
+    template = object.__new__(cls)
+    nn.Module.__init__(template)
+    template.__dict__["_graph"] = graph
+    fx.GraphModule.recompile(template)  # installs forward and __call__ on the shared class
+    state = {k: template.__dict__[k] for k in ("_code", "_lineno_map", "_prologue_start") if k in template.__dict__}
+    return _Code(cls, graph, state, values, consts)
+
+
+# ---------------------------------------------------------------- graph building
+
+
+def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, span: Span | None = None) -> None:
+    """Install a module or parameter at a dotted path, creating plain containers on the way.
+
+    ``check`` refuses the names torch itself defines; one that another library added to
+    ``nn.Module`` at run time is reported here (E0709), located at ``span``. The check is done
+    here rather than by ``add_module``, whose ``hasattr`` raises and catches an AttributeError
+    for every new name, which a deep stack pays thousands of times.
+    """
     *path, leaf = dotted.split(".")
     owner = root
     for part in path:
         child = owner._modules.get(part)
         if child is None:
+            _free(owner, part, dotted, span)
             child = nn.Module()
-            owner.add_module(part, child)
+            setattr(owner, part, child)
         owner = child
-    if isinstance(value, nn.Parameter):
-        owner.register_parameter(leaf, value)
-    else:
-        owner.add_module(leaf, value)
+    _free(owner, leaf, dotted, span)
+    setattr(owner, leaf, value)  # nn.Module.__setattr__ registers the module or parameter
+
+
+def _free(owner: nn.Module, name: str, dotted: str, span: Span | None) -> None:
+    """Refuse a name that is already an attribute of ``owner`` (what ``add_module`` refuses)."""
+    if name in vars(owner) or hasattr(type(owner), name):
+        message = f"attribute '{name}' already exists"
+        if span is None:
+            raise KeyError(message)
+        raise BlockError([error("E0709", f"declaration '{dotted}' cannot be registered: {message}", span,
+                                hint="rename the declaration")])
 
 
 def site_id(ssa: str) -> int:
@@ -104,35 +355,85 @@ LAYER_DROP_SITE = site_id("layer_drop")
 
 
 def node_name(ssa: str) -> str:
-    """A Python identifier for an SSA name: %3 → t3, and inlined layers.0.%3 → layers_0_t3."""
+    """A Python identifier for an SSA name: %3 → t3, and inlined layers.0.%3 → layers_0_t3.
+
+    fx makes the name unique and renames Python keywords and builtins; names the generated
+    forward uses itself (``self``, ``ctx``) get a trailing underscore.
+    """
     *path, leaf = ssa.split(".")
     leaf = f"t{leaf[1:]}" if leaf.startswith("%") else leaf
-    return "_".join([*path, leaf])
+    name = "_".join([*path, leaf])
+    return f"{name}_" if name in _OWN_NAMES else name
+
+
+_OWN_NAMES = frozenset({"self", "ctx"})
+# globals the generated code may refer to, besides builtins; a parameter must not shadow them
+_CODE_GLOBALS = frozenset({"torch", "inf", "nan", "device", "fx_pytree", "pytree", "NoneType", "operator"})
+
+
+def _parameter_names(block: Block) -> list[str]:
+    """The forward's parameter names: the input names, made safe Python identifiers and unique.
+
+    A name that is a keyword, a builtin, a global of the generated code or ``self``/``ctx``
+    gets a trailing underscore (``class`` → ``class_``); IR names and traces keep the input's name.
+    """
+    out: list[str] = []
+    for op in block.inputs:
+        name = op.result.replace(".", "_")
+        if keyword.iskeyword(name) or name in vars(builtins) or name in _OWN_NAMES or name in _CODE_GLOBALS \
+                or name.startswith("__"):
+            name = f"{name.strip('_') or 'input'}_"
+        while name in out:
+            name += "_"
+        out.append(name)
+    return out
 
 
 class GraphBuilder:
-    """Emits fx nodes for one block; ``env`` maps SSA names to nodes."""
+    """Emits fx nodes for one block; ``env`` maps SSA names to nodes.
 
-    def __init__(self, block: Block, sizes: Sizes, layer: int, inplace: dict[int, str] | None = None):
+    Constants are read through :meth:`value`, which records each expression and its
+    value: a later layer whose constants evaluate the same reuses the graph.
+    """
+
+    def __init__(self, block: Block, sizes: Sizes, inplace: dict[int, str] | None = None):
         self.block = block
         self.inplace = inplace or {}  # id(add) → the operand whose buffer it overwrites
         self.sizes = sizes
-        self.layer = layer
         self.graph = fx.Graph()
+        self.graph.set_codegen(BlockCodeGen())
         self.env: dict[str, fx.Node] = {}
         self.names: dict[str, str] = {}
+        self.consts: list[tuple[C.ConstExpr, float | int]] = []
         self.ctx: fx.Node | None = None
         self.seed: fx.Node | None = None
         self.training: fx.Node | None = None
+        self.layer: fx.Node | None = None
+
+    def value(self, expr: C.ConstExpr) -> float | int:
+        v = self.sizes.value(expr)
+        self.consts.append((expr, v))
+        return v
 
     def bind(self, ssa: str, node: fx.Node) -> fx.Node:
         self.env[ssa] = node
         self.names[ssa] = node.name
         return node
 
-    def fn(self, target: Callable[..., Any], args: tuple, ssa: str | None = None, kwargs: dict | None = None) -> fx.Node:
+    def fn(self, target: Callable[..., Any], args: tuple, ssa: str | None = None, kwargs: dict | None = None,
+           wrapped: bool = False) -> fx.Node:
+        """A call_function node; ``wrapped`` ones stay one call under ``torch.fx.symbolic_trace``."""
         node = self.graph.create_node("call_function", target, args, kwargs or {},
                                       name=node_name(ssa) if ssa else None)
+        if wrapped:
+            node.meta["is_wrapped"] = True
+        return self.bind(ssa, node) if ssa else node
+
+    def module(self, target: str, args: tuple, ssa: str | None, with_ctx: bool) -> fx.Node:
+        """A call_module node; ``with_ctx`` passes the forward's keyword context on (``**ctx``)."""
+        kwargs = {SPLAT: self.ctx} if with_ctx else {}
+        name = node_name(ssa) if ssa else target.replace(".", "_")
+        node = self.graph.create_node("call_module", target, args, kwargs, name=name)
         return self.bind(ssa, node) if ssa else node
 
     def attr(self, target: str) -> fx.Node:
@@ -143,50 +444,51 @@ class GraphBuilder:
             self.training = self.graph.create_node("get_attr", "training", name="training")
         return self.training
 
+    def layer_index(self) -> fx.Node:
+        """The layer index inside the stack, read from the module so that layers share the graph."""
+        if self.layer is None:
+            self.layer = self.graph.create_node("get_attr", LAYER_ATTR, name="layer")
+        return self.layer
+
     def seed_node(self) -> fx.Node:
         if self.seed is None:
-            self.seed = self.fn(draw_seed, (self.training_flag(),))
+            self.seed = self.fn(draw_seed, (self.training_flag(),), wrapped=True)
         return self.seed
 
     def dropout(self, x: fx.Node, p: float, mask: str, ssa: str) -> fx.Node:
         if p == 0.0:
             return self.bind(ssa, x)
-        return self.fn(dropout_site, (x, p, mask, self.training_flag(), self.seed_node(), self.layer, site_id(ssa)),
-                       ssa)
+        return self.fn(dropout_site, (x, p, mask, self.training_flag(), self.seed_node(), self.layer_index(),
+                                      site_id(ssa)), ssa, wrapped=True)
 
 
 def _lower_op(b: GraphBuilder, op: O.Op) -> None:
     decls = b.block.decl_map
-    if isinstance(op, O.InputOp):
-        b.bind(op.result, b.graph.placeholder(op.result))
-    elif isinstance(op, O.NormOp):
-        b.bind(op.result, b.graph.create_node("call_module", op.decl, (b.env[op.operand],), {},
-                                              name=node_name(op.result)))
+    if isinstance(op, O.NormOp):
+        b.module(op.decl, (b.env[op.operand],), op.result, with_ctx=False)
     elif isinstance(op, O.CallOp):
         args = tuple(b.env[a] for a in op.args)
         decl = decls[op.decl]
-        if isinstance(decl, KindDecl) and decl.category in ("linear", "activation"):
-            b.bind(op.result, b.graph.create_node("call_module", op.decl, args, {}, name=node_name(op.result)))
+        if isinstance(decl, KindDecl):
+            b.module(op.decl, args, op.result, with_ctx=decl.category not in ("linear", "activation"))
         elif isinstance(decl, InstanceDecl) and decl.count is not None:
-            x = args[0]
-            count = int(b.sizes.value(decl.count))
-            for i in range(count):
-                x = b.fn(invoke, (b.attr(f"{op.decl}.{i}"), b.ctx, x, *args[1:]),
-                         op.result if i == count - 1 else None)
-        else:
-            b.fn(invoke, (b.attr(op.decl), b.ctx, *args), op.result)
+            b.value(decl.count)  # the number of layers is part of what the graph was built for
+            b.module(op.decl, args, op.result, with_ctx=True)
+        else:  # a sub-block, or an extern: its BoundExtern calls the adapter
+            b.module(op.decl, args, op.result, with_ctx=True)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
     elif isinstance(op, O.LayerDropOp):
-        p = float(b.sizes.value(op.p))
+        p = float(b.value(op.p))
         if p == 0.0:
             b.bind(op.result, b.env[op.operand])
         else:
-            b.fn(layer_drop_site, (b.env[op.operand], p, b.training_flag(), b.seed_node(), b.layer), op.result)
+            b.fn(layer_drop_site, (b.env[op.operand], p, b.training_flag(), b.seed_node(), b.layer_index()),
+                 op.result, wrapped=True)
     elif isinstance(op, O.DropoutOp):
-        b.dropout(b.env[op.operand], float(b.sizes.value(op.p)), op.mask, op.result)
+        b.dropout(b.env[op.operand], float(b.value(op.p)), op.mask, op.result)
     elif isinstance(op, O.ScaleOp):
-        factor = b.attr(op.param) if op.param is not None else float(b.sizes.value(op.factor))  # type: ignore[arg-type]
+        factor = b.attr(op.param) if op.param is not None else float(b.value(op.factor))  # type: ignore[arg-type]
         offset = decls[op.param].arg("offset", 0) if op.param is not None else 0  # type: ignore[union-attr]
         if offset:
             factor = b.fn(numerics.offset_weight, (factor, offset))
@@ -203,7 +505,7 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
             b.fn(operator.add, (b.env[op.lhs], b.env[op.rhs]), op.result)
         else:
             other = op.rhs if target == op.lhs else op.lhs
-            b.fn(inplace_add, (b.env[target], b.env[other]), op.result)
+            b.fn(inplace_add, (b.env[target], b.env[other]), op.result, wrapped=True)
     elif isinstance(op, O.CastOp):
         node = b.graph.create_node("call_method", "to", (b.env[op.operand], TORCH_DTYPES[op.dtype]), {},
                                    name=node_name(op.result))
@@ -264,48 +566,111 @@ def _donates_to(block: Block, decl: str, donated: bool) -> bool:
     return not later and _owned(block, arg, donated)
 
 
+def build_graph(block: Block, sizes: Sizes, *, mode: str = "train", donated: bool = False,
+                check: bool = False, program: Program | None = None) -> GraphBuilder:
+    """The graph of one block; ``check`` starts it with :func:`check_inputs`."""
+    b = GraphBuilder(block, sizes, _inplace_adds(block, donated) if mode == "infer" else None)
+    params = _parameter_names(block)
+    inputs = []
+    for op, name in zip(block.inputs, params):
+        inputs.append(b.bind(op.result, b.graph.create_node("placeholder", name, name=name)))
+    raw_ctx = b.graph.create_node("placeholder", "**ctx", name="ctx")
+    if check:
+        b.fn(check_inputs, (block.name, sizes.filename, _input_specs(block, sizes, program), *inputs), wrapped=True)
+    b.ctx = b.fn(context, (raw_ctx,))
+    for op in block.ops:
+        if not isinstance(op, O.InputOp):
+            _lower_op(b, op)
+    return b
+
+
+@dataclass
+class Lowering:
+    """One compilation: the program, its sizes and binds, and the graphs built so far."""
+
+    program: Program
+    sizes: Sizes
+    bind: Mapping[str, Any]
+    act_dtype: torch.dtype | None = None
+    mode: str = "train"
+    codes: dict[tuple, list[_Code]] = field(default_factory=dict)
+    input_types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    factories: dict[tuple, Callable[[], nn.Module | nn.Parameter]] = field(default_factory=dict)
+    reads_layer: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+    def code(self, block: Block, s: Sizes, donated: bool, check: bool) -> _Code:
+        """The generated class for ``block`` under sizes ``s``: reused when its constants agree."""
+        candidates = self.codes.setdefault((block.name, donated, check), [])
+        for code in candidates:
+            if all(type(v) is type(w := s.value(e)) and v == w for e, v in code.consts):
+                return code
+        b = build_graph(block, s, mode=self.mode, donated=donated, check=check, program=self.program)
+        code = _generate(block.name, b.graph, dict(b.names), tuple(b.consts))
+        candidates.append(code)
+        return code
+
+    def factory(self, block: Block, d: KindDecl, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
+        """The constructor of declaration ``d`` under sizes ``s``, shared by the layers it agrees across.
+
+        Within one compilation the dims are fixed, so the arguments depend on the layer only
+        through ``num_layers``, the block's constants, and ``layer`` where an argument names it.
+        """
+        reads_layer = self.reads_layer.get((block.name, d.name))
+        if reads_layer is None:
+            reads_layer = self.reads_layer[(block.name, d.name)] = any(
+                C.LAYER in C.names_in(v) for _, v in d.args if isinstance(v, (C.Num, C.Name, C.Bin, C.Neg)))
+        env = s.env
+        key = (block.name, d.name, env[C.NUM_LAYERS], env[C.LAYER] if reads_layer else None,
+               tuple((type(env[c.name]), env[c.name]) for c in block.consts))
+        build = self.factories.get(key)
+        if build is None:
+            build = self.factories[key] = kind_factory(d, self.input_type(block, d.name), s)
+        return build
+
+    def input_type(self, block: Block, decl: str):
+        types = self.input_types.get(block.name)
+        if types is None:
+            types = self.input_types[block.name] = {d.name: _first_input_type(block, d.name) for d in block.decls}
+        return types[decl]
+
+    def block(self, block: Block, *, layer: int = 0, num_layers: int = 1, prefix: str = "",
+              donated: bool = False, check: bool = False) -> BlockModule:
+        s = self.sizes.for_block(block, layer, num_layers)
+        infer = self.mode == "infer"
+        root = self.code(block, s, donated, check).instance(block.name, layer)
+        for d in block.decls:
+            if isinstance(d, KindDecl):
+                input_type = self.input_type(block, d.name)
+                declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
+                set_nested(root, d.name, _placed(self.factory(block, d, s)(), declared or self.act_dtype), d.span)
+            elif isinstance(d, ExternDecl):
+                path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
+                bound = {d.name: self.bind[path]} if path in self.bind else {}
+                set_nested(root, d.name, _placed(bound_extern(d, bound, s), self.act_dtype), d.span)
+            elif d.count is None:
+                set_nested(root, d.name, self.block(self.program.block(d.block), prefix=f"{prefix}{d.name}.",
+                                                    donated=infer and _donates_to(block, d.name, donated)), d.span)
+            else:
+                n = int(s.value(d.count))
+                first = infer and _donates_to(block, d.name, donated)
+                sub = self.program.block(d.block)
+                set_nested(root, d.name, Stack(
+                    self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
+                               donated=first if i == 0 else infer) for i in range(n)), d.span)
+        return root
+
+
 def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str, Any], *,
                 layer: int = 0, num_layers: int = 1, prefix: str = "",
-                act_dtype: torch.dtype | None = None, mode: str = "train", donated: bool = False) -> fx.GraphModule:
+                act_dtype: torch.dtype | None = None, mode: str = "train", donated: bool = False,
+                check: bool = False) -> BlockModule:
     """Build the module tree and the graph of one block (recursing into sub-blocks and stacks).
 
     A declaration's parameters take the dtype of the value it is applied to when the IR states
     one (a bf16 branch inside an f32 residual stream), else ``act_dtype``. In ``mode="infer"``
     the residual adds that the liveness plan allows write over their shortcut's buffer; inputs
     are overwritten only when ``donated`` (a stack donates each layer's output to the next).
+    ``check`` makes the forward check its inputs against the block's declared axes.
     """
-    s = sizes.for_block(block, layer, num_layers)
-    root = nn.Module()
-    sub = dict(act_dtype=act_dtype, mode=mode)
-    infer = mode == "infer"
-    for d in block.decls:
-        if isinstance(d, KindDecl):
-            input_type = _first_input_type(block, d.name)
-            declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
-            set_nested(root, d.name, _placed(make_kind(d, input_type, s), declared or act_dtype))
-        elif isinstance(d, ExternDecl):
-            set_nested(root, d.name, _placed(bound_extern(d, {k[len(prefix):]: v for k, v in bind.items()
-                                                              if k.startswith(prefix)}, s), act_dtype))
-        elif d.count is None:
-            set_nested(root, d.name, lower_block(program, program.block(d.block), sizes, bind,
-                                                 prefix=f"{prefix}{d.name}.",
-                                                 donated=infer and _donates_to(block, d.name, donated), **sub))
-        else:
-            n = int(s.value(d.count))
-            first = infer and _donates_to(block, d.name, donated)
-            layers = nn.ModuleList(lower_block(program, program.block(d.block), sizes, bind, layer=i,
-                                               num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
-                                               donated=first if i == 0 else infer, **sub)
-                                   for i in range(n))
-            set_nested(root, d.name, layers)
-    b = GraphBuilder(block, s, layer, _inplace_adds(block, donated) if infer else None)
-    for op in block.inputs:
-        _lower_op(b, op)
-    b.ctx = b.graph.placeholder("**ctx")
-    for op in block.ops:
-        if not isinstance(op, O.InputOp):
-            _lower_op(b, op)
-    gm = fx.GraphModule(root, b.graph, class_name=block.name)
-    gm.blockir_values = dict(b.names)
-    gm.blockir_block = block.name
-    return gm
+    lowering = Lowering(program, sizes, bind, act_dtype, mode)
+    return lowering.block(block, layer=layer, num_layers=num_layers, prefix=prefix, donated=donated, check=check)

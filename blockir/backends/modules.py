@@ -1,6 +1,7 @@
 """Declarations → torch modules and parameters, named so state_dict keys equal the declared names."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Mapping
 
 import torch
@@ -16,17 +17,18 @@ from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block
 from blockir.ir.types import TensorType
 
-# which parameters a norm owns comes from the norm-family table; these add only the numerics
-NORMS: dict[str, Callable[..., nn.Module]] = {
-    "layernorm": lambda w, d, s, f: numerics.LayerNorm(
-        w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d), accum=numerics.ACCUM[d.arg("accum")],
-        offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass"))),
-    "rmsnorm": lambda w, d, s, f: numerics.RMSNorm(
-        w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"), accum=numerics.ACCUM[d.arg("accum")],
-        affine=f.weight(d)),
-    "scalenorm": lambda w, d, s, f: numerics.ScaleNorm(w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
-    "dyt": lambda w, d, s, f: numerics.DyT(w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
-    "l2norm": lambda w, d, s, f: numerics.L2Norm(w, s.value(d.arg("eps"))),
+# which parameters a norm owns comes from the norm-family table; these add only the numerics.
+# Each returns the module's constructor with its arguments evaluated (see kind_factory).
+NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
+    "layernorm": lambda w, d, s, f: partial(
+        numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
+        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass"))),
+    "rmsnorm": lambda w, d, s, f: partial(
+        numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
+        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d)),
+    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
+    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
+    "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
 }
 
 # roles of the matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
@@ -69,8 +71,8 @@ def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
     return float(s.value(v)) if v is not None else None
 
 
-def _attention(d: KindDecl, width: int, s: Sizes) -> nn.Module:
-    core = branches.AttentionCore(
+def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
+    core = dict(
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"))
@@ -79,52 +81,69 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> nn.Module:
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
                               names=layer_names(d.kind, dict(d.args)), qk_norm=d.arg("qk_norm"),
                               qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
-                              qk_norm_cast=d.arg("qk_norm_cast"), core=core)
+                              qk_norm_cast=d.arg("qk_norm_cast"))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))
-        return branches.SelfAttention(width, **kw)
-    return branches.CrossAttention(width, **kw)
+    cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
+    # each module gets its own core
+    return lambda: cls(width, core=branches.AttentionCore(**core), **kw)
 
 
-def _branch(d: KindDecl, width: int, s: Sizes) -> nn.Module:
+def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     if d.kind in ("self_attention", "cross_attention"):
         return _attention(d, width, s)
     names = layer_names(d.kind, dict(d.args))
     if d.kind == "mlp":
-        return branches.MLP(width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                            conv1d=d.arg("conv1d"), **names)
-    return branches.GatedMLP(width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                             fused=d.arg("fused"), **names)
+        return partial(branches.MLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
+                       conv1d=d.arg("conv1d"), **names)
+    return partial(branches.GatedMLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
+                   fused=d.arg("fused"), **names)
 
 
-def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module | nn.Parameter:
-    """Build the module (or bare parameter, for learned scales) of one declaration."""
+def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
+    """The constructor of one declaration's module (or bare parameter), its arguments evaluated now.
+
+    Each call builds fresh state; the fx lowering calls one factory for every layer of a stack
+    whose sizes agree, so a deep stack evaluates each declaration's arguments once.
+    """
     # an embedding reads token ids, whose last axis is the sequence: it takes its width from its arguments
     width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes and \
         d.kind != "embedding" else None
     if d.category == "norm":
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
     if d.kind == "linear":
-        return nn.Linear(s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
+        return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
-        return branches.Embedding(s.dim(d.arg("vocab")), s.dim(d.arg("width")), positions=d.arg("positions"),
-                                  scale=_opt_float(s, d, "scale"))
+        return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
+                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"))
     if d.kind == "head" and width is not None:
-        return branches.Head(width, s.dim(d.arg("vocab")), bias=d.arg("bias"), softcap=_opt_float(s, d, "softcap"))
+        return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
+                       softcap=_opt_float(s, d, "softcap"))
     if d.category in ("scale", "shift"):
         # init is the initial gain; with offset=1 the stored deviation starts at init - 1
         init = float(s.value(d.arg("init"))) - d.arg("offset", 0)
         shape = (s.dim(d.arg("axis")),) if d.arg("axis") is not None else ()
-        return nn.Parameter(torch.full(shape, init))
+        return lambda: nn.Parameter(torch.full(shape, init))
     if d.kind == "activation":
-        return Activation(d.arg("fn"))
+        return partial(Activation, d.arg("fn"))
     if width is None:
         raise BlockError([error("E0703", f"'{d.name}' is declared but never applied, so its width is unknown", d.span)])
-    module = _branch(d, width, s)
-    if d.arg("init_gain") is not None:
-        _apply_gain(module, d.kind, float(s.value(d.arg("init_gain"))))
-    return module
+    build = _branch(d, width, s)
+    if d.arg("init_gain") is None:
+        return build
+    kind, gain = d.kind, float(s.value(d.arg("init_gain")))
+
+    def gained() -> nn.Module:
+        module = build()
+        _apply_gain(module, kind, gain)
+        return module
+    return gained
+
+
+def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module | nn.Parameter:
+    """Build the module (or bare parameter, for learned scales) of one declaration."""
+    return kind_factory(d, input_type, s)()
 
 
 def tie_heads(module: nn.Module, block: Block) -> None:

@@ -6,40 +6,57 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from blockir.backends.fx import invoke
+from blockir.backends.fx import SPLAT, BlockModule, Stack
 from blockir.diagnostics import BlockError, argument_error
 
 
 class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, prefix: str, values: dict[str, torch.Tensor]):
-        super().__init__(gm)
+    """Interprets one block's graph; sub-blocks and stack layers are recorded under their path."""
+
+    def __init__(self, gm: BlockModule, prefix: str, values: dict[str, torch.Tensor], ctx: dict[str, Any]):
+        # the graph the code was generated from; reading gm.graph would give a layer a private copy
+        super().__init__(gm, graph=gm._graph)
         self.prefix = prefix
         self.values = values
+        self.ctx = ctx
         self.by_node = {node: ssa for ssa, node in gm.blockir_values.items()}
 
+    @staticmethod
+    def _kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A node's keyword arguments with the context it passes on (``"**"``) spread out."""
+        rest = {k: v for k, v in kwargs.items() if k != SPLAT}
+        return {**kwargs[SPLAT], **rest} if SPLAT in kwargs else rest
+
+    def call_module(self, target: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        submod = self.fetch_attr(target)
+        kwargs = self._kwargs(kwargs)
+        if is_compiled(submod):
+            return _Recorder(submod, f"{self.prefix}{target}.", self.values, kwargs).run(*args)
+        if isinstance(submod, Stack):
+            x, *rest = args
+            for i, layer in enumerate(submod):
+                x = _Recorder(layer, f"{self.prefix}{target}.{i}.", self.values, kwargs).run(x, *rest)
+            return x
+        return submod(*args, **kwargs)
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        kwargs = self._kwargs(kwargs)
+        return target(*args, **kwargs)
+
+    def placeholder(self, target: str, args: tuple, kwargs: dict) -> Any:
+        if target.startswith("**"):
+            return self.ctx
+        return super().placeholder(target, args, kwargs)
+
     def run_node(self, n: fx.Node) -> Any:
-        if n.op == "call_function" and n.target is invoke and is_compiled(self.fetch_attr(n.args[0].target)):
-            sub = self.fetch_attr(n.args[0].target)
-            _, ctx, *args = self.map_nodes_to_values(n.args, n)
-            result = _Recorder(sub, f"{self.prefix}{n.args[0].target}.", self.values).run(*args, **ctx)
-        else:
-            result = super().run_node(n)
+        result = super().run_node(n)
         if n.name in self.by_node:
             self.values[self.prefix + self.by_node[n.name]] = result
         return result
 
-    def placeholder(self, target: str, args: tuple, kwargs: dict) -> Any:
-        if target.startswith("**"):
-            return self._ctx
-        return super().placeholder(target, args, kwargs)
-
-    def run(self, *args: Any, **ctx: Any) -> Any:  # type: ignore[override]
-        self._ctx = ctx
-        return super().run(*args)
-
 
 def is_compiled(module: Any) -> bool:
-    return isinstance(module, fx.GraphModule) and hasattr(module, "blockir_values")
+    return isinstance(module, BlockModule)
 
 
 def trace(module: fx.GraphModule, *inputs: torch.Tensor, **ctx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -48,7 +65,7 @@ def trace(module: fx.GraphModule, *inputs: torch.Tensor, **ctx: Any) -> tuple[to
         raise BlockError([argument_error("trace", "module", f"trace expects a module returned by blockir.compile, got "
                                          f"{type(module).__name__}")])
     values: dict[str, torch.Tensor] = {}
-    out = _Recorder(module, "", values).run(*inputs, **ctx)
+    out = _Recorder(module, "", values, ctx).run(*inputs)
     return out, values
 
 

@@ -12,6 +12,7 @@ from blockir.grammar.lowering import BlockSignature, Lowerer, role_of, to_const
 from blockir.grammar.scope import Scope, suggest
 from blockir.ir import consts as C
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
+from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import KINDS, ArgSpec, KindSpec
 from blockir.ir.ops import AddOp, InputOp, OutputOp
 from blockir.ir.program import Block, Const, Program
@@ -287,6 +288,13 @@ class Builder:
         decls = []
         for s in b.body:
             if isinstance(s, ast.DeclAst) and scope.define(s.name, s.span, "declaration"):
+                why = reserved_declaration(s.name)
+                if why is not None:
+                    self.err("E0102", f"declaration '{s.name}' {why}", s.span,
+                             "a declaration becomes a submodule at its name, and this one cannot; rename it "
+                             "(and the checkpoint keys under it)")
+                    scope.poisoned.add(s.name)
+                    continue
                 d = self.decl(s, scope)
                 if d is not None:
                     scope.decls[s.name] = d

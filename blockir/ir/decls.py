@@ -36,7 +36,10 @@ class KindDecl:
         return self.spec.category
 
     def arg(self, name: str, default: Any = None) -> Any:
-        return next((v for k, v in self.args if k == name), default)
+        for key, value in self.args:  # a plain loop: compiling a deep stack asks this thousands of times
+            if key == name:
+                return value
+        return default
 
 
 @dataclass(frozen=True)

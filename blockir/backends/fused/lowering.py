@@ -29,16 +29,16 @@ def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module
 
 
 def lower_fused(b: GraphBuilder, op: FusedAddNormOp) -> fx.Node:
-    p = float(b.sizes.value(op.p)) if op.p is not None else 0.0
+    p = float(b.value(op.p)) if op.p is not None else 0.0
     if op.branch_param is not None:
         scale: fx.Node | float | None = b.attr(op.branch_param)
     else:
-        scale = float(b.sizes.value(op.branch_factor)) if op.branch_factor is not None else None
-    shortcut_scale = float(b.sizes.value(op.shortcut_factor)) if op.shortcut_factor is not None else 1.0
+        scale = float(b.value(op.branch_factor)) if op.branch_factor is not None else None
+    shortcut_scale = float(b.value(op.shortcut_factor)) if op.shortcut_factor is not None else 1.0
     seed = b.seed_node() if p > 0.0 else None
     site = site_id(op.site) if op.site is not None else 0
     pair = b.fn(fused_boundary, (b.env[op.branch], b.env[op.shortcut], b.attr(op.decl), scale, shortcut_scale, p,
-                                 b.training_flag(), seed, b.layer, site))
+                                 b.training_flag(), seed, b.layer_index(), site))
     for index, ssa in enumerate(op.results):
         b.bind(ssa, b.graph.create_node("call_function", operator.getitem, (pair, index), {}, name=node_name(ssa)))
     return pair
