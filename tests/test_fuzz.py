@@ -9,15 +9,13 @@ another name of the file; change a dim's role. ``blockir check`` must exit 0,
 small sizes and run one forward raising nothing but ``BlockError``.
 
 CI runs a fixed set of cases (derandomized); ``BLOCKIR_FUZZ=N`` runs N fresh
-random cases. A failure prints the mutated text. Escapes that lie in the fx
-lowering of names are listed in ``KNOWN_ESCAPES`` and marked xfail with the
-name that caused them (one expected failure lists them all), to be removed
-when the lowering handles such names.
+random cases. A failure prints the mutated text. No exception is excused: a
+name the lowering cannot use is reserved by ``check`` (E0102), every other
+name compiles under its own key.
 """
 from __future__ import annotations
 
 import io
-import keyword
 import os
 import re
 import subprocess
@@ -52,14 +50,6 @@ ROLES = ["batch", "seq", "model", "hidden", "heads", "head_dim"]
 SMALL = {"batch": 2, "seq": 3, "model": 8, "hidden": 16, "heads": 2, "head_dim": 4}
 MAX_FUZZ_LAYERS = 8  # depth is not what this test explores; deep stacks are covered by test_resources
 
-# Names whose lowering to fx/nn.Module fails outside BlockError: a declaration or value named after an
-# attribute of nn.Module or fx.GraphModule, or a Python keyword, used as a Python identifier. Each
-# entry is removed once the lowering generates safe identifiers (or check reserves the name).
-KNOWN_ESCAPES = {*keyword.kwlist, "forward", "training", "to", "cuda", "state_dict", "register_buffer", "code",
-                 "graph", "_modules", "__class__", "self"}
-
-KNOWN_SEEN: set[str] = set()  # filled by the fuzz test, reported by test_known_escapes_are_expected_failures
-
 RUNS = int(os.environ.get("BLOCKIR_FUZZ", "0"))
 FUZZ = settings(max_examples=RUNS or 200, derandomize=not RUNS, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -74,10 +64,9 @@ def _solid(toks: list[str]) -> list[int]:
 
 
 @st.composite
-def mutant(draw) -> tuple[str, set[str]]:
-    """A mutated file, and the odd names it introduced."""
+def mutant(draw) -> str:
+    """A mutated file."""
     toks = tokens(TEXTS[draw(st.integers(0, len(TEXTS) - 1))])
-    odd: set[str] = set()
     for _ in range(draw(st.integers(1, 3))):
         solid = _solid(toks)
         how = draw(st.sampled_from(["delete", "duplicate", "swap", "number", "name", "rename", "role"]))
@@ -97,7 +86,6 @@ def mutant(draw) -> tuple[str, set[str]]:
             names = sorted({toks[k] for k in solid if IDENT.fullmatch(toks[k])})
             old = draw(st.sampled_from(names))
             new = draw(st.sampled_from(ODD_NAMES + names))
-            odd |= {new.split(".")[-1]} & KNOWN_ESCAPES
             if how == "rename":
                 toks = [new if t == old else t for t in toks]
             else:
@@ -106,7 +94,7 @@ def mutant(draw) -> tuple[str, set[str]]:
             roles = [k for k in solid if toks[k] in ROLES]
             if roles:
                 toks[draw(st.sampled_from(roles))] = draw(st.sampled_from(ROLES))
-    return "".join(toks), odd
+    return "".join(toks)
 
 
 def check(path: Path) -> int:
@@ -141,9 +129,8 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @FUZZ
-@given(case=mutant())
-def test_mutated_files_check_and_compile_without_escaping(scratch: Path, case: tuple[str, set[str]]) -> None:
-    text, odd = case
+@given(text=mutant())
+def test_mutated_files_check_and_compile_without_escaping(scratch: Path, text: str) -> None:
     path = scratch / "mutant.block"
     path.write_text(text)
     if check(path) != 0:
@@ -153,15 +140,7 @@ def test_mutated_files_check_and_compile_without_escaping(scratch: Path, case: t
     except BlockError:
         pass
     except Exception as exc:  # noqa: BLE001  every other exception is an escape
-        if not odd:
-            raise AssertionError(f"{type(exc).__name__}: {exc}\n--- mutated file ---\n{text}") from exc
-        KNOWN_SEEN.add(f"{', '.join(sorted(odd))}: {type(exc).__name__}: {str(exc)[:120]}")
-
-
-def test_known_escapes_are_expected_failures() -> None:
-    """Runs after the fuzz test: the escapes it excused, shown as one expected failure."""
-    if KNOWN_SEEN:
-        pytest.xfail("escapes in the lowering of names (KNOWN_ESCAPES): " + " | ".join(sorted(KNOWN_SEEN)))
+        raise AssertionError(f"{type(exc).__name__}: {exc}\n--- mutated file ---\n{text}") from exc
 
 
 @pytest.mark.parametrize("text", [
