@@ -67,7 +67,7 @@ def _rotate_pairs(x: Tensor) -> Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, rotary: int | None = None) -> Tensor:
     """Rotate the first ``cos.shape[-1]`` coordinates of ``x`` [B, H, S, hd] by tables [B or 1, S, rd].
 
     Rotate-half pairs coordinate ``i`` with ``i + rd/2`` (the layout HF LLaMA-style
@@ -75,9 +75,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -
     The remaining coordinates pass through (partial rotary, GPT-NeoX and Phi).
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotary = cos.shape[-1]
     turn = _rotate_pairs if interleaved else _rotate_half
-    if rotary == x.shape[-1]:
+    if rotary is None:  # a module passes its own widths, so that symbolic tracing meets no shape test
         return x * cos + turn(x) * sin
     rot, rest = x[..., :rotary], x[..., rotary:]
     return torch.cat((rot * cos + turn(rot) * sin, rest), dim=-1)
@@ -107,13 +106,14 @@ def dense(in_features: int, out_features: int, bias: bool, conv1d: bool) -> nn.M
     return Conv1D(in_features, out_features, bias) if conv1d else nn.Linear(in_features, out_features, bias=bias)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool) -> Tensor:
+def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
+            groups: int) -> Tensor:
     """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
 
     The fast path is one ``scaled_dot_product_attention``; the eager path (and any soft-capped
-    attention) spells out HF's eager reference op for op, so it is bit-exact against it.
+    attention) spells out HF's eager reference op for op, so it is bit-exact against it. ``groups``
+    (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     """
-    groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     if core.window is not None:
         masks.window(core.window, q.device)
@@ -239,7 +239,7 @@ class _Projections(nn.Module):
         return getattr(self, self.names[role])(t)
 
     def out(self, y: Tensor) -> Tensor:
-        return getattr(self, self.names["o"])(y.reshape(*y.shape[:-2], -1))
+        return getattr(self, self.names["o"])(y.flatten(-2))
 
     def masks(self, x: Tensor, keys: int) -> MaskBuilder:
         return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, x.shape[1], keys))
@@ -305,8 +305,10 @@ class SelfAttention(_Projections):
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, x.dtype,
                                                    interleaved)
             cos, sin = position_embeddings
-            q, k = apply_rope(q, cos, sin, interleaved), apply_rope(k, cos, sin, interleaved)
-        return self.out(_attend(q, k, v, masks, self.core, self.training))
+            rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
+            q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
+        return self.out(_attend(q, k, v, masks, self.core, self.training,
+                                     self.heads // self.kv_heads))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \
@@ -333,7 +335,8 @@ class CrossAttention(_Projections):
         masks.attention_mask(memory_mask, "memory_mask")
         masks.key_padding_mask(memory_key_padding_mask, "memory_key_padding_mask")
         q, k, v = self.project(x, memory)
-        return self.out(_attend(q, k, v, masks, self.core, self.training))
+        return self.out(_attend(q, k, v, masks, self.core, self.training,
+                                     self.heads // self.kv_heads))
 
 
 class MLP(nn.Module):
