@@ -18,9 +18,9 @@ and the analysis is empty.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
+from blockir.analyses.cache import per_object
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, InstanceDecl, Param
 from blockir.ir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp
@@ -155,17 +155,9 @@ class _Analyser:
         return first
 
 
-_CACHE: dict[int, tuple[weakref.ref[Program], _Analyser]] = {}
-
-
+@per_object
 def _analyser(program: Program) -> _Analyser:
-    key = id(program)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is program:
-        return hit[1]
-    a = _Analyser(program)
-    _CACHE[key] = (weakref.ref(program, lambda _, key=key, cache=_CACHE: cache.pop(key, None)), a)
-    return a
+    return _Analyser(program)
 
 
 def layouts(program: Program, block: Block, given: tuple[Layout, ...] | None = None) -> BlockLayouts:

@@ -309,3 +309,14 @@ def drop_final_norms(program: Program, block_name: str) -> tuple[list[Block], li
                 removed.append(f"{owner.name}.{op.decl}")
         edited.append(edit.build())
     return edited, removed
+
+
+def remove_all_norms(program: Program, block_name: str, block: Block, edit: "BlockEdit") -> tuple[list[Block], list[str]]:
+    """Remove every norm of ``block`` (through ``edit``) and the final norms of the models that stack it:
+    the edited models and the change lines, for a recipe whose contract is no normalization at all."""
+    norms = [op for op in block.ops if isinstance(op, O.NormOp)]
+    for op in norms:
+        edit.remove_norm(op)
+    changes = [f"removed norm '{d}'" for d in dict.fromkeys(op.decl for op in norms)]
+    models, removed = drop_final_norms(program, block_name)
+    return models, changes + [f"removed the final norm {r}" for r in removed]

@@ -12,11 +12,20 @@ applied after the branch's dropout, where the add reads the update.
 """
 from __future__ import annotations
 
-from blockir.ir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, drop_final_norms, finish, num,
-                                  replace_blocks, sublayers, target_block)
+from blockir.rewrites.recipes.base import (
+    BlockEdit,
+    RecipeError,
+    RecipeResult,
+    Report,
+    finish,
+    num,
+    remove_all_norms,
+    replace_blocks,
+    sublayers,
+    target_block,
+)
 
 
 def apply(program: Program, block_name: str, *, remove_norms: bool = True) -> RecipeResult:
@@ -37,12 +46,8 @@ def apply(program: Program, block_name: str, *, remove_norms: bool = True) -> Re
             changes.append(f"'{b.name}': update gated by {gate} = scalar(init=0)")
     models = []
     if remove_norms:
-        norms = [op for op in block.ops if isinstance(op, O.NormOp)]
-        for op in norms:
-            edit.remove_norm(op)
-        changes += [f"removed norm '{d}'" for d in dict.fromkeys(op.decl for op in norms)]
-        models, removed = drop_final_norms(program, block_name)
-        changes += [f"removed the final norm {r}" for r in removed]
+        models, removed_lines = remove_all_norms(program, block_name, block, edit)
+        changes += removed_lines
     result = finish(replace_blocks(program, [edit.build(), *models]))
     notes = ["paper contract: no normalization anywhere" if remove_norms else
              "norms kept: a ReZero-gated variant of the block, not the paper's normalization-free contract",

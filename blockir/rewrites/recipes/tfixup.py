@@ -15,11 +15,23 @@ the report.
 from __future__ import annotations
 
 from blockir.ir import consts as C
-from blockir.ir import ops as O
 from blockir.ir.program import Program
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
-                                  gained_branches, has_cross_attention, name, num, replace_blocks, stack_depths,
-                                  target_block)
+from blockir.rewrites.recipes.base import (
+    BlockEdit,
+    RecipeError,
+    RecipeResult,
+    Report,
+    binop,
+    finish,
+    gained_branches,
+    has_cross_attention,
+    name,
+    num,
+    remove_all_norms,
+    replace_blocks,
+    stack_depths,
+    target_block,
+)
 
 SIDES = ("encoder", "decoder")
 NUM_LAYERS = name(C.NUM_LAYERS)
@@ -48,12 +60,8 @@ def apply(program: Program, block_name: str, *, side: str | None = None) -> Reci
     for decl in gained_branches(block, "T-Fixup"):
         edit.set_arg(decl.name, "init_gain", name("gain"))
         changes.append(f"'{decl.name}' ({decl.kind}): init_gain=gain")
-    norms = [op for op in block.ops if isinstance(op, O.NormOp)]
-    for op in norms:
-        edit.remove_norm(op)
-    changes += [f"removed norm '{d}'" for d in dict.fromkeys(op.decl for op in norms)]
-    models, removed = drop_final_norms(program, block_name)
-    changes += [f"removed the final norm {r}" for r in removed]
+    models, removed_lines = remove_all_norms(program, block_name, block, edit)
+    changes += removed_lines
     result = finish(replace_blocks(program, [edit.build(), *models]))
     consts = []
     for depth in stack_depths(program, block_name):
