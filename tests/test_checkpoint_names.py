@@ -1,0 +1,67 @@
+"""Checkpoint names as released: index path parts and single-element parameters of either shape."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import blockir
+from blockir.analyses.keys import param_keys
+from blockir.ir.printer import format_program
+
+HEADER = "dim B: batch\ndim S: seq\ndim D: model = 8\n"
+
+NESTED = HEADER + """
+block T(x: [B, S, D]) -> [B, S, D] {
+  layers.2.0.0.gamma: scalar(init=0.5)
+  layers.2.norm: rmsnorm([D], accum=f64)
+  h = layers.2.norm(x)
+  return x + layers.2.0.0.gamma * h
+}
+"""
+
+
+class Gamma(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.tensor(0.7, dtype=torch.float64))
+
+
+def _nested_reference() -> nn.Module:
+    """A ModuleList inside a ModuleList, as released code builds it: ``layers.2.0.0.gamma``."""
+    ref = nn.Module()
+    inner = nn.ModuleList([nn.ModuleList([Gamma()])])
+    inner.norm = nn.RMSNorm(8, eps=1e-6, dtype=torch.float64)
+    with torch.no_grad():
+        inner.norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+    ref.layers = nn.ModuleList([nn.Identity(), nn.Identity(), inner])
+    return ref
+
+
+def _x() -> Tensor:
+    return torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
+def test_index_parts_parse_print_and_key() -> None:
+    program = blockir.parse(NESTED)
+    assert blockir.parse(format_program(program)) == program
+    assert [k.name for k in param_keys(program, "T").keys] == ["layers.2.0.0.gamma", "layers.2.norm.weight"]
+
+
+@pytest.mark.parametrize("backend", ["fx", "fused"])
+def test_index_parts_load_a_nested_module_list_strictly(backend: str) -> None:
+    ref = _nested_reference()
+    m = blockir.compile(blockir.parse(NESTED), "T", backend=backend, dims={"B": 2, "S": 3}, dtype=torch.float64)
+    assert list(m.state_dict()) == list(ref.state_dict())
+    m.load_state_dict(ref.state_dict(), strict=True)
+    assert blockir.reconcile(blockir.parse(NESTED), "T", ref.state_dict()).ok
+    x = _x()
+    inner = ref.layers[2]
+    torch.testing.assert_close(m(x), x + inner[0][0].gamma * inner.norm(x), rtol=0, atol=1e-12)
+    assert m.get_submodule("layers.2.0.0").gamma is m.state_dict(keep_vars=True)["layers.2.0.0.gamma"]
+
+
+def test_a_name_cannot_start_with_an_index() -> None:
+    with pytest.raises(blockir.BlockError) as exc:
+        blockir.parse(HEADER + "block T(x: [B, S, D]) -> [B, S, D] {\n  2.g: scalar\n  return g * x\n}\n", "t.block")
+    assert exc.value.diagnostics[0].span.line == 5
