@@ -9,7 +9,7 @@ stack prefixes each layer with ``name.i.``. An extern is bound from Python, so
 its keys are unknown and reported as such.
 
 Reconciliation never loads anything: it reports every missing, unexpected and
-mis-shaped key and explains family mismatches (a LayerNorm bias offered to an
+mis-shaped key (a single number stored 0-d or as ``[1]`` fits either way) and explains family mismatches (a LayerNorm bias offered to an
 RMSNorm), because a partial load silently changes the model.
 """
 from __future__ import annotations
@@ -264,6 +264,15 @@ class Reconciliation:
         return "\n".join(lines)
 
 
+SINGLE: frozenset[Shape] = frozenset({(), (1,)})
+
+
+def fits(expected: Shape, given: Shape) -> bool:
+    """Whether a checkpoint tensor of shape ``given`` loads into a parameter of shape ``expected``:
+    equal shapes, or one number stored 0-d or as ``[1]`` (the compiled module reshapes it on load)."""
+    return given == expected or (given in SINGLE and expected in SINGLE)
+
+
 def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
     return BlockError([argument_error("reconcile", argument, message, hint)])
 
@@ -321,6 +330,6 @@ def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, An
     unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
     missing = {k for k in expected if k not in given}
     unexpected = {k for k in given if k not in expected and k not in unchecked}
-    misshaped = tuple((k, expected[k], given[k]) for k in expected if k in given and given[k] != expected[k])
+    misshaped = tuple((k, expected[k], given[k]) for k in expected if k in given and not fits(expected[k], given[k]))
     return Reconciliation(name, tuple(sorted(missing)), tuple(sorted(unexpected)), misshaped,
                           tuple(_families(table, missing, unexpected)), tuple(unchecked))

@@ -31,12 +31,14 @@ import operator
 import re
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
 from torch import nn
 
+from blockir.analyses.keys import SINGLE
 from blockir.analyses.sizes import Sizes
 from blockir.backends import numerics
 from blockir.backends.modules import bound_extern, kind_factory
@@ -312,6 +314,24 @@ def _generate(name: str, graph: fx.Graph, values: dict[str, str],
 
 
 # ---------------------------------------------------------------- graph building
+
+
+def _single_numbers(path: str, value: nn.Module | nn.Parameter) -> list[tuple[str, torch.Size]]:
+    """(path, shape) of the one-element parameters a declaration registers directly (a ``scalar``,
+    DyT's ``alpha``, ScaleNorm's ``scale``), whose checkpoints store them 0-d or as ``[1]``."""
+    if isinstance(value, nn.Parameter):
+        return [(path, value.shape)] if value.shape in SINGLE else []
+    return [(f"{path}.{name}", p.shape) for name, p in value._parameters.items()
+            if p is not None and p.shape in SINGLE]
+
+
+def _reshape_single(single: tuple[tuple[str, torch.Size], ...], module: nn.Module, state_dict: dict[str, Any],
+                    prefix: str, *_: Any) -> None:
+    """Load-time hook: give a one-number checkpoint tensor the shape of its parameter, 0-d or ``[1]``."""
+    for path, shape in single:
+        value = state_dict.get(prefix + path)
+        if isinstance(value, torch.Tensor) and value.shape != shape and value.shape in SINGLE:
+            state_dict[prefix + path] = value.reshape(shape)
 
 
 def set_nested(root: nn.Module, dotted: str, value: nn.Module | nn.Parameter, span: Span | None = None) -> None:
@@ -638,11 +658,14 @@ class Lowering:
         s = self.sizes.for_block(block, layer, num_layers)
         infer = self.mode == "infer"
         root = self.code(block, s, donated, check).instance(block.name, layer)
+        single: list[tuple[str, torch.Size]] = []
         for d in block.decls:
             if isinstance(d, KindDecl):
                 input_type = self.input_type(block, d.name)
                 declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
-                set_nested(root, d.name, _placed(self.factory(block, d, s)(), declared or self.act_dtype), d.span)
+                value = _placed(self.factory(block, d, s)(), declared or self.act_dtype)
+                set_nested(root, d.name, value, d.span)
+                single += _single_numbers(d.name, value)
             elif isinstance(d, ExternDecl):
                 path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
                 bound = {d.name: self.bind[path]} if path in self.bind else {}
@@ -657,6 +680,8 @@ class Lowering:
                 set_nested(root, d.name, Stack(
                     self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
                                donated=first if i == 0 else infer) for i in range(n)), d.span)
+        if single:
+            root.register_load_state_dict_pre_hook(partial(_reshape_single, tuple(single)))
         return root
 
 
