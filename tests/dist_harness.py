@@ -20,18 +20,37 @@ def _placements(t: Any) -> str:
     return ",".join(map(str, t.placements)) if isinstance(t, DTensor) else "local"
 
 
+def _gather_batch(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """The full batch from each data-parallel rank's slice, in rank order."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts)
+
+
 def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
-         mode: str) -> dict[str, Any]:
+         mode: str, dp: int = 1) -> dict[str, Any]:
     import blockir
     m = blockir.compile(program, name, dims=dims, seed=0)
     m.train(mode == "train")
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    group = None
     if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
         from blockir.backends.distributed import parallelize
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+        world = dist.get_world_size()
+        if dp == 1:
+            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        else:
+            mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("dp", "tp"))
+            group = mesh["dp"].get_group()
+            # each data-parallel rank takes its slice of the batch; FSDP averages gradients over dp, so the
+            # slice's output gradient is scaled by dp to sum them as the full-batch run does
+            rows = shape[0] // dp
+            i = mesh["dp"].get_local_rank()
+            x, grad_out = x[i * rows:(i + 1) * rows], grad_out[i * rows:(i + 1) * rows] * dp
         parallelize(m, mesh, program, name, layout=layout, dims=dims)
+    x = x.clone().requires_grad_(True)
     seen: dict[str, str] = {}
 
     def record(path: str) -> Any:
@@ -45,7 +64,10 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tupl
     y.backward(grad_out)
     for h in hooks:
         h.remove()
-    return dict(y=y.detach(), dx=x.grad.detach(),
+    y, dx = y.detach(), x.grad.detach()
+    if group is not None:
+        y, dx = _gather_batch(y, group), _gather_batch(dx, group) / dp
+    return dict(y=y, dx=dx,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen)
 
@@ -63,13 +85,13 @@ def _worker(rank: int, world: int, store: str, out: str, args: tuple[Any, ...]) 
 
 
 def compare(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
-            world: int = 2, mode: str = "eval") -> tuple[Any, Any]:
-    """(reference, parallel) runs: output ``y``, input gradient ``dx``, parameter gradients ``grads`` (gathered),
-    the placement of each parameter (``params``) and of the first input of each top-level submodule (``inputs``)."""
+            world: int = 2, mode: str = "eval", dp: int = 1) -> tuple[Any, Any]:
+    """(reference, parallel) runs over ``world`` ranks, on a ``(dp, world // dp)`` mesh when ``dp`` > 1: output
+    ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each top-level submodule (``inputs``)."""
     ref = _run(program, name, dims, None, shape, mode)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
-        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, (program, name, dims, layout, shape, mode)),
+        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, (program, name, dims, layout, shape, mode, dp)),
                  nprocs=world, join=True)
         par = torch.load(out)
     return ref, par

@@ -56,3 +56,27 @@ def test_a_bad_placement_is_reported_where_it_is_written(typ: str, code: str, me
     with pytest.raises(blockir.BlockError) as info:
         blockir.parse(text, "bad.block")
     assert [(d.code, d.message, d.span.line) for d in info.value.diagnostics][0] == (code, message, 6)
+
+
+def test_the_manifest_states_parallel_layout_when_the_file_has_a_mesh() -> None:
+    from blockir.analyses.manifest import program_manifest
+    prog = blockir.parse(SP.replace("  f: extern(x: [B, S, D; tp=replicate]) -> [B, S, D; tp=shard(S)]\n", ""), "sp.block")
+    pl = program_manifest(prog)["parallel_layout"]
+    assert pl["mesh"] == ["tp"]
+    model = pl["blocks"]["M"]
+    assert model["inputs"] == {"x": "tp=shard(S)"}
+    assert model["output"] == "tp=shard(S)"
+    assert model["stream"] == "sequence"
+    assert model["params"]["layers.0.mlp.fc1.weight"] == "shard(0)"
+    assert model["params"]["layers.1.mlp.fc2.weight"] == "shard(1)"
+    assert model["params"]["layers.1.mlp.fc2.bias"] == "replicate"
+    assert model["params"]["norm.weight"] == "replicate (gradient summed over tp)"
+    layer = pl["blocks"]["Layer"]  # analysed under its own (absent) declarations
+    assert (layer["inputs"], layer["output"], layer["stream"]) == ({"x": "replicated"}, "replicated", "replicated")
+    assert layer["params"]["norm.weight"] == "replicate"
+
+
+def test_the_manifest_has_no_parallel_layout_without_a_mesh() -> None:
+    from blockir.analyses.manifest import program_manifest
+    from conftest import ROOT
+    assert "parallel_layout" not in program_manifest(blockir.load(ROOT / "examples" / "llama.block"))

@@ -5,6 +5,11 @@ placement, reduction axes, epsilon, centering, scale, bias, accumulation
 dtype), residual and branch scales, branch dropout and dtypes. For a model:
 its layers and the final norm. Values are evaluated for layer 0 of the first
 stack that instantiates the block.
+
+A file that states a mesh also gets ``parallel_layout``, runtime ownership kept
+apart from the architecture: the mesh axes and, per block, the placement of
+its inputs and result at the block boundary, the stream layout these imply and
+each parameter's placement in the derived tensor-parallel plan.
 """
 from __future__ import annotations
 
@@ -12,13 +17,16 @@ from typing import Any
 
 import yaml
 
+from blockir.analyses.layouts import BlockLayouts, describe_layout, layouts, meshes, placement
 from blockir.analyses.norms import family
-from blockir.analyses.sizes import Env, block_env, layer_counts, program_env, value
+from blockir.analyses.parallel import derive_plan
+from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
+from blockir.ir.types import Layout, Role
 from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm
 
 PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final"}
@@ -133,15 +141,58 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
     return fields
 
 
+STREAM_ROLES = {Role.SEQ: "sequence", Role.MODEL: "hidden"}
+
+
+def _stream_layout(program: Program, layout: Layout, mesh: str) -> str | None:
+    """The plan's name for a stream placed ``layout`` over ``mesh``; None when no plan applies (partial, batch)."""
+    p = placement(layout, mesh)
+    if p.kind == "replicate":
+        return "replicated"
+    return STREAM_ROLES.get(program.dim_map[p.axis].role) if p.kind == "shard" and p.axis else None
+
+
+def _boundaries(ctx: BlockLayouts) -> dict[str, Any]:
+    block = ctx.block
+    returned = block.output.value if block.output is not None else None
+    result = block.result_layout or (ctx.of(returned) if returned else ())
+    return {"inputs": {p.name: describe_layout(layout) for p, layout in zip(block.params, ctx.inputs)},
+            "output": describe_layout(result)}
+
+
+def parallel_layout(program: Program, blocks: list[Block], base: Env) -> dict[str, Any]:
+    """Runtime ownership of ``blocks``: empty for a file without a mesh axis."""
+    axes = meshes(program)
+    if not axes:
+        return {}
+    out: dict[str, Any] = {"mesh": list(axes), "blocks": {}}
+    for b in blocks:
+        ctx = layouts(program, b)
+        entry = _boundaries(ctx)
+        stream = _stream_layout(program, ctx.inputs[0], axes[0]) if len(axes) == 1 and b.params else None
+        if stream is not None:
+            world = base.get(axes[0])
+            plan = derive_plan(program, b, Sizes.of(program), stream, int(world) if world else 1)
+            entry |= {"stream": stream, "params": dict(plan.params)}
+        out["blocks"][b.name] = entry
+    return out
+
+
 def program_manifest(program: Program, blocks: list[Block] | None = None) -> dict[str, Any]:
-    """The manifest of every block (or of ``blocks``), keyed by block name."""
+    """The manifest of every block (or of ``blocks``), keyed by block name, and their ``parallel_layout``
+    when the file states a mesh."""
     base = program_env(program)
     counts = layer_counts(program, base)
     cache: dict[str, Classification] = {}
     chosen = program.blocks if blocks is None else blocks
-    return {"file": program.filename,
-            "blocks": {b.name: block_manifest(program, b, block_env(base, b, 0, counts.get(b.name, (1,))[0]), cache)
-                       for b in chosen}}
+    out: dict[str, Any] = {
+        "file": program.filename,
+        "blocks": {b.name: block_manifest(program, b, block_env(base, b, 0, counts.get(b.name, (1,))[0]), cache)
+                   for b in chosen}}
+    ownership = parallel_layout(program, chosen, base)
+    if ownership:
+        out["parallel_layout"] = ownership
+    return out
 
 
 class _Dumper(yaml.SafeDumper):

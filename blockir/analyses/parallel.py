@@ -67,6 +67,7 @@ class ParallelPlan:
     modules: list[ModuleStyle] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # state_dict key → placement
     collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
+    layers: list[str] = field(default_factory=list)  # module path of every stacked layer, in order
 
     def styles(self) -> dict[str, str]:
         return {m.path: m.style for m in self.modules}
@@ -97,6 +98,7 @@ class _Planner:
                     self.block(sub, path + ".", layer)
                 else:
                     for i in range(sizes.count(d.count, f"stack '{d.name}'", d.span)):
+                        self.plan.layers.append(f"{path}.{i}")
                         self.block(sub, f"{path}.{i}.", f"{path}.{i}")
             elif isinstance(d, ExternDecl):
                 self.plan.modules.append(ModuleStyle(path, "extern", "extern"))

@@ -1,4 +1,4 @@
-"""Apply a derived tensor-parallel plan to a compiled module with ``parallelize_module``."""
+"""Apply a derived tensor-parallel plan to a compiled module with ``parallelize_module``, and FSDP2 over ``dp``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -71,9 +71,22 @@ def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, sty
                                                      requires_grad=param.requires_grad))
 
 
+def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """FSDP2 over the data-parallel axis: each stacked layer is one unit, the root holds the rest."""
+    from torch.distributed.fsdp import fully_shard
+    for path in plan.layers:
+        fully_shard(module.get_submodule(path), mesh=mesh)
+    fully_shard(module, mesh=mesh)
+
+
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
                 layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
-    """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over the 1-D ``mesh`` in place.
+    """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
+
+    A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
+    runs over ``tp`` and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
+    parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch, and gradients are
+    averaged over ``dp``.
 
     ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
     parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
@@ -81,8 +94,11 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
     """
-    if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
-        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (take mesh['tp'] of a larger one)")
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')")
+    if mesh.ndim == 2 and mesh.mesh_dim_names != ("dp", "tp"):
+        raise _bad("mesh", f"a 2-D mesh must name its axes ('dp', 'tp'), not {mesh.mesh_dim_names}",
+                   "init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp'))")
     if layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     if isinstance(program, (str, Path)):
@@ -90,6 +106,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     if name not in program.block_map:
         raise _bad("name", f"no block named {name!r}", "blocks: " + ", ".join(program.block_map))
     block = program.block(name)
+    dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
     stream = _stream(block, program, layout)
     styles = _styles(plan, stream)
@@ -100,5 +117,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
         parallelize_module(module, mesh, PrepareModuleInputOutput(
             input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_input=False,
             output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
+    if dp is not None:
+        _fully_shard(module, dp, plan)
     module.blockir_plan = plan
     return module
