@@ -6,7 +6,7 @@ branch computation, before its dropout or drop path, as in CaiT and timm.
 
 eps follows CaiT (Touvron et al., "Going deeper with Image Transformers",
 2021): "0.1 until depth 18, 1e-5 for depth 24 and 1e-6 for deeper networks".
-The seed only says eps varies with the tested depth; depths 19 to 23, which
+The paper only says eps varies with the tested depth; depths 19 to 23, which
 the paper does not state, take 1e-5.
 """
 from __future__ import annotations
