@@ -125,9 +125,7 @@ def _into_norm(block: Block, norm: NormOp) -> tuple[str, ...]:
         raise _No("not_linear", f"the norm {describe(block, norm.result)} has no affine state to absorb it")
     if decl.arg("tied") or _sites(block, decl.name) > 1:
         raise _No("tied", f"the norm '{decl.name}' is applied at several sites")
-    own = {"layernorm": ("weight", "bias") if decl.arg("bias") else ("weight",), "dyt": ("weight", "bias"),
-           "scalenorm": ("scale",)}.get(decl.kind, ("weight",))
-    return _keys(decl.name, own)
+    return _keys(decl.name, family(decl).affine_keys(decl))
 
 
 def _into_consumers(block: Block, value: str, what: str, with_bias: bool) -> tuple[str, ...]:
@@ -195,8 +193,7 @@ def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
     decl = _kind_decl(block, op)
     if decl is None or not family(decl).weight(decl):
         return None  # already affine-free: nothing to fold
-    params = {"layernorm": "weight and bias" if decl.arg("bias") else "weight", "rmsnorm": "weight",
-              "scalenorm": "scale", "dyt": "weight and bias (alpha stays inside tanh)"}[decl.kind]
+    params = " and ".join(family(decl).affine_keys(decl)) + (" (alpha stays inside tanh)" if decl.kind == "dyt" else "")
     label = decl.name
     if mode == "train":
         return FoldSite("affine", label, op.span, False, "keep", (), "training",

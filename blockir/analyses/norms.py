@@ -59,6 +59,12 @@ class NormFamily:
     def scale(self, decl: KindDecl) -> str:
         return self._scale if self.weight(decl) else "none"
 
+    def affine_keys(self, decl: KindDecl) -> tuple[str, ...]:
+        """Key suffixes of the gain and shift applied after normalizing: what a scale or a linear can absorb
+        (DyT's ``alpha`` sits inside the tanh and is not among them)."""
+        extra = {name for name, _ in self._extra}
+        return tuple(name for name, _ in self.keys(decl, ()) if name not in extra)
+
     def keys(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
         """(key suffix, shape) of every parameter, in the order the module registers them."""
         if self._scale == "scalar":

@@ -198,8 +198,7 @@ def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: Scale
             raise _Refuse("shape", f"a per-channel gain cannot fold into the single scalar of '{decl.name}'")
         _check(site, [f"{decl.name}.scale"])
         return (ScaleNormState(f"{decl.name}.scale", None, int(decl.arg("offset", 0)), gain),)
-    has_bias = decl.kind == "dyt" or decl.kind == "layernorm" and bool(decl.arg("bias"))
-    bias = f"{decl.name}.bias" if has_bias else None
+    bias = f"{decl.name}.bias" if family(decl).bias(decl) else None
     _check(site, [f"{decl.name}.weight"] + ([bias] if bias else []))
     return (ScaleNormState(f"{decl.name}.weight", bias, int(decl.arg("offset", 0)), gain),)
 
