@@ -21,17 +21,18 @@ def from_hf_config(config: Any, exact: bool = False) -> Program:
 
 if TYPE_CHECKING:
     from blockir.analyses.keys import reconcile
+    from blockir.backends.calibrate import calibrate
     from blockir.backends.compile import compile
     from blockir.backends.distributed import parallelize
     from blockir.backends.trace import trace
 
 __version__ = "0.1.0"
-__all__ = ["BlockError", "Diagnostic", "Note", "Span", "compile", "from_hf_config", "load", "parallelize", "parse",
+__all__ = ["BlockError", "Diagnostic", "Note", "Span", "calibrate", "compile", "from_hf_config", "load", "parallelize", "parse",
            "reconcile", "trace", "verify",
            "__version__"]
 
 _LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",
-         "parallelize": "blockir.backends.distributed"}
+         "parallelize": "blockir.backends.distributed", "calibrate": "blockir.backends.calibrate"}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ that preserves dtype, quantization and weight sharing):
     s * L(x)    -> L'(x), W' = s W, b' = s b    the producer ends with a linear L
     L(s * x)    -> L'(x), W' = W s              every consumer starts with a linear
     L(γ x̂ + β) -> L'(x̂), W' = W diag(γ), b' = W β + b
+    L(BN(x))    -> L'(x),  BN(x) = s x + t under fixed running moments: W' = W diag(s), b' = W t + b
 
 and exactly why not otherwise: training mode, a nonlinearity in between, a
 consumer that is not linear (the residual shortcut), a tied norm or shared
@@ -47,13 +48,14 @@ FIRST_LINEAR = {"self_attention": (("q_proj", "k_proj", "v_proj"),),
 
 @dataclass(frozen=True)
 class FoldSite:
-    kind: str  # scale | affine | dropout
+    kind: str  # scale | affine | dropout | statistics
     name: str  # the scale or norm declaration, or the dropout's op text
     span: Span
     legal: bool
     action: str  # what folding does; "keep" when it may not
     into: tuple[str, ...] = ()  # parameters it folds into
     # training | nonlinearity | not_linear | shortcut | tied | shared_weight | rounding | opaque | no_bias
+    # | live_statistics
     code: str | None = None
     reason: str | None = None
 
@@ -125,6 +127,9 @@ def _into_norm(block: Block, norm: NormOp) -> tuple[str, ...]:
         raise _No("not_linear", f"the norm {describe(block, norm.result)} has no affine state to absorb it")
     if decl.arg("tied") or _sites(block, decl.name) > 1:
         raise _No("tied", f"the norm '{decl.name}' is applied at several sites")
+    if family(decl).batch_coupled:
+        raise _No("not_linear", f"the norm '{decl.name}' is batch-coupled: a gain on its output would have to scale "
+                  "its running moments' map, which its parameters alone do not hold")
     return _keys(decl.name, family(decl).affine_keys(decl))
 
 
@@ -210,11 +215,36 @@ def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
         return FoldSite("affine", label, op.span, False, "keep", (), no.code, no.reason)
 
 
+def _statistics_site(block: Block, op: NormOp, decl: KindDecl, mode: str) -> FoldSite:
+    """A batch-coupled norm is, with its running moments fixed, one per-channel map s x + t (RepBN's eta
+    included): all of it folds into the linears that read it (Guo et al., arXiv:2405.11582)."""
+    if mode == "train":
+        return FoldSite("statistics", decl.name, op.span, False, "keep", (), "training",
+                        "training mode: the moments are the batch's own and the running ones still move")
+    try:
+        if not decl.arg("running"):
+            raise _No("live_statistics", "running=false: evaluation normalizes with each batch's own moments, so "
+                      "there is no fixed map to fold")
+        if decl.arg("tied") or _sites(block, decl.name) > 1:
+            raise _No("tied", f"the norm is applied at {_sites(block, decl.name)} sites; folding changes every one")
+        into = _into_consumers(block, op.result, f"the output of '{decl.name}'", True)
+        share = "its RepBN share (the transition must be complete), " if decl.kind == "prepbn" else ""
+        return FoldSite("statistics", decl.name, op.span, True,
+                        f"fold {share}with calibrated running moments, into the consumers' input", into)
+    except _No as no:
+        return FoldSite("statistics", decl.name, op.span, False, "keep", (), no.code, no.reason)
+
+
 def _dropout_site(op: DropoutOp, mode: str) -> FoldSite:
     name = f"{op.function}({op.operand})"
     if mode == "train":
         return FoldSite("dropout", name, op.span, False, "keep", (), "training", "dropout is active in training")
     return FoldSite("dropout", name, op.span, True, "remove: the identity in inference")
+
+
+def _batch_coupled(block: Block, op: NormOp) -> bool:
+    decl = _kind_decl(block, op)
+    return decl is not None and family(decl).batch_coupled
 
 
 def fold_report(block: Block, mode: str) -> list[FoldSite]:
@@ -227,6 +257,8 @@ def fold_report(block: Block, mode: str) -> list[FoldSite]:
     for op in block.ops:
         if isinstance(op, ScaleOp):
             out.append(_scale_site(block, op, mode, shortcut_of))
+        elif isinstance(op, NormOp) and _batch_coupled(block, op):
+            out.append(_statistics_site(block, op, block.decl_map[op.decl], mode))  # type: ignore[arg-type]
         elif isinstance(op, NormOp):
             site = _affine_site(block, op, mode)
             if site is not None:

@@ -83,7 +83,8 @@ def _linear(prefix: str, out: int, inp: int, bias: bool, conv1d: bool = False) -
 
 
 def _norm(decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
-    return family(decl).keys(decl, tuple(s.dim(a) for a in decl.arg("axes")))
+    shape = tuple(s.dim(a) for a in decl.arg("axes"))
+    return family(decl).keys(decl, shape) + family(decl).buffers(decl, shape)
 
 
 def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:

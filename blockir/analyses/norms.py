@@ -13,7 +13,16 @@ rmsnorm    weight                  affine unless false        rstd        1 fwd,
 scalenorm  scale (one scalar)      always                     row norm    1 fwd, 1 bwd
 dyt        alpha, weight, bias     always                     none        elementwise
 l2norm     none                    never                      row norm    1 fwd, 1 bwd
+batchnorm  weight, bias (+ eta)    affine=true                per channel 2 fwd, 2 bwd
+prepbn     ln.*, bn.* (+ step)     always                     mean, rstd  4 fwd, 4 bwd
 =========  ======================  =========================  ==========  =============
+
+BatchNorm and PRepBN are batch-coupled: their moments are per channel over every
+row, so they also own buffers (``running_mean``, ``running_var``,
+``num_batches_tracked``, ``calibrated_at`` and PRepBN's transition ``step``) that travel in the
+state dict but are not parameters. RepBN (``rep=true``) adds ``eta * x``
+(Guo et al., 2024, arXiv:2405.11582); PRepBN holds a LayerNorm ``ln`` and a
+RepBN ``bn`` and mixes them by its transition schedule.
 
 Every family may store its gain as a deviation from one (``offset=1``: the
 scale is ``1 + weight``, or ``1 + scale`` for ScaleNorm); the keys are the
@@ -43,6 +52,13 @@ class NormFamily:
     _scale: str  # per_channel | scalar | none (when not affine)
     _extra: tuple[tuple[str, Shape], ...] = ()  # parameters of fixed shape, before weight and bias
     _fused_offset: bool = False  # the fused kernels implement a (1 + weight) gain
+    _layout: Callable[[KindDecl, Shape], list[tuple[str, Shape]]] | None = None  # replaces the rule below
+    _buffers: Callable[[KindDecl, Shape], list[tuple[str, Shape]]] = lambda d, shape: []
+    batch_coupled: bool = False  # moments over rows: a padding policy and running state matter
+
+    def buffers(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
+        """(key suffix, shape) of every buffer the state dict carries besides the parameters."""
+        return self._buffers(decl, shape)
 
     def fuses(self, decl: KindDecl) -> bool:
         """Whether the fused add+norm kernels reproduce this declaration exactly."""
@@ -67,6 +83,8 @@ class NormFamily:
 
     def keys(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
         """(key suffix, shape) of every parameter, in the order the module registers them."""
+        if self._layout is not None:
+            return self._layout(decl, shape)
         if self._scale == "scalar":
             return [("scale", ())]
         out = list(self._extra)
@@ -88,6 +106,19 @@ def _numel(shape: Shape) -> int:
     return n
 
 
+def _bn_parameters(decl: KindDecl, shape: Shape, prefix: str = "") -> list[tuple[str, Shape]]:
+    affine = [("weight", shape), ("bias", shape)] if decl.arg("affine") is not False else []
+    rep = [("eta", (1,))] if decl.kind == "prepbn" or decl.arg("rep") else []
+    return [(prefix + name, s) for name, s in affine + rep]
+
+
+def _bn_buffers(decl: KindDecl, shape: Shape, prefix: str = "") -> list[tuple[str, Shape]]:
+    if not decl.arg("running"):
+        return []
+    return [(prefix + "running_mean", shape), (prefix + "running_var", shape), (prefix + "num_batches_tracked", ()),
+            (prefix + "calibrated_at", ())]
+
+
 FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
     NormFamily("layernorm", "LayerNorm", 2, (2, 2), True, lambda d: bool(d.arg("affine")),
                lambda d: bool(d.arg("bias")), "per_channel"),
@@ -99,6 +130,11 @@ FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
                (("alpha", (1,)),)),
     # F.normalize: the row over its clamped L2 norm, nothing learned (nGPT, QK-norm)
     NormFamily("l2norm", "L2Norm", 1, (1, 1), False, lambda d: False, lambda d: False, "none"),
+    NormFamily("batchnorm", "BatchNorm", 0, (2, 2), False, lambda d: d.arg("affine") is not False,
+               lambda d: True, "per_channel", _layout=_bn_parameters, _buffers=_bn_buffers, batch_coupled=True),
+    NormFamily("prepbn", "PRepBN", 2, (4, 4), False, lambda d: True, lambda d: True, "per_channel",
+               _layout=lambda d, shape: [("ln.weight", shape), ("ln.bias", shape), *_bn_parameters(d, shape, "bn.")],
+               _buffers=lambda d, shape: [*_bn_buffers(d, shape, "bn."), ("step", ())], batch_coupled=True),
 )}
 
 

@@ -39,6 +39,7 @@ import torch.fx as fx
 from torch import nn
 
 from blockir.analyses.keys import SINGLE
+from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.backends import numerics
 from blockir.backends.modules import bound_extern, kind_factory
@@ -482,10 +483,16 @@ class GraphBuilder:
                                       site_id(ssa)), ssa, wrapped=True)
 
 
+def _batch_coupled(block: Block, name: str) -> bool:
+    decl = block.decl_map[name]
+    return isinstance(decl, KindDecl) and family(decl).batch_coupled
+
+
 def _lower_op(b: GraphBuilder, op: O.Op) -> None:
     decls = b.block.decl_map
     if isinstance(op, O.NormOp):
-        b.module(op.decl, (b.env[op.operand],), op.result, with_ctx=False)
+        # a batch-coupled norm reads the padding mask from the context
+        b.module(op.decl, (b.env[op.operand],), op.result, with_ctx=_batch_coupled(b.block, op.decl))
     elif isinstance(op, O.CallOp):
         args = tuple(b.env[a] for a in op.args)
         decl = decls[op.decl]

@@ -9,7 +9,7 @@ from torch import nn
 
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
-from blockir.backends import branches, numerics
+from blockir.backends import batchnorm, branches, numerics
 from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
@@ -29,6 +29,13 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
     "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
     "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
+    "batchnorm": lambda w, d, s, f: partial(
+        batchnorm.BatchNorm, w, s.value(d.arg("eps")), float(s.value(d.arg("momentum"))), d.arg("padding"),
+        d.arg("running"), f.weight(d), d.arg("rep"), float(s.value(d.arg("eta"))), f"batchnorm '{d.name}'", d.span),
+    "prepbn": lambda w, d, s, f: partial(
+        batchnorm.PRepBN, w, int(s.value(d.arg("steps"))), s.value(d.arg("eps")), s.value(d.arg("ln_eps")),
+        float(s.value(d.arg("momentum"))), d.arg("padding"), d.arg("running"), float(s.value(d.arg("eta"))),
+        f"prepbn '{d.name}'", d.span),
 }
 
 # roles of the matrices that DeepNorm-style init gains scale; query and key projections keep gain 1

@@ -85,6 +85,16 @@ _MOMENTS = ArgSpec("moments", "enum", None, choices=("global", "local"),
 _AFFINE_GRAD = ArgSpec("affine_grad", "enum", None, choices=("sum", "local"),
                        doc="local: each rank keeps the affine gradient of its own rows")
 
+# A norm whose statistics couple rows: padded rows need a stated policy, evaluation reads running moments.
+_BATCH_STATS = (
+    ArgSpec("axes", "axes", positional=True, doc="the channel axis: one mean and variance per channel"),
+    _eps(1e-5), ArgSpec("momentum", "expr", Num(0.1), doc="running = (1 - momentum) * running + momentum * batch"),
+    ArgSpec("padding", "enum", None, choices=("mask", "include"),
+            doc="mask: rows the attention_mask marks as padding neither enter the batch moments nor update the "
+                "running ones; include: every row does"),
+    ArgSpec("running", "bool", True, doc="false: evaluation also uses the batch moments (no running state)"),
+)
+
 
 def _offset(what: str) -> ArgSpec:
     return ArgSpec("offset", "int", 0, choices=(0, 1), doc=f"1 multiplies by (1 + {what}), stored as a deviation from one")
@@ -152,6 +162,15 @@ KINDS: dict[str, KindSpec] = {
                  "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
         KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
+        KindSpec("batchnorm", "norm", (*_BATCH_STATS, ArgSpec("affine", "bool", True),
+                                       ArgSpec("rep", "bool", False, doc="RepBN: add eta * x to the output"),
+                                       ArgSpec("eta", "expr", Num(1.0), doc="initial eta of rep=true"), _TIED),
+                 "BatchNorm: per-channel moments over every row (B, S), running moments for evaluation"),
+        KindSpec("prepbn", "norm", (
+            *_BATCH_STATS, ArgSpec("steps", "expr", doc="transition steps T: gamma = clip((T - t) / T, 0, 1)"),
+            ArgSpec("ln_eps", "expr", Num(1e-5), doc="eps of the LayerNorm share"),
+            ArgSpec("eta", "expr", Num(1.0), doc="initial eta of the RepBN share"), _TIED),
+            "progressive LayerNorm -> RepBN: gamma(t) * LN(x) + (1 - gamma(t)) * (BN(x) + eta * x)"),
         KindSpec("self_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),

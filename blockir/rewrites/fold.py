@@ -27,6 +27,7 @@ from blockir.ir.program import Block, Program
 from blockir.rewrites.fold_weights import (
     Drop,
     Edit,
+    FoldStatistics,
     Gain,
     ScaleInputs,
     ScaleNormState,
@@ -54,11 +55,13 @@ RULES: tuple[Rule, ...] = (
     Rule("scale-into-consumers", "scale", "W (s ⊙ x) + b = (W diag(s)) x + b"),
     Rule("affine-into-linears", "affine",
          "W c (γ ⊙ x̂ + β) + b = (W diag(γ)) c x̂ + (b + c W β); γ = 1 + w for offset=1"),
+    Rule("statistics-into-linears", "statistics",
+         "W (s ⊙ x + t) + b = (W diag(s)) x + (b + W t); s = γ/σ + η, t = β - γ μ/σ (running μ, σ)"),
 )
 RULE = {r.name: r for r in RULES}
 # dropouts go first so that the scales and affines behind them see their real neighbours
-ORDER = {"dropout": 0, "scale": 1, "affine": 2}
-SITE_OPS = {"dropout": DropoutOp, "scale": ScaleOp, "affine": NormOp}
+ORDER = {"dropout": 0, "scale": 1, "affine": 2, "statistics": 2}
+SITE_OPS = {"dropout": DropoutOp, "scale": ScaleOp, "affine": NormOp, "statistics": NormOp}
 OPERAND_FIELDS = ("operand", "lhs", "rhs", "value", "branch", "shortcut")
 
 
@@ -122,7 +125,7 @@ def _sites(block: Block, mode: str) -> list[tuple[FoldSite, Op]]:
     out = []
     for site in fold_report(block, mode):
         for op in candidates:
-            if isinstance(op, SITE_OPS[site.kind]) and (site.kind != "affine" or op.decl == site.name):
+            if isinstance(op, SITE_OPS[site.kind]) and (not isinstance(op, NormOp) or op.decl == site.name):
                 if not (site.kind == "affine" and _weightless(block, op)):
                     out.append((site, op))
                 break
@@ -254,7 +257,29 @@ def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Ste
     return _Step(folded, "affine-into-linears", tuple(edits))
 
 
+def _fold_statistics(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Step:
+    decl = block.decl_map[op.decl]
+    assert isinstance(decl, KindDecl)
+    linears = _linear_inputs(block, op.result, sizes)
+    if any(b is None for _, b, _ in linears):
+        raise _Refuse("no_bias", "every linear reading the norm needs a bias to take its shift")
+    _check(site, [w for w, _, _ in linears] + [b for _, b, _ in linears if b])
+    shape = (1,)  # the keys are what matters here; the shapes live in the state dict
+    fam = family(decl)
+    prefix = "bn." if decl.kind == "prepbn" else ""
+    edit = FoldStatistics(decl.name, prefix, float(sizes.value(decl.arg("eps"))),
+                          int(sizes.value(decl.arg("steps"))) if decl.kind == "prepbn" else None,
+                          tuple((w, b, c) for w, b, c in linears if b is not None), decl.span)
+    drops = tuple(Drop(f"{decl.name}.{k}") for k, _ in fam.keys(decl, shape) + fam.buffers(decl, shape))
+    gone = replace(block, decls=tuple(d for d in block.decls if d.name != decl.name),
+                   ops=tuple(_rename(o, op.result, op.operand) for o in block.ops if o is not op))
+    return _Step(gone, "statistics-into-linears", (edit, *drops))
+
+
 def _fold(block: Block, site: FoldSite, op: Op, sizes: Sizes) -> _Step:
+    if site.kind == "statistics":
+        assert isinstance(op, NormOp)
+        return _fold_statistics(block, site, op, sizes)
     if isinstance(op, DropoutOp):
         return _Step(_remove(block, op), "dropout", ())
     if isinstance(op, ScaleOp):

@@ -10,6 +10,7 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
+from blockir.diagnostics import Span
 from blockir.ir.program import Program
 
 if TYPE_CHECKING:
@@ -71,13 +72,57 @@ class ScaleNormState:
 
 
 @dataclass(frozen=True)
+class FoldStatistics:
+    """A batch-coupled norm under its running moments, ``s ⊙ x + t``, into every linear reading it
+    (through a constant factor c): W' = c W diag(s), b' = b + c W t. Refused while the moments do not
+    describe the function: a PRepBN before its transition ends, statistics never calibrated or
+    trained past since (Guo et al., arXiv:2405.11582)."""
+
+    norm: str
+    prefix: str  # where the RepBN state sits inside the norm: "bn." for PRepBN
+    eps: float
+    transition: int | None  # PRepBN's T
+    linears: tuple[tuple[str, str, float], ...]  # (weight, bias, c)
+    span: Span
+
+    def map(self, state: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        import torch
+        at = f"{self.norm}.{self.prefix}"
+        self._legal(state, at)
+        mean, var = state[at + "running_mean"], state[at + "running_var"]
+        rstd = torch.rsqrt(var + self.eps)
+        gain, shift = state.get(at + "weight", torch.ones_like(var)), state.get(at + "bias", torch.zeros_like(var))
+        scale = gain * rstd + state.get(at + "eta", 0.0)
+        return scale, shift - gain * rstd * mean
+
+    def _legal(self, state: dict[str, Tensor], at: str) -> None:
+        from blockir.diagnostics import BlockError, error
+        if self.transition is not None:
+            step = int(state[f"{self.norm}.step"])
+            if step < self.transition:
+                gamma = (self.transition - step) / self.transition
+                raise BlockError([error(
+                    "E0751", f"prepbn '{self.norm}' is at step {step} of its {self.transition}-step transition "
+                    f"(gamma = {gamma:g}): its output still holds that share of LayerNorm, which the fold would drop",
+                    self.span, hint="train until the transition ends (gamma = 0), then calibrate, then fold")])
+        tracked, calibrated = int(state[at + "num_batches_tracked"]), int(state[at + "calibrated_at"])
+        if calibrated != tracked:
+            when = "never calibrated" if calibrated < 0 else \
+                f"trained {tracked - calibrated} batches past their calibration"
+            raise BlockError([error(
+                "E0752", f"the running moments of '{self.norm}' are {when}: folding would freeze statistics that "
+                "do not describe the current parameters", self.span,
+                hint="run blockir calibrate (or blockir.calibrate) on representative data first")])
+
+
+@dataclass(frozen=True)
 class Drop:
     """The parameter left the program; its value now lives in other weights."""
 
     key: str
 
 
-Edit = Union[ScaleOutputs, ScaleInputs, ShiftBias, ScaleNormState, Drop]
+Edit = Union[ScaleOutputs, ScaleInputs, ShiftBias, ScaleNormState, FoldStatistics, Drop]
 
 
 def _rows(g: Tensor | float) -> Tensor | float:
@@ -88,6 +133,14 @@ def _rows(g: Tensor | float) -> Tensor | float:
 def _apply(state: dict[str, Tensor], edit: Edit) -> None:
     if isinstance(edit, Drop):
         del state[edit.key]
+        return
+    if isinstance(edit, FoldStatistics):
+        scale, shift = edit.map(state)
+        for w, b, c in edit.linears:
+            state[b] = state[b] + c * (state[w] @ shift)
+        for w in dict.fromkeys(w for w, _, _ in edit.linears):
+            c = next(c for w2, _, c in edit.linears if w2 == w)
+            state[w] = state[w] * (c * scale)
         return
     if isinstance(edit, ShiftBias):
         shift = edit.shift.value(state)

@@ -1,0 +1,56 @@
+"""Batch-coupled norms (BatchNorm, RepBN, PRepBN): their statistics are a contract between rows.
+
+A BatchNorm moment is taken over every row of the batch, so padded rows that enter it change
+the outputs of real tokens with the batch's length distribution: the declaration must state a
+padding policy. An evaluated block (``const training = 0``) must read fixed running moments,
+not each batch's own, and may not carry a PRepBN, whose LayerNorm share stays live until its
+transition ends: the released graph is the converted ``batchnorm(rep=true)`` with calibrated
+statistics (Guo et al., "SLAB", arXiv:2405.11582).
+"""
+from __future__ import annotations
+
+from blockir.analyses.facts import stated
+from blockir.analyses.norms import family
+from blockir.analyses.sizes import program_env
+from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir.consts import format_expr
+from blockir.ir.decls import KindDecl
+from blockir.ir.program import Block, Program
+from blockir.verifiers.registry import verifier
+
+
+def _check_block(block: Block, env: dict) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    evaluated = stated(block, env).get("training")
+    evaluated = evaluated if evaluated is not None and evaluated.value == 0 else None
+    for d in block.decls:
+        if not isinstance(d, KindDecl) or d.category != "norm" or not family(d).batch_coupled:
+            continue
+        if d.arg("padding") is None:
+            out.append(error("E0435", f"{d.kind} '{d.name}' takes its moments over every row of the batch but states "
+                             "no padding policy: padded rows would shift the statistics of real tokens", d.span,
+                             hint="add padding=mask (padded rows neither enter the moments nor update the running "
+                                  "ones) or padding=include (the batches carry no padding)"))
+        if evaluated is None:
+            continue
+        if not d.arg("running"):
+            out.append(error("E0436", f"{d.kind} '{d.name}' has running=false in '{block.name}', which states "
+                             "training = 0: evaluation would normalize each batch by its own moments, so one "
+                             "example's output depends on the others", d.span,
+                             notes=[Note("stated here", evaluated.const.span)],
+                             hint="keep running=true and calibrate the running moments before evaluating"))
+        if d.kind == "prepbn":
+            steps = format_expr(d.arg("steps"), 2)
+            out.append(error("E0437", f"prepbn '{d.name}' in '{block.name}', which states training = 0: its "
+                             f"LayerNorm share is live until step {steps} and its running moments are not "
+                             "calibrated, so it cannot be released or folded as it stands", d.span,
+                             notes=[Note("stated here", evaluated.const.span)],
+                             hint=f"after the transition, declare batchnorm({', '.join(d.arg('axes'))}, rep=true, "
+                                  "padding=…) and calibrate its statistics before folding it"))
+    return out
+
+
+@verifier("batch-stats")
+def verify_batch_stats(program: Program) -> list[Diagnostic]:
+    env = program_env(program)
+    return [d for b in program.blocks for d in _check_block(b, env)]
