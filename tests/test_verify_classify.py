@@ -45,6 +45,7 @@ EXPECTED = {
     ("t5", "T5LayerFF"): "pre_ln",
     ("torch_encoder", "TransformerEncoderLayer"): "post_ln",  # norm_first=False
     ("torch_encoder", "TransformerEncoderLayerNormFirst"): "pre_ln",  # norm_first=True
+    ("prepbn", "PRepBNBlock"): "pre_ln",  # x + f(PRepBN(x)): the norms change, not where they sit
 }
 
 

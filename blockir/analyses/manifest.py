@@ -54,6 +54,15 @@ def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: En
         site |= {"offset": decl.arg("offset"), "cast": decl.arg("cast")}
     if kind == "dyt":
         site["alpha_init"] = _number(value(decl.arg("alpha"), env))
+    if fam.batch_coupled:
+        # one moment per channel, taken over every other axis of the input: the rows of the batch
+        operand = op.operand if isinstance(op, NormOp) else op.residual
+        site["reduction_axes"] = [a for a in block.type_of(operand).names if a not in decl.arg("axes")]
+        site["center"] = True
+        site["batch_stats"] = {"padding": decl.arg("padding"), "momentum": _number(value(decl.arg("momentum"), env)),
+                               "running": decl.arg("running"), "rep": kind == "prepbn" or bool(decl.arg("rep"))}
+        if kind == "prepbn":
+            site["batch_stats"]["transition_steps"] = _number(value(decl.arg("steps"), env))
     return site
 
 

@@ -11,7 +11,8 @@ BatchNorm takes one mean and one biased variance per channel over every row of t
 Re-parameterized Batch Normalization", arXiv:2405.11582.) The running moments follow
 ``torch.nn.BatchNorm1d``: an exponential average with weight ``momentum`` of the batch mean and
 of the unbiased batch variance. With ``padding="mask"`` the rows a ``[B, S]`` keep-mask
-(``attention_mask``: nonzero = a real token) marks as padding neither enter the batch moments nor
+(``attention_mask``: nonzero = a real token; in a boolean ``[B, H|1, Q, K]`` mask, a key no
+query may attend) marks as padding neither enter the batch moments nor
 update the running ones; their own outputs are still computed, from the valid rows' moments.
 
 ``calibrated_at`` (a buffer besides ``nn.BatchNorm1d``'s) records ``num_batches_tracked`` at the end
@@ -36,12 +37,16 @@ def valid_rows(x: Tensor, padding: str, mask: object, label: str, span: Span | N
     if padding != "mask" or mask is None:
         return None
     span = span if span is not None else Span(label, 0, 0)
+    if isinstance(mask, Tensor) and mask.dim() == 4 and mask.dtype == torch.bool and x.dim() == 3:
+        # [B|1, H|1, Q|1, K] (True = may attend): a row is real when some query may attend to it
+        mask = mask.any(dim=2).any(dim=1).expand(x.shape[0], -1)
     if not isinstance(mask, Tensor) or mask.dim() != 2 or tuple(mask.shape) != tuple(x.shape[:2]) or x.dim() != 3:
         shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise BlockError([error(
-            "E0750", f"{label} masks padded rows, but the attention_mask is {shape}, not a [B, S] keep-mask of its "
+            "E0750", f"{label} masks padded rows, but the attention_mask {shape} does not mark the rows of its "
             f"input {tuple(x.shape)}", span,
-            hint="pass attention_mask as the tokenizer's [B, S] mask (nonzero = a real token)")])
+            hint="pass attention_mask as the tokenizer's [B, S] keep-mask (nonzero = a real token) or a boolean "
+                 "[B, H|1, Q, K] mask (a key no query may attend is padding)")])
     keep = mask.reshape(-1) != 0
     if not bool(keep.any()):
         raise BlockError([error("E0750", f"{label} masks padded rows, but every row of the batch is padding: there "
@@ -59,15 +64,17 @@ def batch_moments(x: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, int]:
 
 
 class BatchNorm(nn.Module):
-    """BatchNorm over the last axis (RepBN with ``rep=True``); state-dict names as ``nn.BatchNorm1d``."""
+    """BatchNorm over the last axis (RepBN with ``rep=True``), its moments and map in ``accum``;
+    state-dict names as ``nn.BatchNorm1d``."""
 
     def __init__(self, width: int, eps: float = 1e-5, momentum: float = 0.1, padding: str = "mask",
                  running: bool = True, affine: bool = True, rep: bool = False, eta: float = 1.0,
-                 label: str = "batchnorm", span: Span | None = None) -> None:
+                 accum: torch.dtype = torch.float32, label: str = "batchnorm", span: Span | None = None) -> None:
         super().__init__()
         if padding not in PADDING:
             raise ValueError(f"unknown padding policy {padding!r}; expected one of {PADDING}")
-        vars(self).update(width=width, eps=eps, momentum=momentum, padding=padding, label=label, span=span)
+        vars(self).update(width=width, eps=eps, momentum=momentum, padding=padding, accum=accum, label=label,
+                          span=span)
         self.weight = nn.Parameter(torch.ones(width)) if affine else None
         self.bias = nn.Parameter(torch.zeros(width)) if affine else None
         self.eta = nn.Parameter(torch.full((1,), float(eta))) if rep else None
@@ -95,7 +102,7 @@ class BatchNorm(nn.Module):
         return mean, var
 
     def forward(self, x: Tensor, attention_mask: object = None, **_: Any) -> Tensor:
-        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        work = x.to(self.accum)
         mean, var = self.moments(work, attention_mask)
         y = (work - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:
@@ -121,14 +128,15 @@ class PRepBN(nn.Module):
     """A LayerNorm ``ln`` and a RepBN ``bn`` mixed by ``gamma(step)``; ``step`` counts training calls."""
 
     def __init__(self, width: int, steps: int, eps: float = 1e-5, ln_eps: float = 1e-5, momentum: float = 0.1,
-                 padding: str = "mask", running: bool = True, eta: float = 1.0,
+                 padding: str = "mask", running: bool = True, eta: float = 1.0, accum: torch.dtype = torch.float32,
                  label: str = "prepbn", span: Span | None = None) -> None:
         super().__init__()
         if steps < 1:
             raise ValueError(f"the transition needs at least one step, got {steps}")
         self.transition = steps
-        self.ln = numerics.LayerNorm(width, ln_eps)
-        self.bn = BatchNorm(width, eps, momentum, padding, running, rep=True, eta=eta, label=label, span=span)
+        self.ln = numerics.LayerNorm(width, ln_eps, accum=accum)
+        self.bn = BatchNorm(width, eps, momentum, padding, running, rep=True, eta=eta, accum=accum, label=label,
+                            span=span)
         self.register_buffer("step", torch.tensor(0, dtype=torch.long))
 
     def gamma(self) -> Tensor:

@@ -31,11 +31,12 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
     "batchnorm": lambda w, d, s, f: partial(
         batchnorm.BatchNorm, w, s.value(d.arg("eps")), float(s.value(d.arg("momentum"))), d.arg("padding"),
-        d.arg("running"), f.weight(d), d.arg("rep"), float(s.value(d.arg("eta"))), f"batchnorm '{d.name}'", d.span),
+        d.arg("running"), f.weight(d), d.arg("rep"), float(s.value(d.arg("eta"))), numerics.ACCUM[d.arg("accum")],
+        f"batchnorm '{d.name}'", d.span),
     "prepbn": lambda w, d, s, f: partial(
         batchnorm.PRepBN, w, int(s.value(d.arg("steps"))), s.value(d.arg("eps")), s.value(d.arg("ln_eps")),
         float(s.value(d.arg("momentum"))), d.arg("padding"), d.arg("running"), float(s.value(d.arg("eta"))),
-        f"prepbn '{d.name}'", d.span),
+        numerics.ACCUM[d.arg("accum")], f"prepbn '{d.name}'", d.span),
 }
 
 # roles of the matrices that DeepNorm-style init gains scale; query and key projections keep gain 1

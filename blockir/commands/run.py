@@ -72,6 +72,7 @@ def sites_json(sites: Any) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
         from blockir.backends import checkpoint
+        from blockir.backends.calibrate import norm_states
         from blockir.backends.corpus import load_corpus
         from blockir.backends.session import RunConfig, Trainer, train
         if args.steps < 0:
@@ -102,13 +103,17 @@ def run(args: argparse.Namespace) -> int:
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved step {trainer.step_count} to {args.save}")
         final = report.snapshots[-1]
+        norms = norm_states(trainer.model.core)
         if args.format == "json":
             print_json({"block": block.name, "data": corpus.source, "first_step": report.first_step,
                         "losses": list(report.losses), "val_loss": final.val_loss,
                         "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
-                                      for s in report.snapshots]})
+                                      for s in report.snapshots],
+                        "batch_norms": [{"name": n.name, "step": n.step, "transition": n.transition,
+                                         "gamma": None if n.gamma is None else round(n.gamma, 6), "running_stat_age": n.age,
+                                         "calibrated_at": n.calibrated_at} for n in norms]})
         else:
             if report.losses:
                 print(f"train loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f} over steps "
@@ -118,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"validation loss {final.val_loss:.4f} at step {final.step}")
             print()
             print("\n".join(telemetry_table(final.sites, report.rows)))
+            if norms:
+                print()
+                print("\n".join(n.line() for n in norms))
         if args.plot:
             from blockir.backends.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")

@@ -93,6 +93,7 @@ _BATCH_STATS = (
             doc="mask: rows the attention_mask marks as padding neither enter the batch moments nor update the "
                 "running ones; include: every row does"),
     ArgSpec("running", "bool", True, doc="false: evaluation also uses the batch moments (no running state)"),
+    _ACCUM,
 )
 
 

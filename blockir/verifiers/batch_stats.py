@@ -41,9 +41,9 @@ def _check_block(block: Block, env: dict) -> list[Diagnostic]:
                              hint="keep running=true and calibrate the running moments before evaluating"))
         if d.kind == "prepbn":
             steps = format_expr(d.arg("steps"), 2)
-            out.append(error("E0437", f"prepbn '{d.name}' in '{block.name}', which states training = 0: its "
-                             f"LayerNorm share is live until step {steps} and its running moments are not "
-                             "calibrated, so it cannot be released or folded as it stands", d.span,
+            out.append(error("E0437", f"prepbn '{d.name}' in '{block.name}', which states training = 0: until step "
+                             f"{steps} its output still mixes in LayerNorm, so its fixed-statistics form (what a fold "
+                             "or a release computes) is a different function", d.span,
                              notes=[Note("stated here", evaluated.const.span)],
                              hint=f"after the transition, declare batchnorm({', '.join(d.arg('axes'))}, rep=true, "
                                   "padding=…) and calibrate its statistics before folding it"))

@@ -1,0 +1,69 @@
+"""`blockir calibrate FILE --block B [--data PATH] [--steps N] [--resume DIR] [--save DIR]`: recompute the running
+moments of every batchnorm and prepbn in the byte-level language model around the block, on real text, with
+everything else frozen; print each norm's transition and statistics state afterwards."""
+from __future__ import annotations
+
+import argparse
+
+from blockir.cli import EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, log, print_json, \
+    with_program
+from blockir.commands.run import row_dims, set_threads
+from blockir.ir.program import Block, Program
+
+DEFAULT_BATCHES = 20
+
+
+def run(args: argparse.Namespace) -> int:
+    def job(program: Program, block: Block) -> int:
+        from blockir.backends import checkpoint
+        from blockir.backends.calibrate import calibrate, norm_states
+        from blockir.backends.corpus import fixed_starts, load_corpus, windows
+        from blockir.backends.session import RunConfig, Trainer
+        if args.steps < 1:
+            raise UsageError(f"--steps must be at least 1, got {args.steps}")
+        set_threads(args.threads)
+        cfg = RunConfig(dims=row_dims(program, args.dims), backend=args.backend)
+        if args.resume:
+            cfg = checkpoint.resumed_config(args.resume, cfg)
+            checkpoint.check_program(args.resume, program, block.name)
+        data = load_corpus(args.data, "calibrate")
+        # the calibration data may differ from the training data: the saved checkpoint names the former
+        trainer = Trainer(program, block, cfg, data)
+        if args.resume:
+            trainer.load_state_dict(checkpoint.read_state(args.resume))
+        n, width = trainer.batch, trainer.shape.window
+        starts = fixed_starts(data.train, n * args.steps, width)
+        calibrate(trainer.model, windows(data.train, starts, width).split(n))
+        states = norm_states(trainer.model.core)
+        if args.save:
+            checkpoint.save(trainer, args.save, args.file)
+            log(f"saved the calibrated step {trainer.step_count} to {args.save}")
+        if args.format == "json":
+            print_json({"block": block.name, "data": data.source, "batches": args.steps, "batch": n,
+                        "norms": [{"name": s.name, "step": s.step, "transition": s.transition, "gamma": s.gamma,
+                                   "num_batches_tracked": s.tracked, "calibrated_at": s.calibrated_at}
+                                  for s in states]})
+        else:
+            print(f"calibrated {len(states)} norm{'s' if len(states) != 1 else ''} of {block.name} on {args.steps} "
+                  f"batches of {n} x {width} bytes from {data.source}")
+            print("\n".join(s.line() for s in states))
+        return EXIT_OK
+    return with_program(args, job)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("calibrate", help="recompute the running moments of every batchnorm and prepbn on data, "
+                                         "everything else frozen")
+    c.add_argument("file", metavar="FILE")
+    add_block_option(c)
+    add_dims_option(c, "B=8,S=64,D=64 (dims without a size default to batch 8, sequence 64, others 8)")
+    c.add_argument("--data", metavar="PATH", help="calibration text: a file or a directory of text files, read as "
+                   "bytes (default: the Python standard library's source files)")
+    c.add_argument("--steps", type=int, default=DEFAULT_BATCHES,
+                   help=f"calibration batches (default {DEFAULT_BATCHES})")
+    c.add_argument("--resume", metavar="DIR", help="calibrate the model of a `blockir run --save` checkpoint")
+    c.add_argument("--save", metavar="DIR", help="write the calibrated checkpoint")
+    c.add_argument("--backend", choices=("fx", "fused"), default="fx")
+    c.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
+    add_format_option(c)
+    c.set_defaults(func=run)
