@@ -257,3 +257,14 @@ def test_manifest_names_the_family_its_row_reduction_and_schedule() -> None:
                              "epsilon": 1e-05, "center": True, "scale": "per_channel", "bias": True}
     assert block["norm_sites"][0]["batch_stats"] == {"padding": "mask", "momentum": 0.1, "running": True,
                                                      "rep": True, "transition_steps": 1000}
+
+
+def test_cost_ledger_counts_parameters_not_buffers() -> None:
+    from blockir.reports.cost import norm_parameters
+    program = blockir.parse(BLOCK.format(steps=4).replace("norm2: prepbn(D, steps=4,", "norm2: batchnorm(D, rep=true,")
+                            .replace(", ln_eps=1e-4, eta=0.5, accum=f64)\n  mlp", ", accum=f64)\n  mlp"))
+    block = program.block("P")
+    # PRepBN: LayerNorm weight and bias, BatchNorm weight and bias, eta; RepBN alone: 2 D + 1
+    assert [norm_parameters(block.decl_map[n], {"D": 8}) for n in ("norm1", "norm2")] == [4 * 8 + 1, 2 * 8 + 1]
+    _, m = _compile()
+    assert sum(p.numel() for n, p in m.named_parameters() if n.startswith("norm1.")) == 4 * 8 + 1

@@ -387,8 +387,12 @@ class BlockGen:
             return r.pick(["proj", "dense", "c_proj", "fc_1"])
         if a.kind != "expr":
             raise AssertionError(f"the generator does not know argument kind {a.kind!r}; teach it")
-        if a.name == "eps":
+        if a.name in ("eps", "ln_eps"):
             return self.file_constant(lambda v: 0 < v <= 1, lambda: number(r.pick(["1e-5", "1e-6", "1e-12"])))
+        if a.name == "steps":
+            return self.file_constant(positive_int(10_000), lambda: literal(r, True, 1, 1000))
+        if a.name == "momentum":
+            return self.file_constant(lambda v: 0 <= v <= 1, lambda: number(r.pick(["0.1", "0.01", "1"])))
         if a.name in ("heads", "kv_heads", "head_dim"):
             dims = prog.by_role["head_dim" if a.name == "head_dim" else "heads"]
             if dims and r.coin():
@@ -424,7 +428,9 @@ class BlockGen:
 
     def norm(self, t: T) -> str:
         kind = self.r.pick([k.name for k in KINDS.values() if k.category == "norm"])
-        return self.declare(("norm", t.last), lambda: (self.kind_args(kind, t, {"axes": t.last}), None))[0]
+        # a batch-coupled norm must state what padding does (E0435)
+        fixed = {"axes": t.last, "padding": self.r.pick(["mask", "include"])}
+        return self.declare(("norm", t.last), lambda: (self.kind_args(kind, t, fixed), None))[0]
 
     def branch(self, t: T) -> str:
         kind = self.r.pick(["self_attention", "mlp", "gated_mlp"] if self.prog.by_role["hidden"]

@@ -10,8 +10,8 @@ stochastic depth are off, and a PRepBN's transition step does not advance. After
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from blockir.cli import EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, log, print_json, \
-    with_program
+from blockir.cli import (
+    EXIT_OK,
+    UsageError,
+    add_block_option,
+    add_dims_option,
+    add_format_option,
+    log,
+    print_json,
+    with_program,
+)
 from blockir.commands.run import row_dims, set_threads
 from blockir.ir.program import Block, Program
 

@@ -11,21 +11,42 @@ from __future__ import annotations
 
 from blockir.analyses.facts import stated
 from blockir.analyses.norms import family
-from blockir.analyses.sizes import program_env
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
+# argument, the values it may take, and what they mean; eps itself is the norm contract's (E0304)
+_RANGES = {
+    "steps": (lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1",
+              "the transition length T in gamma = clip((T - t) / T, 0, 1) counts training steps"),
+    "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]",
+                 "the running moments are (1 - momentum) * running + momentum * batch"),
+    "ln_eps": (lambda v: v > 0, "> 0", "it sits inside the LayerNorm share's square root, away from zero"),
+}
 
-def _check_block(block: Block, env: dict) -> list[Diagnostic]:
+
+def _check_ranges(d: KindDecl, env: dict) -> list[Diagnostic]:
+    out = []
+    for name, (ok, must, why) in _RANGES.items():
+        v = value(d.arg(name), env) if d.arg(name) is not None else None
+        if v is not None and not ok(v):
+            out.append(error("E0438", f"{name} of {d.kind} '{d.name}' is {v:g}; it must be {must}", d.span,
+                             hint=why))
+    return out
+
+
+def _check_block(block: Block, base: dict) -> list[Diagnostic]:
     out: list[Diagnostic] = []
+    env = block_env(base, block)
     evaluated = stated(block, env).get("training")
     evaluated = evaluated if evaluated is not None and evaluated.value == 0 else None
     for d in block.decls:
         if not isinstance(d, KindDecl) or d.category != "norm" or not family(d).batch_coupled:
             continue
+        out += _check_ranges(d, env)
         if d.arg("padding") is None:
             out.append(error("E0435", f"{d.kind} '{d.name}' takes its moments over every row of the batch but states "
                              "no padding policy: padded rows would shift the statistics of real tokens", d.span,
