@@ -111,14 +111,6 @@ class BatchNorm(nn.Module):
             y = y + self.eta.to(work.dtype) * work
         return y.to(x.dtype)
 
-    def affine_map(self) -> tuple[Tensor, Tensor]:
-        """(scale, shift) per channel with the running moments fixed: RepBN(x) = scale * x + shift."""
-        rstd = torch.rsqrt(self.running_var + self.eps)
-        gain = self.weight if self.weight is not None else torch.ones_like(rstd)
-        shift = self.bias if self.bias is not None else torch.zeros_like(rstd)
-        scale = gain * rstd + (self.eta if self.eta is not None else 0.0)
-        return scale, shift - gain * rstd * self.running_mean
-
     def extra_repr(self) -> str:
         return (f"{self.width}, eps={self.eps}, momentum={self.momentum}, padding={self.padding}, "
                 f"running={self.running}, rep={self.eta is not None}")
