@@ -268,3 +268,31 @@ def test_cost_ledger_counts_parameters_not_buffers() -> None:
     assert [norm_parameters(block.decl_map[n], {"D": 8}) for n in ("norm1", "norm2")] == [4 * 8 + 1, 2 * 8 + 1]
     _, m = _compile()
     assert sum(p.numel() for n, p in m.named_parameters() if n.startswith("norm1.")) == 4 * 8 + 1
+
+
+def test_include_policy_counts_every_row_and_unreadable_masks_are_refused() -> None:
+    program = blockir.parse(BLOCK.format(steps=4).replace("padding=mask", "padding=include"))
+    m = blockir.compile(program, "P", dims=DIMS).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    keep = torch.ones(3, 5, dtype=torch.long)
+    keep[0, 3:] = 0
+    m(x, attention_mask=keep)
+    assert torch.allclose(m.norm1.bn.running_mean, 0.25 * x.reshape(-1, 8).mean(0), rtol=1e-13, atol=0)
+    _, masked = _compile()
+    with pytest.raises(blockir.BlockError) as bad:
+        masked(x, attention_mask=torch.zeros(3, 5, dtype=torch.long))
+    assert [(d.code, d.span.line) for d in bad.value.diagnostics] == [("E0750", 8)]
+    assert "every row of the batch is padding" in bad.value.diagnostics[0].message
+    with pytest.raises(blockir.BlockError) as additive:
+        masked(x, attention_mask=torch.zeros(3, 1, 5, 5))
+    assert "does not mark the rows of its input (3, 5, 8)" in additive.value.diagnostics[0].message
+
+
+def test_calibrate_refuses_a_module_without_running_moments() -> None:
+    with pytest.raises(blockir.BlockError) as none:
+        blockir.calibrate(torch.nn.Linear(2, 2), [torch.randn(1, 2)])
+    assert [d.code for d in none.value.diagnostics] == ["E0753"]
+    _, m = _compile()
+    with pytest.raises(blockir.BlockError) as empty:
+        blockir.calibrate(m, [])
+    assert [d.code for d in empty.value.diagnostics] == ["E0753"]
