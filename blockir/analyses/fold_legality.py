@@ -248,7 +248,7 @@ def _batch_coupled(block: Block, op: NormOp) -> bool:
 
 
 def fold_report(block: Block, mode: str) -> list[FoldSite]:
-    """One entry per scale, affine norm and dropout of ``block``, in program order."""
+    """One entry per scale, affine norm, batch-coupled norm and dropout of ``block``, in program order."""
     if mode not in ("train", "infer"):
         raise ValueError(f"mode must be 'train' or 'infer', got {mode!r}")
     shortcut_of = {id(op): s.branches[0].name for s in wrapper(block).sublayers if s.branches
