@@ -213,3 +213,9 @@ block Step(x: [B, S, D]) -> [B, S, D] {
     total = ledger(program, "Step", {"B": 2, "S": 16, "D": 64}, DType.BF16).total
     assert total.unfused.bytes_moved == 3 * e + 3 * e  # the difference, then the add
     assert total.unfused.saved_bytes == 0  # neither keeps anything for backward
+
+
+def test_the_documented_layer_is_the_example() -> None:
+    doc = (ROOT / "docs" / "ngpt.md").read_text()
+    snippet = doc.split("```block\n", 1)[1].split("```", 1)[0]
+    assert blockir.load(EXAMPLE) == blockir.parse(snippet, "ngpt.md")
