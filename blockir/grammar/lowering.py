@@ -14,7 +14,7 @@ from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, MASKS
 from blockir.ir.types import Axis, DType, Role, TensorType
 
-TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product) "
+TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product), "
                    "'-' (the difference of two tensors) and '1 - z' only")
 
 
