@@ -173,13 +173,13 @@ class Trainer:
             val = self._val_windows()
             losses = [self.model(chunk).item() for chunk in val.split(self.batch)]
             inputs, _ = self.model.split(val[:self.batch])
-            _, values = trace(self.model.core, *inputs, **self.model.context())
+            out, values = trace(self.model.core, *inputs, **self.model.context())
             sizes = Sizes.of(self.program, self.cfg.dims)
             sites = telemetry(self.program, self.block, values, sizes)
             sphere = None
             if self.sphere:
                 hidden = [values[s.shortcut] for s in residual_sites(self.program, self.block, sizes)
-                          if s.shortcut in values] + [self.model.core(*inputs, **self.model.context())]
+                          if s.shortcut in values] + [out]
                 sphere = (row_norm_error(hidden), parameter_norm_error(self.model.core, self.model.sphere_tables()))
         finally:
             self.model.train()
