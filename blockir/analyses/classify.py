@@ -18,7 +18,7 @@ from networkx.algorithms.isomorphism import categorical_node_match
 
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.summaries import callees_first, output_source
-from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
+from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, retracted, wrapper
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.ops import CallOp, NormOp
 from blockir.ir.program import Block, Program
@@ -108,6 +108,7 @@ RECIPES = {
     "stack": "layers applied in sequence, optionally closed by a final norm",
     "residual_from_norm": "y = N(h) + F(N(h)): an update continues the stream from a normalized value "
                           "(stated with const residual_from_norm = 1)",
+    "ngpt": "unit(x + a * (unit(F(x)) - x)): normalized interpolation on the hypersphere, a learned vector a (nGPT)",
     "mixed": "updates disagree on where they normalize",
     "custom": "a residual wrapper outside the registry",
 }
@@ -283,7 +284,9 @@ def _classify_one(program: Program, block: Block, cache: dict[str, Classificatio
     else:
         form = "parallel" if len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1 else "sequential"
         base = match_registry(w)
-        if any(normalized_shortcut(block, s) is not None for s in w.sublayers):
+        if all(retracted(block, s) for s in w.sublayers):
+            name = "ngpt"
+        elif any(normalized_shortcut(block, s) is not None for s in w.sublayers):
             name = "residual_from_norm"
         elif base is None:
             name = "mixed" if len(set(placed)) > 1 else "custom"

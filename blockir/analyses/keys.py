@@ -109,11 +109,13 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     else:
         keys = _linear(names["qkv"], (heads + 2 * kv) * hd, width, bias, conv1d)
     keys += _linear(names["o"], width, heads * hd, out_bias, conv1d)
-    if decl.arg("qk_norm") != "none":
+    if decl.arg("qk_norm") in ("rmsnorm", "layernorm"):  # an l2norm learns nothing
         for role, count in (("q_norm", heads), ("k_norm", kv)):
             n = hd if decl.arg("qk_norm_axis") == "head" else count * hd
             keys += [(f"{names[role]}.weight", (n,))] + \
                 ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
+    if decl.arg("qk_scale"):
+        keys.append(("qk_scale", (heads * hd,)))
     return keys
 
 

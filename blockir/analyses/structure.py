@@ -16,7 +16,10 @@ the op graph:
 * a **gate** is a product ``z * v`` whose factor ``z`` is a sigmoid, tanh or
   erf of something, or ``1 - z`` of one: a gated residual
   ``z * x + (1 - z) * u`` is one update whose shortcut and branch are gated;
-* a norm whose only input is the sum is the sublayer's post-norm (Post-LN).
+* a norm whose only input is the sum is the sublayer's post-norm (Post-LN);
+* an update ``alpha * (t - x)`` that steps from the state toward a target is an
+  **interpolation** (nGPT's ``unit(x + alpha * (unit(f(x)) - x))``): the branch
+  computes ``t``, and the state it subtracts is not a second shortcut.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from blockir.analyses.cache import per_object
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import GATES
 from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp,
-                            MulOp, NormOp, Op, OutputOp, ScaleOp)
+                            MulOp, NormOp, Op, OutputOp, ScaleOp, SubOp)
 from blockir.ir.program import Block
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)
@@ -340,6 +343,9 @@ def _branch(block: Block, leaf: str, state: str, stop: frozenset[str], state_in:
             modifiers.append(op)  # type: ignore[arg-type]
             v = gate[1]
             continue
+        if isinstance(op, SubOp) and op.rhs == state:
+            v = op.lhs  # an interpolation's step: the branch proposes its minuend, the state is not a branch
+            continue
         if isinstance(op, MODIFIERS):
             modifiers.append(op)
         elif isinstance(op, NormOp) and out_norm is None and v not in stop and op.operand not in stop:
@@ -472,3 +478,19 @@ def normalized_shortcut(block: Block, sub: Sublayer) -> NormOp | FusedAddNormOp 
     if isinstance(start, NormOp) and sub.post_norm is None and not isinstance(sub.root, FusedAddNormOp):
         return start
     return None
+
+
+def interpolation(block: Block, sub: Sublayer) -> SubOp | None:
+    """The difference ``t - state`` an update steps along, when its one update is scales of it (nGPT)."""
+    if len(sub.updates) != 1:
+        return None
+    op = block.producers.get(sub.updates[0])
+    while isinstance(op, ScaleOp):
+        op = block.producers.get(op.operand)
+    return op if isinstance(op, SubOp) and op.rhs == sub.state else None
+
+
+def retracted(block: Block, sub: Sublayer) -> bool:
+    """Whether an update is nGPT's: an interpolation whose sum an ``l2norm`` brings back to unit length."""
+    post = sub.post_norm
+    return interpolation(block, sub) is not None and post is not None and decl_kind(block, post) == "l2norm"

@@ -180,6 +180,7 @@ class _Projections(nn.Module):
         qk_norm_axis: str = "head",
         qk_norm_eps: float = 1e-6,
         qk_norm_cast: str = "before_weight",
+        qk_scale: bool = False,
         core: AttentionCore | None = None,
     ) -> None:
         super().__init__()
@@ -210,8 +211,10 @@ class _Projections(nn.Module):
             for role, count in (("q_norm", heads), ("k_norm", kv_heads)):
                 n = size or count * head_dim
                 norm = numerics.RMSNorm(n, qk_norm_eps, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
-                    numerics.LayerNorm(n, qk_norm_eps)
+                    numerics.L2Norm(n, qk_norm_eps) if qk_norm == "l2norm" else numerics.LayerNorm(n, qk_norm_eps)
                 self.add_module(names[role], norm)
+        # nGPT's s_qk (arXiv:2410.01131), stored at 1/sqrt(width) so that Adam moves it at the rate of the matrices
+        self.qk_scale = nn.Parameter(torch.full((q_out,), width ** -0.5)) if qk_scale else None
 
     def project(self, x: Tensor, memory: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as ``[B, H, S, hd]`` after the q/k norms."""
@@ -234,9 +237,19 @@ class _Projections(nn.Module):
         return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
 
     def _norm_heads(self, t: Tensor, role: str) -> Tensor:
-        if self.qk_norm == "none" or self.qk_norm_axis != "head":
+        if self.qk_norm in ("none", "l2norm") or self.qk_norm_axis != "head":
             return t
         return getattr(self, self.names[role])(t)
+
+    def sphere_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """nGPT's q and k ``[B, H, S, hd]``, after RoPE: each head unit-normalized (``qk_norm=l2norm``), then
+        times s_qk; a key head of a query group takes its group's first query head's gain."""
+        if self.qk_norm == "l2norm" and self.qk_norm_axis == "head":
+            q, k = getattr(self, self.names["q_norm"])(q), getattr(self, self.names["k_norm"])(k)
+        if self.qk_scale is None:
+            return q, k
+        s = (self.qk_scale * self.width ** 0.5).view(self.heads, 1, self.head_dim)
+        return q * s, k * s[::self.heads // self.kv_heads]
 
     def out(self, y: Tensor) -> Tensor:
         return getattr(self, self.names["o"])(y.flatten(-2))
@@ -307,6 +320,7 @@ class SelfAttention(_Projections):
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
+        q, k = self.sphere_qk(q, k)
         return self.out(_attend(q, k, v, masks, self.core, self.training,
                                      self.heads // self.kv_heads))
 
@@ -335,6 +349,7 @@ class CrossAttention(_Projections):
         masks.attention_mask(memory_mask, "memory_mask")
         masks.key_padding_mask(memory_key_padding_mask, "memory_key_padding_mask")
         q, k, v = self.project(x, memory)
+        q, k = self.sphere_qk(q, k)
         return self.out(_attend(q, k, v, masks, self.core, self.training,
                                      self.heads // self.kv_heads))
 

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from blockir.analyses.hypersphere import sphere_parameters
 from blockir.analyses.keys import SINGLE
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
@@ -526,6 +527,8 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
         b.fn(operator.mul, (b.env[op.lhs], b.env[op.rhs]), op.result)
     elif isinstance(op, O.ComplementOp):
         b.fn(numerics.complement, (b.env[op.operand],), op.result)
+    elif isinstance(op, O.SubOp):
+        b.fn(operator.sub, (b.env[op.lhs], b.env[op.rhs]), op.result)
     elif isinstance(op, O.AddOp):
         target = b.inplace.get(id(op))
         if target is None:
@@ -689,6 +692,9 @@ class Lowering:
                                donated=first if i == 0 else infer) for i in range(n)), d.span)
         if single:
             root.register_load_state_dict_pre_hook(partial(_reshape_single, tuple(single)))
+        sphere = sphere_parameters(block)
+        if sphere:  # nGPT: the matrices the optimizer-step projection normalizes, and along which axis
+            root.blockir_sphere = sphere
         return root
 
 

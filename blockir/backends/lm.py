@@ -1,5 +1,9 @@
 """A byte-level language model around a compiled block: embedding, the block, final norm, head.
 
+Around an nGPT block (one that keeps its stream on a hypersphere) the embedding and head tables
+are projected with the block's matrices, and the logits are scaled by nGPT's learned per-token
+``s_z``, stored at ``1/sqrt(width)`` and applied times ``sqrt(width)`` (effective 1 at init).
+
 The block's first input is the token stream ``[batch, seq, model]``; any further input (an
 encoder–decoder layer's ``memory``) is the embedding of the bytes just before that window, so
 the model predicts the next byte from text it has already seen. Attention is made causal by the
@@ -60,13 +64,18 @@ def needs_final_norm(program: Program, block: Block) -> bool:
 
 
 class ByteLM(nn.Module):
-    def __init__(self, core: nn.Module, shape: Layout, final_norm: bool) -> None:
+    def __init__(self, core: nn.Module, shape: Layout, final_norm: bool, sphere: bool = False) -> None:
         super().__init__()
         self.shape = shape
         self.embed = nn.Embedding(VOCAB, shape.width)
         self.core = core
         self.norm = nn.LayerNorm(shape.width) if final_norm else nn.Identity()
         self.head = nn.Linear(shape.width, VOCAB, bias=False)
+        self.logit_scale = nn.Parameter(torch.full((VOCAB,), shape.width ** -0.5)) if sphere else None
+
+    def sphere_tables(self) -> tuple[tuple[torch.Tensor, int], ...]:
+        """(weight, axis) of the tables nGPT projects besides the block's matrices: rows of the embedding and head."""
+        return ((self.embed.weight, 1), (self.head.weight, 1)) if self.logit_scale is not None else ()
 
     def split(self, window: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(embedded block inputs, target bytes) of a ``[batch, window]`` byte tensor."""
@@ -86,7 +95,10 @@ class ByteLM(nn.Module):
 
     def logits(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, target = self.split(window)
-        return self.head(self.norm(self.core(*inputs, **self.context()))), target
+        logits = self.head(self.norm(self.core(*inputs, **self.context())))
+        if self.logit_scale is not None:
+            logits = logits * (self.logit_scale * self.shape.width ** 0.5)
+        return logits, target
 
     def forward(self, window: torch.Tensor) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats) over the window."""

@@ -16,9 +16,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from blockir.analyses.hypersphere import on_sphere
+from blockir.analyses.sites import residual_sites
 from blockir.analyses.sizes import Sizes
 from blockir.backends.compile import compile as compile_block
 from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
+from blockir.backends.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.backends.lm import ByteLM, layout, needs_final_norm
 from blockir.backends.telemetry import SiteStats, telemetry
 from blockir.backends.trace import trace
@@ -47,6 +50,7 @@ class Snapshot:
     step: int
     val_loss: float
     sites: tuple[SiteStats, ...]
+    sphere: tuple[float, float] | None = None  # nGPT: max |‖h‖ − 1| over hidden rows, and over projected vectors
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,11 @@ def build_model(program: Program, block: Block, cfg: RunConfig) -> tuple[ByteLM,
                              bind=stand_ins(program, block, cfg.dims), seed=cfg.seed)
         if cfg.init is not None:
             cfg.init(core)
-        model = ByteLM(core, layout(program, block, Sizes.of(program, cfg.dims)), needs_final_norm(program, block))
+        sphere = on_sphere(program, block.name)
+        model = ByteLM(core, layout(program, block, Sizes.of(program, cfg.dims)), needs_final_norm(program, block),
+                       sphere)
+        if sphere:
+            project(core, model.sphere_tables())  # nGPT starts on the sphere, not only after the first step
         return model, torch.get_rng_state()
 
 
@@ -122,7 +130,11 @@ class Trainer:
         self.batch = batch_size(program, block, cfg)
         self.model, self.rng = build_model(program, block, cfg)
         self.batches = torch.Generator().manual_seed(cfg.seed)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.sphere = self.model.logit_scale is not None
+        # nGPT trains without weight decay: the projection already bounds every matrix
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0 if self.sphere else 0.01)
+        if self.sphere:
+            project_after_step(self.optimizer, self.model.core, self.model.sphere_tables())
         warmup = max(cfg.warmup, 0)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -161,11 +173,17 @@ class Trainer:
             val = self._val_windows()
             losses = [self.model(chunk).item() for chunk in val.split(self.batch)]
             inputs, _ = self.model.split(val[:self.batch])
-            _, values = trace(self.model.core, *inputs, **self.model.context())
-            sites = telemetry(self.program, self.block, values, Sizes.of(self.program, self.cfg.dims))
+            out, values = trace(self.model.core, *inputs, **self.model.context())
+            sizes = Sizes.of(self.program, self.cfg.dims)
+            sites = telemetry(self.program, self.block, values, sizes)
+            sphere = None
+            if self.sphere:
+                hidden = [values[s.shortcut] for s in residual_sites(self.program, self.block, sizes)
+                          if s.shortcut in values] + [out]
+                sphere = (row_norm_error(hidden), parameter_norm_error(self.model.core, self.model.sphere_tables()))
         finally:
             self.model.train()
-        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites))
+        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere)
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]

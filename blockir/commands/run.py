@@ -69,6 +69,15 @@ def sites_json(sites: Any) -> list[dict[str, Any]]:
     return [{"site": s.site, "rho": list(s.rho), "cos": list(s.cos)} for s in sites]
 
 
+def sphere_line(sphere: tuple[float, float]) -> str:
+    return (f"hypersphere: hidden-row norm error max |‖h‖-1| = {sphere[0]:.2e}; parameter norm error max "
+            f"|‖w‖-1| = {sphere[1]:.2e} after the projection")
+
+
+def sphere_json(sphere: tuple[float, float] | None) -> dict[str, float] | None:
+    return None if sphere is None else {"hidden_row_norm_error": sphere[0], "parameter_norm_error": sphere[1]}
+
+
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
         from blockir.backends import checkpoint
@@ -109,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                         "losses": list(report.losses), "val_loss": final.val_loss,
                         "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
+                        "sphere": sphere_json(final.sphere),
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
                                       for s in report.snapshots],
                         "batch_norms": [{"name": n.name, "step": n.step, "transition": n.transition,
@@ -126,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
             if norms:
                 print()
                 print("\n".join(n.line() for n in norms))
+            if final.sphere is not None:
+                print(sphere_line(final.sphere))
         if args.plot:
             from blockir.backends.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")

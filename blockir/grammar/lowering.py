@@ -14,8 +14,8 @@ from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, MASKS
 from blockir.ir.types import Axis, DType, Role, TensorType
 
-TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product) "
-                   "and '1 - z' only")
+TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product), "
+                   "'-' (the difference of two tensors) and '1 - z' only")
 
 
 def to_const(e: ast.Expr, scope: Scope) -> C.ConstExpr | None:
@@ -100,6 +100,8 @@ class Lowerer:
         if isinstance(e, ast.BinOp) and e.op == "-" and is_constant_expr(e.left, self.scope) \
                 and not is_constant_expr(e.right, self.scope):
             return self._complement(e, name)
+        if isinstance(e, ast.BinOp) and e.op == "-" and not is_constant_expr(e.left, self.scope):
+            return self._sub(e, name)
         if isinstance(e, ast.Call):
             return self._call(e, name)
         what = {ast.Num: "a number", ast.AxesLit: "an axis list"}.get(type(e), f"'{getattr(e, 'op', '-')}'")
@@ -193,6 +195,12 @@ class Lowerer:
         if operand is None:
             return None
         return self.emit(O.ComplementOp(name or self.fresh(), self.scope.values[operand], operand, span=e.span))
+
+    def _sub(self, e: ast.BinOp, name: str | None) -> str | None:
+        lhs, rhs = self.tensor(e.left), self.tensor(e.right)
+        if lhs is None or rhs is None:
+            return None
+        return self.emit(O.SubOp(name or self.fresh(), self.scope.values[lhs], lhs, rhs, span=e.span))
 
     # --- calls -----------------------------------------------------------
     def _args(self, e: ast.Call, arity: int | None, kwargs_ok: tuple[str, ...] = ()) -> list[str] | None:

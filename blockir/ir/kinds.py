@@ -103,7 +103,7 @@ def _offset(what: str) -> ArgSpec:
 
 ROPE_STYLES = ("half", "interleaved")
 QKV_LAYOUTS = ("none", "stacked", "heads")
-QK_NORMS = ("none", "rmsnorm", "layernorm")
+QK_NORMS = ("none", "rmsnorm", "layernorm", "l2norm")
 ATTENTION_IMPLS = ("sdpa", "eager")
 
 
@@ -124,10 +124,13 @@ _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
             doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head"),
     ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)"),
-    ArgSpec("qk_norm", "enum", "none", choices=QK_NORMS, doc="a norm on queries and keys after projection"),
+    ArgSpec("qk_norm", "enum", "none", choices=QK_NORMS,
+            doc="a norm on queries and keys after projection (l2norm: each head to unit length after RoPE, as nGPT)"),
     ArgSpec("qk_norm_axis", "enum", "head", choices=("head", "width"), doc="normalise each head, or all heads"),
     ArgSpec("qk_norm_eps", "expr", Num(1e-6)),
     ArgSpec("qk_norm_cast", "enum", "before_weight", choices=CAST_ORDERS),
+    ArgSpec("qk_scale", "bool", None, doc="nGPT's s_qk: a learned gain per query channel (heads * head_dim) on q "
+            "and k after their norm and RoPE, stored at 1/sqrt(width) and applied times sqrt(width)"),
     _name("q", "the query projection's name"), _name("k", "the key projection's name"),
     _name("v", "the value projection's name"), _name("qkv", "the fused projection's name"),
     _name("o", "the output projection's name (o_proj, out_proj, dense, c_proj, …)"),
@@ -159,7 +162,10 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
                  "ScaleNorm: one learned scalar over x/||x||"),
         KindSpec("l2norm", "norm", (_axes(), ArgSpec("eps", "expr", Num(1e-12), doc="lower bound of the row's "
-                                                     "L2 norm (clamped, not added); must be > 0"), _TIED),
+                                                     "L2 norm (clamped, not added); must be > 0"), _TIED,
+                                      ArgSpec("hypersphere", "bool", False,
+                                              doc="nGPT: the stream lives on the unit sphere of this axis, and every "
+                                                  "matrix of the block is projected onto it after each optimizer step")),
                  "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
         KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),

@@ -291,6 +291,24 @@ class ComplementOp(OpBase):
 
 
 @dataclass(frozen=True)
+class SubOp(OpBase):
+    """``lhs - rhs`` of two tensors of one type: the step from a point toward a target, as in the
+    normalized interpolation ``h + alpha * (t - h)`` of nGPT (Loshchilov et al., arXiv:2410.01131)."""
+
+    result: str = _role("result")
+    type: TensorType = field()
+    lhs: str = _role("value")
+    rhs: str = _role("value")
+    span: Span = field(**_SPAN)
+
+    def label(self) -> str:
+        return "'… - …'"
+
+    def text(self) -> str:
+        return f"{self.result} = {self.lhs} - {self.rhs}"
+
+
+@dataclass(frozen=True)
 class AddOp(OpBase):
     result: str = _role("result")
     type: TensorType = field()
@@ -401,4 +419,4 @@ class OutputOp(OpBase):
 
 
 Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, LayerDropOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
-           ConcatOp, FusedAddNormOp, OutputOp]
+           ConcatOp, SubOp, FusedAddNormOp, OutputOp]

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from blockir.analyses.norms import FAMILIES, family
 from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_layer, uses_layer, value
-from blockir.analyses.structure import wrapper
+from blockir.analyses.structure import interpolation, wrapper
 from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
@@ -230,8 +230,9 @@ def _internal(block: Block) -> set[int]:
     """Ops inside a branch's computation: everything between its pre-norms and its output modifiers."""
     out: set[int] = set()
     for sub in wrapper(block).sublayers:
+        step = interpolation(block, sub)  # nGPT's t - x belongs to the update, like a scale does
         for b in sub.branches:
-            edge = {id(op) for op in (*b.modifiers, *b.pre_norms, b.out_norm) if op is not None}
+            edge = {id(op) for op in (*b.modifiers, *b.pre_norms, b.out_norm, step) if op is not None}
             out |= {id(op) for op in b.ops} - edge
     return out
 
@@ -284,7 +285,7 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
     def nb(v: str) -> int:
         return _nbytes(block.type_of(v), env, dtype)
 
-    if isinstance(op, O.AddOp):
+    if isinstance(op, (O.AddOp, O.SubOp)):
         own.bytes_moved += nb(op.lhs) + nb(op.rhs) + nb(op.result)
     elif isinstance(op, O.CastOp):
         own.bytes_moved += nb(op.operand) + nb(op.result)
@@ -319,7 +320,7 @@ def _wrapper_op(block: Block, op: O.Op, env: Env, dtype: DType, own: _Own) -> No
         own.reductions(b.family, b.rows)
 
 
-WRAPPER_OPS = (O.AddOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.BiasOp, O.ComplementOp, O.MulOp, O.NormOp,
+WRAPPER_OPS = (O.AddOp, O.SubOp, O.CastOp, O.DropoutOp, O.ScaleOp, O.BiasOp, O.ComplementOp, O.MulOp, O.NormOp,
                O.FusedAddNormOp)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp
+from blockir.ir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp, SubOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Role, TensorType
 from blockir.verifiers.registry import verifier
@@ -48,8 +48,11 @@ def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[Cal
     return None
 
 
-def _check_add(block: Block, op: AddOp | MulOp, state: str | None) -> Diagnostic | None:
-    sign = "*" if isinstance(op, MulOp) else "+"
+WHAT = {"+": "a residual add", "-": "a difference of tensors", "*": "a product of tensors"}
+
+
+def _check_add(block: Block, op: AddOp | MulOp | SubOp, state: str | None) -> Diagnostic | None:
+    sign = "*" if isinstance(op, MulOp) else "-" if isinstance(op, SubOp) else "+"
     lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
     if lt.names == rt.names:
         return None
@@ -89,7 +92,7 @@ def _check_add(block: Block, op: AddOp | MulOp, state: str | None) -> Diagnostic
                      if hidden else f"project the branch to {kt.last.name} before the add")
     return error("E0201", f"operands of '{sign}' have different axes: {describe(block, op.lhs)} is {lt}, "
                  f"{describe(block, op.rhs)} is {rt}", op.span, notes=notes,
-                 hint=f"{'a residual add' if sign == '+' else 'a product of tensors'} is elementwise: both sides "
+                 hint=f"{WHAT[sign]} is elementwise: both sides "
                       "need the same axes, in the same order")
 
 
@@ -168,7 +171,7 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for op in block.ops:
         d: Diagnostic | None = None
-        if isinstance(op, (AddOp, MulOp)):
+        if isinstance(op, (AddOp, MulOp, SubOp)):
             d = _check_add(block, op, state)
         elif isinstance(op, (ScaleOp, BiasOp)):
             d = _check_channel(block, op)
