@@ -96,3 +96,15 @@ def test_key_value_heads_neither_split_nor_shared_are_a_located_error() -> None:
             "self_attention 'self_attn' has 2 key/value heads, which 3 ranks can neither split evenly nor share whole"
     else:
         raise AssertionError("a degree that neither divides nor is a multiple of the key/value heads was accepted")
+
+
+def test_hidden_norms_all_reduce_one_sum_per_row_reduction() -> None:
+    """RMSNorm reduces Σx² per row, LayerNorm Σx and Σx²: the all-reduce carries that many elements per row."""
+    rows = 2 * 8
+    for path, name, norm, reductions in ((LLAMA, "LlamaModel", "layers.0.input_layernorm", 1),
+                                          (str(ROOT / "tests" / "distributed" / "families.block"), "GPT2Model",
+                                           "h.0.ln_1", 2)):
+        prog = blockir.load(path)
+        plan = derive_plan(prog, prog.block(name), Sizes.of(prog, {"B": 2, "S": 8}), "hidden", 2)
+        layer = norm.rsplit(".", 1)[0]
+        assert [(c.op, c.elements) for c in plan.collectives[layer] if c.site == norm] == [("all-reduce", reductions * rows)]

@@ -11,7 +11,8 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 * MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
-  under hidden sharding the row moments come from one all-reduce of Σx, Σx²;
+  under hidden sharding the row moments come from one all-reduce of the row's
+  partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm);
 * linears, scales, externs: replicated, gathered in and sliced out.
 
 The plan also counts the collectives of one forward per layer with their
@@ -139,7 +140,9 @@ class _Planner:
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
             if self.layout == "hidden":
-                self._collective(layer, Collective(path, "all-reduce", 2 * self.elements // sizes.dim(d.arg("axes")[-1])))
+                # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
+                rows = self.elements // sizes.dim(d.arg("axes")[-1])
+                self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
             return
         if d.kind in COLUMN:
             shared_kv = False
