@@ -9,7 +9,7 @@ the median derived step over the median hand-written step. Communication is coun
 every functional collective a forward issues inside a layer, by kind and payload (the full tensor it
 moves), against the plan's closed form per layer.
 
-    python benchmarks/distributed.py [--world 2] [--dims B=4,S=128,D=256,F=512,H=8] [--layers 4] [--steps 10]
+    python benchmarks/distributed.py [--world 2] [--dims B=4,S=128,D=256,F=512,H=8] [--layers 4] [--steps 15]
 """
 from __future__ import annotations
 
@@ -77,14 +77,16 @@ def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ig
         output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
-def step_times(model: torch.nn.Module, x: torch.Tensor, steps: int) -> float:
-    times = []
+def step_times(models: dict[str, torch.nn.Module], x: torch.Tensor, steps: int) -> dict[str, float]:
+    """Median step of each model, the models taking turns each round so load on a shared machine hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(steps + 2):
-        dist.barrier()
-        start = time.perf_counter()
-        model(x).sum().backward()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
+        for name, model in models.items():
+            dist.barrier()
+            start = time.perf_counter()
+            model(x).sum().backward()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t[2:]) for name, t in times.items()}
 
 
 def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace) -> None:
@@ -94,21 +96,21 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     program, dims = build(args)
     x = torch.randn(dims["B"], dims["S"], dims["D"], generator=torch.Generator().manual_seed(0))
-    result: dict = {}
+    models, result = {}, {}
     for layout in LAYOUTS:
-        m = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
+        m = models[layout] = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
         blockir.parallelize(m, mesh, program, "LlamaModel", layout=layout, dims=dims)
         counter = Collectives(world)
         for i in range(args.layers):
             layer = m.get_submodule(f"layers.{i}")
-            layer.register_forward_pre_hook(lambda mod, a, i=i: setattr(counter, "layer", f"layers.{i}"))
-            layer.register_forward_hook(lambda mod, a, y: setattr(counter, "layer", None))
+            layer.register_forward_pre_hook(lambda mod, a, i=i, c=counter: setattr(c, "layer", f"layers.{i}"))
+            layer.register_forward_hook(lambda mod, a, y, c=counter: setattr(c, "layer", None))
         with counter, torch.no_grad():
             m(x)
-        result[layout] = dict(time=step_times(m, x, args.steps), seen=counter.seen, plan=m.blockir_plan)
-    m = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
-    hand_written(m, mesh, args.layers)
-    result["hand-written"] = dict(time=step_times(m, x, args.steps))
+        result[layout] = {"seen": counter.seen, "plan": m.blockir_plan}
+    models["hand-written"] = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
+    hand_written(models["hand-written"], mesh, args.layers)
+    result["time"] = step_times(models, x, args.steps)
     if rank == 0:
         torch.save(result, out)
     dist.destroy_process_group()
@@ -129,13 +131,13 @@ def main() -> None:
     ap.add_argument("--dims", default="B=4,S=128,D=256,F=512,H=8")
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=15)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         mp.spawn(worker, args=(args.world, str(Path(d) / "store"), out, args), nprocs=args.world, join=True)
         result = torch.load(out, weights_only=False)
-    base = result["hand-written"]["time"]
+    base = result["time"]["hand-written"]
     print(f"# {datetime.date.today()} — {platform.machine()} ({os.cpu_count()} cores), torch {torch.__version__}, "
           f"gloo, world {args.world}, one thread per rank; LlamaModel {args.layers} layers, {args.dims}, "
           f"kv_heads={args.kv_heads}, fp32")
@@ -143,7 +145,7 @@ def main() -> None:
     print("\n| plan | step (fwd+bwd) ms | ratio to hand-written |\n|---|---:|---:|")
     print(f"| hand-written (torchtitan-style, sequence) | {base * 1e3:.1f} | 1.00 |")
     for layout in LAYOUTS:
-        t = result[layout]["time"]
+        t = result["time"][layout]
         print(f"| derived, {layout} | {t * 1e3:.1f} | {t / base:.2f} |")
     print("\n| layout | per layer, measured (forward) | per layer, plan | bytes measured | bytes plan | equal |\n"
           "|---|---|---|---:|---:|---|")
@@ -154,7 +156,8 @@ def main() -> None:
             if layer == "layers.0":
                 measured[(kind, elements)] += n
         expected = Counter((c.op, c.elements) for c in plan.collectives["layers.0"])
-        fmt = lambda c: ", ".join(f"{n}× {k} {e}" for (k, e), n in sorted(c.items()))  # noqa: E731
+        def fmt(c: Counter) -> str:
+            return ", ".join(f"{n}× {k} {e}" for (k, e), n in sorted(c.items()))
         mb, pb = (4 * sum(e * n for (_, e), n in c.items()) for c in (measured, expected))
         print(f"| {layout} | {fmt(measured)} | {fmt(expected)} | {mb} | {pb} | {measured == expected} |")
 
