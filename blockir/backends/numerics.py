@@ -10,6 +10,7 @@ a checkpoint is only reproduced by the order it was trained with.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable
 
 import torch
@@ -185,8 +186,9 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
 
 
 def _is_dtensor(x: Tensor) -> bool:
-    # DTensor is only imported where one can occur: a parallelised module's activations
-    return type(x).__name__ == "DTensor" and hasattr(x, "device_mesh")
+    # a DTensor exists only once its module is loaded, so single-device runs never import it
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(x, module.DTensor)
 
 
 def _sharded_dropout(x: Tensor, p: float, mask_shape: tuple[int, ...], key: int | Tensor | None) -> Tensor:

@@ -43,8 +43,8 @@ class ReplicatedHeads(ParallelStyle):
     """A key/value projection over more ranks than it has heads: the weight is replicated and each rank
     computes only the head its query heads read (rank r of P, head r·kv/P of kv).
 
-    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks, and so
-    is the input gradient, as a column-parallel projection's is."""
+    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks; the input
+    gradient is summed over the ranks at once, as a column-parallel projection's is."""
 
     def __init__(self, kv_heads: int) -> None:
         super().__init__()
