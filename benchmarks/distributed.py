@@ -58,8 +58,14 @@ class Collectives(TorchDispatchMode):
 def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
     """torchtitan's sequence-parallel plan for a LLaMA decoder, under the HF module names."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     layer_plan = {
         "input_layernorm": SequenceParallel(), "self_attn": gather,

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import ROOT
 from dist_harness import compare
 
