@@ -27,32 +27,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import blockir
+from blockir.backends.distributed.comms import LayerCollectives
 
 LAYOUTS = ("replicated", "sequence", "hidden")
-# payload of each functional collective, in elements of the full tensor: all-gather's input is one shard
-COLLECTIVES = {"all_reduce": ("all-reduce", 1), "all_gather_into_tensor": ("all-gather", None),
-               "reduce_scatter_tensor": ("reduce-scatter", 1)}
-
-
-class Collectives(TorchDispatchMode):
-    """Counts (kind, payload elements) of the collectives issued while ``layer`` is set."""
-
-    def __init__(self, world: int) -> None:
-        super().__init__()
-        self.world, self.layer, self.seen = world, None, Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from torch.distributed.tensor import DTensor
-        if any(t is DTensor for t in types):
-            return NotImplemented  # let DTensor lower the op to local ops and collectives, which come back here
-        name = func.overloadpacket.__name__
-        if self.layer is not None and name in COLLECTIVES:
-            kind, scale = COLLECTIVES[name]
-            self.seen[(self.layer, kind, args[0].numel() * (scale or self.world))] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
@@ -106,12 +85,7 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
     for layout in LAYOUTS:
         m = models[layout] = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
         blockir.parallelize(m, mesh, program, "LlamaModel", layout=layout, dims=dims)
-        counter = Collectives(world)
-        for i in range(args.layers):
-            layer = m.get_submodule(f"layers.{i}")
-            layer.register_forward_pre_hook(lambda mod, a, i=i, c=counter: setattr(c, "layer", f"layers.{i}"))
-            layer.register_forward_hook(lambda mod, a, y, c=counter: setattr(c, "layer", None))
-        with counter, torch.no_grad():
+        with LayerCollectives(m, m.blockir_plan.layers, world) as counter, torch.no_grad():
             m(x)
         result[layout] = {"seen": counter.seen, "plan": m.blockir_plan}
     models["hand-written"] = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
@@ -129,6 +103,10 @@ def build(args: argparse.Namespace) -> tuple[blockir.ir.program.Program, dict[st
     text = Path("examples/llama.block").read_text().replace("LlamaDecoderLayer * 2", f"LlamaDecoderLayer * {args.layers}")
     text = text.replace("kv_heads=2", f"kv_heads={args.kv_heads}")
     return blockir.parse(text, "llama.block"), dims
+
+
+def fmt(c: Counter) -> str:
+    return ", ".join(f"{n}× {k} {e}" for (k, e), n in sorted(c.items()))
 
 
 def main() -> None:
@@ -157,13 +135,8 @@ def main() -> None:
           "|---|---|---|---:|---:|---|")
     for layout in LAYOUTS:
         seen, plan = result[layout]["seen"], result[layout]["plan"]
-        measured = Counter()
-        for (layer, kind, elements), n in seen.items():
-            if layer == "layers.0":
-                measured[(kind, elements)] += n
+        measured = seen["layers.0"]
         expected = Counter((c.op, c.elements) for c in plan.collectives["layers.0"])
-        def fmt(c: Counter) -> str:
-            return ", ".join(f"{n}× {k} {e}" for (k, e), n in sorted(c.items()))
         mb, pb = (4 * sum(e * n for (_, e), n in c.items()) for c in (measured, expected))
         print(f"| {layout} | {fmt(measured)} | {fmt(expected)} | {mb} | {pb} | {measured == expected} |")
 

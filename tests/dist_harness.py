@@ -64,7 +64,17 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
              if path.count(".") <= 1 and path]
     # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
     torch.manual_seed(3)
-    y = m(x)
+    comms, planned = {}, {}
+    if layout is not None and dp == 1:
+        from collections import Counter
+        from blockir.backends.distributed.comms import LayerCollectives
+        with LayerCollectives(m, m.blockir_plan.layers, dist.get_world_size()) as counter:
+            y = m(x)
+        comms = counter.seen
+        planned = {layer: Counter((c.op, c.elements) for c in cs) for layer, cs in m.blockir_plan.collectives.items()
+                   if layer in comms}
+    else:
+        y = m(x)
     y.backward(grad_out)
     for h in hooks:
         h.remove()
@@ -73,7 +83,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         y, dx = _gather_batch(y, group), _gather_batch(dx, group) / dp
     return dict(y=y, dx=dx,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
-                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen)
+                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
 
 
 Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, int]  # program, block, dims, layout, shape, mode, dp
@@ -102,7 +112,8 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
-    top-level submodule (``inputs``). One spawn for many cases: starting ranks costs more than running them.
+    top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
+    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. One spawn for many cases: starting ranks costs more than running them.
     """
     refs = [_run(program, name, dims, None, shape, mode) for program, name, dims, _, shape, mode, _ in cases]
     with tempfile.TemporaryDirectory() as d:

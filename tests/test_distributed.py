@@ -80,6 +80,17 @@ def test_tensor_parallel_matches_one_process(world2: dict, case: tuple[Any, ...]
     assert all(v == "R" for k, v in params.items() if k.endswith(("o_proj.bias", "fc2.bias")))
     layer = next(k for k in par["inputs"] if k.endswith(".0"))
     assert par["inputs"][layer] == STREAM[layout]
+    # every layer issued exactly the collectives, and payloads, the plan predicts for it
+    assert len(par["comms"]) == 2
+    if (case[0], layout) == ("bert", "hidden"):
+        # Post-LN with LayerNorm run as one kernel: the engine gathers the row for the norm, and the norm's output
+        # is the stream, which stays replicated; only the first layer's attention still gathers its input
+        stream = 2 * 8 * 64
+        assert par["comms"] == {"layers.0": {("all-gather", stream): 3, ("reduce-scatter", stream): 2},
+                                "layers.1": {("all-gather", stream): 2, ("reduce-scatter", stream): 2}}
+        assert par["planned"]["layers.1"] == par["comms"]["layers.1"]
+    else:
+        assert par["comms"] == par["planned"]
 
 
 @pytest.mark.parametrize("model", ["gpt2", "neox", "bert"])
@@ -112,3 +123,4 @@ def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tu
     assert params["layers.0.self_attn.q_proj.weight"] == "S(0)"
     assert params["layers.0.self_attn.k_proj.weight"] == params["layers.1.self_attn.v_proj.weight"] == "R"
     assert par["inputs"]["layers.0"] == STREAM[case[1]]
+    assert par["comms"] == par["planned"]

@@ -99,12 +99,15 @@ def test_key_value_heads_neither_split_nor_shared_are_a_located_error() -> None:
 
 
 def test_hidden_norms_all_reduce_one_sum_per_row_reduction() -> None:
-    """RMSNorm reduces Σx² per row, LayerNorm Σx and Σx²: the all-reduce carries that many elements per row."""
+    """RMSNorm reduces Σx² per row, a written-out LayerNorm Σx and Σx²: the all-reduce carries that many elements
+    per row. A LayerNorm run as one kernel gathers its row instead, in place of the gather at its branch."""
     rows = 2 * 8
-    for path, name, norm, reductions in ((LLAMA, "LlamaModel", "layers.0.input_layernorm", 1),
-                                          (str(ROOT / "tests" / "distributed" / "families.block"), "GPT2Model",
-                                           "h.0.ln_1", 2)):
-        prog = blockir.load(path)
+    families = (ROOT / "tests" / "distributed" / "families.block").read_text()
+    two_pass = families.replace("ln_1: layernorm(D, eps=1e-5, bias=true)", "ln_1: layernorm(D, eps=1e-5, bias=true, two_pass=true)")
+    for prog, name, norm, expected in (
+            (blockir.load(LLAMA), "LlamaModel", "layers.0.input_layernorm", [("all-reduce", rows)]),
+            (blockir.parse(two_pass, "families.block"), "GPT2Model", "h.0.ln_1", [("all-reduce", 2 * rows)]),
+            (blockir.parse(families, "families.block"), "GPT2Model", "h.0.ln_1", [])):
         plan = derive_plan(prog, prog.block(name), Sizes.of(prog, {"B": 2, "S": 8}), "hidden", 2)
         layer = norm.rsplit(".", 1)[0]
-        assert [(c.op, c.elements) for c in plan.collectives[layer] if c.site == norm] == [("all-reduce", reductions * rows)]
+        assert [(c.op, c.elements) for c in plan.collectives[layer] if c.site == norm] == expected, norm

@@ -43,6 +43,13 @@ class NormFamily:
     _scale: str  # per_channel | scalar | none (when not affine)
     _extra: tuple[tuple[str, Shape], ...] = ()  # parameters of fixed shape, before weight and bias
     _fused_offset: bool = False  # the fused kernels implement a (1 + weight) gain
+    _one_kernel: Callable[[KindDecl], bool] = lambda d: False
+
+    def one_kernel(self, decl: KindDecl) -> bool:
+        """Whether the backends run the norm as one ATen kernel over the whole row (nn.LayerNorm's): an engine
+        whose rows are split by features cannot split that kernel, so it gathers the row instead of reducing
+        the row's sums."""
+        return self._one_kernel(decl)
 
     def fuses(self, decl: KindDecl) -> bool:
         """Whether the fused add+norm kernels reproduce this declaration exactly."""
@@ -90,7 +97,8 @@ def _numel(shape: Shape) -> int:
 
 FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
     NormFamily("layernorm", "LayerNorm", 2, (2, 2), True, lambda d: bool(d.arg("affine")),
-               lambda d: bool(d.arg("bias")), "per_channel"),
+               lambda d: bool(d.arg("bias")), "per_channel",
+               _one_kernel=lambda d: d.arg("accum") == "f32" and not d.arg("two_pass")),
     # an unset affine means the usual per-channel weight; only an affine fold writes affine=false
     NormFamily("rmsnorm", "RMSNorm", 1, (1, 1), True, lambda d: d.arg("affine") is not False,
                lambda d: False, "per_channel", _fused_offset=True),

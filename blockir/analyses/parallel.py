@@ -12,7 +12,9 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
   under hidden sharding the row moments come from one all-reduce of the row's
-  partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm);
+  partial sums (Σx² for RMSNorm, Σx and Σx² for a LayerNorm written out),
+  while a LayerNorm run as one kernel gathers the row, in place of the gather
+  at the branch that reads it;
 * linears, scales, externs: replicated, gathered in and sliced out.
 
 The plan also counts the collectives of one forward per layer with their
@@ -139,10 +141,12 @@ class _Planner:
             grads = {"sequence": "replicate (gradient summed over tp)"}
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
-            if self.layout == "hidden":
+            if self.layout == "hidden" and not family(d).one_kernel(d):
                 # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
                 rows = self.elements // sizes.dim(d.arg("axes")[-1])
                 self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
+            # a one-kernel norm gathers its rows instead: the branch reading them then has full rows and gathers
+            # nothing, so per layer the all-gathers already counted at the branches stand for both
             return
         if d.kind in COLUMN:
             shared_kv = False
