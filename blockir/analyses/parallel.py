@@ -5,9 +5,10 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 
 * attention: q/k/v split by output columns (whole heads per rank), o split by
   input rows; with more ranks than key/value heads, k/v are replicated and
-  each rank computes only the key/value head its query heads read; the o output is reduced to the stream's layout — all-reduce
-  for a replicated stream, reduce-scatter onto rows (sequence) or features
-  (hidden); a sharded stream is all-gathered at the branch input;
+  each rank computes only the key/value head its query heads read; the o
+  output is reduced to the stream's layout — all-reduce for a replicated
+  stream, reduce-scatter onto rows (sequence) or features (hidden); a sharded
+  stream is all-gathered at the branch input;
 * MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
