@@ -29,7 +29,7 @@ def _gather_batch(t: torch.Tensor, group: Any) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
+def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
          mode: str, dp: int = 1) -> dict[str, Any]:
     import blockir
     m = blockir.compile(program, name, dims=dims, seed=0)
@@ -62,7 +62,19 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tupl
 
     hooks = [sub.register_forward_pre_hook(record(path)) for path, sub in m.named_modules()
              if path.count(".") <= 1 and path]
-    y = m(x)
+    # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
+    torch.manual_seed(3)
+    comms, planned = {}, {}
+    if layout is not None and dp == 1:
+        from collections import Counter
+        from blockir.backends.distributed.comms import LayerCollectives
+        with LayerCollectives(m, m.blockir_plan.layers, dist.get_world_size()) as counter:
+            y = m(x)
+        comms = counter.seen
+        planned = {layer: Counter((c.op, c.elements) for c in cs) for layer, cs in m.blockir_plan.collectives.items()
+                   if layer in comms}
+    else:
+        y = m(x)
     y.backward(grad_out)
     for h in hooks:
         h.remove()
@@ -71,17 +83,20 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str, shape: tupl
         y, dx = _gather_batch(y, group), _gather_batch(dx, group) / dp
     return dict(y=y, dx=dx,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
-                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen)
+                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
 
 
-def _worker(rank: int, world: int, store: str, out: str, args: tuple[Any, ...]) -> None:
+Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, int]  # program, block, dims, layout, shape, mode, dp
+
+
+def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> None:
     torch.set_num_threads(1)
     # a file rendezvous: no port to race for when several test runs share the machine
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        result = _run(*args)
+        results = [_run(*case) for case in cases]
         if rank == 0:
-            torch.save(result, out)
+            torch.save(results, out)
     finally:
         dist.destroy_process_group()
     # gloo can leave a joinable thread behind that aborts the interpreter's teardown (std::terminate, SIGABRT)
@@ -91,14 +106,18 @@ def _worker(rank: int, world: int, store: str, out: str, args: tuple[Any, ...]) 
     os._exit(0)
 
 
-def compare(program: str, name: str, dims: dict[str, int], layout: str, shape: tuple[int, ...],
-            world: int = 2, mode: str = "eval", dp: int = 1) -> tuple[Any, Any]:
-    """(reference, parallel) runs over ``world`` ranks, on a ``(dp, world // dp)`` mesh when ``dp`` > 1: output
-    ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each top-level submodule (``inputs``)."""
-    ref = _run(program, name, dims, None, shape, mode)  # type: ignore[arg-type]
+def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
+    """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
+
+    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks. Each
+    result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
+    ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
+    top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
+    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. One spawn for many cases: starting ranks costs more than running them.
+    """
+    refs = [_run(program, name, dims, None, shape, mode) for program, name, dims, _, shape, mode, _ in cases]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
-        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, (program, name, dims, layout, shape, mode, dp)),
-                 nprocs=world, join=True)
-        par = torch.load(out)
-    return ref, par
+        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=True)
+        pars = torch.load(out)
+    return list(zip(refs, pars))

@@ -80,3 +80,20 @@ def test_the_manifest_has_no_parallel_layout_without_a_mesh() -> None:
     from blockir.analyses.manifest import program_manifest
     from conftest import ROOT
     assert "parallel_layout" not in program_manifest(blockir.load(ROOT / "examples" / "llama.block"))
+
+
+@pytest.mark.parametrize("head,p,codes", [(HEAD, "0.1", ["E0606"]), (HEAD, "0.0", []),
+                                          (HEAD.replace("dim tp: mesh\n", ""), "0.1", [])])
+def test_attention_dropout_is_refused_only_where_ranks_would_draw_their_own_masks(head: str, p: str,
+                                                                                codes: list[str]) -> None:
+    prog = blockir.parse(head + f"""dim H: heads = 2
+block Layer(x: [B, S, D]) -> [B, S, D] {{
+  norm: layernorm(D)
+  attn: self_attention(heads=H, causal=true, dropout={p})
+  h = x + dropout(attn(norm(x)), p=0.1)
+  return h
+}}
+""", "attn.block")
+    diags = blockir.verify(prog)
+    assert [d.code for d in diags] == codes
+    assert [(d.span.line, d.span.column) for d in diags] == [(9, 3)] * len(codes)

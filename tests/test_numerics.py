@@ -27,7 +27,7 @@ from blockir.backends.numerics import (
     rms_norm,
     scale_norm,
 )
-from blockir.backends.rng import dropout_key, keep_mask
+from blockir.backends.rng import dropout_key, keep_block, keep_mask
 
 D = 64
 
@@ -427,3 +427,15 @@ def test_activation_formulas() -> None:
     assert ACTIVATIONS["identity"](x) is x
     assert not torch.equal(ACTIVATIONS["gelu"](x), ACTIVATIONS["gelu_tanh"](x))
     assert F.relu is ACTIVATIONS["relu"]
+
+
+@pytest.mark.parametrize("start,size", [((0, 4, 0), (2, 4, 16)), ((0, 0, 8), (2, 8, 8)), ((1, 3, 5), (1, 2, 7))])
+def test_a_block_of_the_keep_mask_is_that_slice_of_the_whole_mask(start: tuple[int, ...], size: tuple[int, ...]) -> None:
+    """A rank holding rows (sequence parallel) or features (hidden sharding) draws the unsharded decisions."""
+    shape = (2, 8, 16)
+    whole = keep_mask(dropout_key(11, 1, 2), 0.3, rows=2 * 8, cols=16).reshape(shape)
+    block = keep_block(dropout_key(11, 1, 2), 0.3, shape, start, size)
+    index = tuple(slice(a, a + n) for a, n in zip(start, size))
+    assert block.shape == size
+    assert torch.equal(block, whole[index])
+    assert 0 < int(block.sum()) < block.numel()

@@ -4,13 +4,18 @@ Given the residual stream's layout over one mesh axis of size P, every
 declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 
 * attention: q/k/v split by output columns (whole heads per rank), o split by
-  input rows; the o output is reduced to the stream's layout — all-reduce
-  for a replicated stream, reduce-scatter onto rows (sequence) or features
-  (hidden); a sharded stream is all-gathered at the branch input;
+  input rows; with more ranks than key/value heads, k/v are replicated and
+  each rank computes only the key/value head its query heads read; the o
+  output is reduced to the stream's layout — all-reduce for a replicated
+  stream, reduce-scatter onto rows (sequence) or features (hidden); a sharded
+  stream is all-gathered at the branch input;
 * MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
-  under hidden sharding the row moments come from one all-reduce of Σx, Σx²;
+  under hidden sharding the row moments come from one all-reduce of the row's
+  partial sums (Σx² for RMSNorm, Σx and Σx² for a LayerNorm written out),
+  while a LayerNorm run as one kernel gathers the row, in place of the gather
+  at the branch that reads it;
 * linears, scales, externs: replicated, gathered in and sliced out.
 
 The plan also counts the collectives of one forward per layer with their
@@ -29,6 +34,7 @@ from blockir.ir.program import Block, Program
 LAYOUTS = ("replicated", "sequence", "hidden")
 COLUMN = {"self_attention": ("q_proj", "k_proj", "v_proj"), "cross_attention": ("q_proj", "k_proj", "v_proj"),
           "mlp": ("fc1",), "gated_mlp": ("gate_proj", "up_proj")}
+KV = ("k_proj", "v_proj")
 ROW = {"self_attention": "o_proj", "cross_attention": "o_proj", "mlp": "fc2", "gated_mlp": "down_proj"}
 # where the stream lives, as a placement of a [B, S, D] tensor
 STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)"}
@@ -83,6 +89,19 @@ def _divisible(d: KindDecl, what: str, n: int, world: int) -> None:
                     f"choose a tensor-parallel degree that divides {n}")
 
 
+def _kv_replicated(d: KindDecl, kv: int, world: int) -> bool:
+    """Whether the key/value heads are replicated rather than split: more ranks than key/value heads.
+
+    Each rank then holds whole query heads that all read one key/value head (vLLM and Megatron-LM
+    replicate the key/value projection this way); that needs ``world`` to be a multiple of ``kv``."""
+    if kv % world == 0:
+        return False
+    if world % kv:
+        raise _fail(d.span, f"{d.kind} '{d.name}' has {kv} key/value heads, which {world} ranks can neither split "
+                    "evenly nor share whole", f"choose a tensor-parallel degree that divides {kv} or is a multiple of it")
+    return True
+
+
 class _Planner:
     def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int):
         self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
@@ -123,24 +142,34 @@ class _Planner:
             grads = {"sequence": "replicate (gradient summed over tp)"}
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
-            if self.layout == "hidden":
-                self._collective(layer, Collective(path, "all-reduce", 2 * self.elements // sizes.dim(d.arg("axes")[-1])))
+            if self.layout == "hidden" and not family(d).one_kernel(d):
+                # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
+                rows = self.elements // sizes.dim(d.arg("axes")[-1])
+                self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
+            # a one-kernel norm gathers its rows instead: the branch reading them then has full rows and gathers
+            # nothing, so per layer the all-gathers already counted at the branches stand for both
             return
         if d.kind in COLUMN:
+            shared_kv = False
             if d.kind.endswith("attention"):
                 heads = int(sizes.value(d.arg("heads")))
                 kv = d.arg("kv_heads")
                 _divisible(d, "heads", heads, self.world)
-                _divisible(d, "key/value heads", int(sizes.value(kv)) if kv is not None else heads, self.world)
+                shared_kv = _kv_replicated(d, int(sizes.value(kv)) if kv is not None else heads, self.world)
             else:
                 _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
             self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
             bias = d.arg("bias")
             for name in COLUMN[d.kind]:
-                self.plan.modules.append(ModuleStyle(f"{path}.{name}", "colwise", "linear"))
-                self._param(f"{path}.{name}.weight", "shard(0)")
+                if shared_kv and name in KV:
+                    self.plan.modules.append(ModuleStyle(f"{path}.{name}", "kv_replicated", "linear"))
+                    placement = "replicate (each rank computes the key/value head of its query heads)"
+                else:
+                    self.plan.modules.append(ModuleStyle(f"{path}.{name}", "colwise", "linear"))
+                    placement = "shard(0)"
+                self._param(f"{path}.{name}.weight", placement)
                 if bias:
-                    self._param(f"{path}.{name}.bias", "shard(0)")
+                    self._param(f"{path}.{name}.bias", placement)
             row = ROW[d.kind]
             self.plan.modules.append(ModuleStyle(f"{path}.{row}", "rowwise", "linear"))
             self._param(f"{path}.{row}.weight", "shard(1)")

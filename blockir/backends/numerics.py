@@ -10,13 +10,14 @@ a checkpoint is only reproduced by the order it was trained with.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blockir.backends.rng import keep_mask, layer_keep
+from blockir.backends.rng import keep_block, keep_mask, layer_keep
 
 ACCUM: dict[str, torch.dtype] = {
     "f32": torch.float32,
@@ -177,9 +178,36 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     mask_shape = dropout_mask_shape(tuple(x.shape), broadcast)
     if not training or p == 0.0:
         return x
+    if _is_dtensor(x):
+        return _sharded_dropout(x, p, mask_shape, key)
     rows = math.prod(mask_shape[:-1])
     keep = keep_mask(key, p, rows=rows, cols=mask_shape[-1], device=x.device).reshape(mask_shape)
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+def _is_dtensor(x: Tensor) -> bool:
+    # a DTensor exists only once its module is loaded, so single-device runs never import it
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(x, module.DTensor)
+
+
+def _sharded_dropout(x: Tensor, p: float, mask_shape: tuple[int, ...], key: int | Tensor | None) -> Tensor:
+    """Dropout of a distributed tensor: each rank draws the decisions of the logical coordinates it holds.
+
+    Rows split over ranks (sequence parallelism) or features split (hidden sharding) then get exactly the
+    mask of the unsharded run; a replicated or pending-sum operand draws the whole mask on every rank,
+    which for a pending sum is the mask of the sum, since dropout with a fixed mask is linear.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    placements = [Replicate() if isinstance(pl, Partial) else pl for pl in x.placements]
+    local_shape, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, placements)
+    start = tuple(0 if m == 1 else o for m, o in zip(mask_shape, offset))
+    size = tuple(1 if m == 1 else n for m, n in zip(mask_shape, local_shape))
+    local = x.to_local()
+    keep = keep_block(key, p, mask_shape, start, size, device=local.device)  # type: ignore[arg-type]
+    out = torch.where(keep, local * (1.0 / (1.0 - p)), 0.0)
+    return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
 
 
 def layer_drop(x: Tensor, p: float, training: bool, key: int | Tensor | None) -> Tensor:

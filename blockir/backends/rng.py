@@ -70,6 +70,25 @@ def keep_mask(key: int | torch.Tensor, p: float, rows: int, cols: int, device: t
     return (element_hash(key, r, c) >> (32 - KEEP_BITS)) >= drop_threshold(p)
 
 
+def keep_block(key: int | torch.Tensor, p: float, shape: tuple[int, ...], start: tuple[int, ...],
+               size: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The block ``[start, start + size)`` of the keep mask of logical ``shape``, without drawing the rest.
+
+    The row of an element is its flattened index over the leading axes of the whole ``shape`` and its
+    column the index on the last axis, exactly as in ``keep_mask(key, p, prod(shape[:-1]), shape[-1])``,
+    so a rank holding one slice of a sharded tensor draws the decisions the unsharded run draws there.
+    """
+    n = len(shape)
+    row = torch.zeros((1,) * n, device=device, dtype=torch.int64)
+    stride = 1
+    for axis in range(n - 2, -1, -1):
+        index = torch.arange(start[axis], start[axis] + size[axis], device=device, dtype=torch.int64)
+        row = row + (index * stride).view([-1 if a == axis else 1 for a in range(n)])
+        stride *= shape[axis]
+    col = torch.arange(start[-1], start[-1] + size[-1], device=device, dtype=torch.int64).view((1,) * (n - 1) + (-1,))
+    return (element_hash(key, row, col) >> (32 - KEEP_BITS)) >= drop_threshold(p)
+
+
 def layer_keep(key: int | torch.Tensor, p: float) -> torch.Tensor:
     """One keep decision (a 0-d bool tensor) for a whole layer: the same test as one element of a mask."""
     return torch.as_tensor((fmix32(key) >> (32 - KEEP_BITS)) >= drop_threshold(p))

@@ -5,9 +5,10 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                PrepareModuleInputOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
@@ -38,12 +39,52 @@ def _gathered(stream: Placement) -> PrepareModuleInput:
     return PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_output=True)
 
 
-def _styles(plan: ParallelPlan, stream: Placement) -> dict[str, ParallelStyle]:
+class ReplicatedHeads(ParallelStyle):
+    """A key/value projection over more ranks than it has heads: the weight is replicated and each rank
+    computes only the head its query heads read (rank r of P, head r·kv/P of kv).
+
+    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks; the input
+    gradient is summed over the ranks at once, as a column-parallel projection's is."""
+
+    def __init__(self, kv_heads: int) -> None:
+        super().__init__()
+        self.kv_heads = kv_heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.Linear:
+            raise _bad("program", f"replicated key/value heads need an nn.Linear projection, not {type(module).__name__}")
+        head = device_mesh.get_local_rank() * self.kv_heads // device_mesh.size()
+        width = module.out_features // self.kv_heads
+        rows = slice(head * width, (head + 1) * width)
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [Replicate()])))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
+            x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+            own = [p.to_local(grad_placements=[Partial()])[rows] if p is not None else None
+                   for p in (module.weight, module.bias)]
+            return F.linear(x, own[0], own[1])
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+def _share_kv(module: nn.Module, plan: ParallelPlan, world: int) -> None:
+    """A branch whose key/value heads are replicated holds one per rank: its query groups shrink to match."""
+    for m in plan.modules:
+        if m.style == "kv_replicated":
+            module.get_submodule(m.path.rpartition(".")[0]).kv_heads = world
+
+
+def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module) -> dict[str, ParallelStyle]:
     sharded = not isinstance(stream, Replicate)
     out: dict[str, ParallelStyle] = {}
     for m in plan.modules:
         if m.style == "colwise":
             out[m.path] = ColwiseParallel()
+        elif m.style == "kv_replicated":
+            out[m.path] = ReplicatedHeads(module.get_submodule(m.path.rpartition(".")[0]).kv_heads)
         elif m.style == "rowwise":
             # a replicated stream stays a plain tensor; a sharded one stays a DTensor so adds see its placement
             out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
@@ -109,9 +150,10 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
     stream = _stream(block, program, layout)
-    styles = _styles(plan, stream)
+    styles = _styles(plan, stream, module)
     if styles:
         parallelize_module(module, mesh, styles)
+    _share_kv(module, plan, mesh.size())
     if not isinstance(stream, Replicate):
         _replicate_rest(module, mesh, plan, set(styles))
         parallelize_module(module, mesh, PrepareModuleInputOutput(
