@@ -35,6 +35,8 @@ EXPECTED = {
     ("layerscale", "LayerScaleEncoder"): "stack",
     ("llama", "LlamaDecoderLayer"): "pre_ln",
     ("llama", "LlamaModel"): "stack",
+    ("normformer", "NormFormerLayer"): "normformer",  # Pre-LN plus head scales, attention output norm, FFN norm
+    ("normformer", "NormFormerModel"): "stack",
     ("olmo2", "Olmo2DecoderLayer"): "branch_output_norm",  # x + norm(f(x))
     ("parallel", "ParallelBlock"): "parallel_shared_norm",  # GPT-J: one ln_1 feeds both branches
     ("parallel", "ParallelModel"): "stack",

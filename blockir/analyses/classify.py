@@ -82,6 +82,24 @@ def _parallel(shared: bool) -> Callable[[Shape], nx.DiGraph | None]:
     return build
 
 
+def _normformer(shape: Shape) -> nx.DiGraph | None:
+    """Pairs of Pre-LN updates: ``x + N(A(N(x)))`` then ``h + M(N(h))`` with a norm inside M."""
+    if not shape or len(shape) % 2 or any(k != 1 for k in shape):
+        return None
+    g, node = _builder()
+    prev = node("state")
+    for i in range(len(shape)):
+        add, branch, norm = node("add"), node("branch"), node("norm")
+        g.add_edges_from([(prev, add), (prev, norm), (norm, branch)])
+        if i % 2 == 0:
+            out = node("norm")
+            g.add_edges_from([(branch, out), (out, add)])
+        else:
+            g.add_edges_from([(branch, node("inner_norm")), (branch, add)])
+        prev = add
+    return g
+
+
 @dataclass(frozen=True)
 class Topology:
     name: str
@@ -98,6 +116,7 @@ REGISTRY: tuple[Topology, ...] = (
     Topology("no_norm", "x + F(x)", _sequential(pre=False, out=False, post=False)),
     Topology("parallel", "x + A(N_A(x)) + M(N_M(x))", _parallel(shared=False)),
     Topology("parallel_shared_norm", "x + A(N(x)) + M(N(x))", _parallel(shared=True)),
+    Topology("normformer", "x + N(HeadScale(A(N(x)))), h + W2(N(act(W1(N(h)))))", _normformer),
 )
 # names given by refinement rather than by a pattern of their own
 RECIPES = {
@@ -166,6 +185,33 @@ def _add_sublayer(g: nx.DiGraph, sub: Sublayer, prev: str) -> str:
     g.add_node(post, label="norm")
     g.add_edge(add, post)
     return post
+
+
+def normformer_missing(block: Block, w: Wrapper) -> list[tuple[str, Sublayer]]:
+    """The parts of NormFormer's contract (arXiv:2110.09456) a block lacks, each with the update that lacks it.
+
+    Every attention update must read a normalized state, scale each head (``head_scale=true``) and
+    normalize its output; every other update must read a normalized state and normalize inside its
+    branch (after the first projection and activation).
+    """
+    out: list[tuple[str, Sublayer]] = []
+    for s in w.sublayers:
+        for b in s.branches:
+            decl = block.decl_map.get(getattr(b.call, "decl", "") or "")
+            attention = getattr(decl, "kind", "") in ("self_attention", "cross_attention")
+            if not b.pre_norms:
+                out.append((f"a norm on the input of '{b.name}' (NormFormer keeps Pre-LN)", s))
+            if s.post_norm is not None:
+                out.append((f"an unnormalized sum after '{b.name}' (NormFormer is Pre-LN)", s))
+            if attention and not (decl is not None and decl.arg("head_scale")):
+                out.append((f"per-head scales on '{b.name}' (head_scale=true)", s))
+            if attention and b.out_norm is None:
+                out.append((f"a norm on the output of '{b.name}'", s))
+            inner = [op for op in b.ops if isinstance(op, NormOp) and op is not b.out_norm
+                     and op not in b.pre_norms]
+            if not attention and not inner:
+                out.append((f"a norm inside the branch through '{b.name}', after its first projection and activation", s))
+    return out
 
 
 def match_registry(w: Wrapper) -> str | None:

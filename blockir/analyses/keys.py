@@ -113,6 +113,8 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
             n = hd if decl.arg("qk_norm_axis") == "head" else count * hd
             keys += [(f"{names[role]}.weight", (n,))] + \
                 ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
+    if decl.arg("head_scale"):
+        keys.append(("head_scale", (heads,)))
     return keys
 
 

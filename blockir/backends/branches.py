@@ -181,6 +181,7 @@ class _Projections(nn.Module):
         qk_norm_eps: float = 1e-6,
         qk_norm_cast: str = "before_weight",
         core: AttentionCore | None = None,
+        head_scale: bool = False,
     ) -> None:
         super().__init__()
         # plain settings go straight to __dict__ (here and in the branches below): nn.Module.__setattr__
@@ -212,6 +213,8 @@ class _Projections(nn.Module):
                 norm = numerics.RMSNorm(n, qk_norm_eps, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
                     numerics.LayerNorm(n, qk_norm_eps)
                 self.add_module(names[role], norm)
+        if head_scale:
+            self.head_scale = nn.Parameter(torch.ones(heads))
 
     def project(self, x: Tensor, memory: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as ``[B, H, S, hd]`` after the q/k norms."""
@@ -239,6 +242,10 @@ class _Projections(nn.Module):
         return getattr(self, self.names[role])(t)
 
     def out(self, y: Tensor) -> Tensor:
+        """``y`` [B, S, H, hd] through the per-head scales, if any, then the output projection."""
+        scales = self._parameters.get("head_scale")
+        if scales is not None:
+            y = y * scales.to(y.dtype)[:, None]
         return getattr(self, self.names["o"])(y.flatten(-2))
 
     def masks(self, x: Tensor, keys: int) -> MaskBuilder:

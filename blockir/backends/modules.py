@@ -81,7 +81,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
                               names=layer_names(d.kind, dict(d.args)), qk_norm=d.arg("qk_norm"),
                               qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
-                              qk_norm_cast=d.arg("qk_norm_cast"))
+                              qk_norm_cast=d.arg("qk_norm_cast"), head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))

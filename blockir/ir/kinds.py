@@ -161,7 +161,9 @@ KINDS: dict[str, KindSpec] = {
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
-            *_ATTENTION_LAYOUT),
+            *_ATTENTION_LAYOUT,
+            ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
+                    "output before the output projection (NormFormer); unset means none")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),)),
