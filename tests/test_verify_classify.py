@@ -22,6 +22,10 @@ EXPECTED = {
     ("bert", "BertLayer"): "post_ln",  # LayerNorm(x + dropout(dense(attn(x))))
     ("deepnorm", "DeepNormLayer"): "scaled_residual",  # LayerNorm(alpha * x + f(x))
     ("deepnorm", "DeepNormDecoder"): "stack",
+    ("deepscalelm", "DeepScaleLMLayer"): "deepscalelm",  # skip_scale * x + branch_scale * f(n(x))
+    ("deepscalelm", "DeepScaleLMDecoder"): "stack",
+    ("fixup", "FixupLayer"): "fixup",  # x + s * f(x + a) + b: one multiplier and the biases, no norm
+    ("fixup", "FixupDecoder"): "stack",
     ("dyt", "DyTBlock"): "dyt",  # Pre-LN with DyT at every norm site
     ("dyt", "DyTModel"): "stack",
     ("encoder_decoder", "EncoderLayer"): "pre_ln",  # Harvard SublayerConnection

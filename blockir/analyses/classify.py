@@ -16,6 +16,7 @@ from typing import Callable
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_node_match
 
+from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.summaries import callees_first, output_source
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
@@ -124,6 +125,10 @@ RECIPES = {
     "rezero": "x + a * F(x): a learned scalar gate, initialized to zero, and no norm",
     "layerscale": "x + diag(g) * F(N(x)): Pre-LN with a learned per-channel gain on each branch",
     "dyt": "x + F(DyT(x)): Pre-LN with Dynamic Tanh in place of every norm",
+    "fixup": "x + s * F(x + a) + b: no norm, a scalar multiplier and scalar biases on every branch (Fixup, "
+             "stated with const fixup = 1)",
+    "deepscalelm": "lambda * x + beta * F(x) with lambda^2 + beta^2 = 1 (DeepScaleLM, stated with "
+                   "const deepscalelm = 1)",
     "stack": "layers applied in sequence, optionally closed by a final norm",
     "residual_from_norm": "y = N(h) + F(N(h)): an update continues the stream from a normalized value "
                           "(stated with const residual_from_norm = 1)",
@@ -258,9 +263,11 @@ def _gates(block: Block, w: Wrapper) -> set[str]:
     return kinds
 
 
-def _refine(block: Block, w: Wrapper, base: str) -> str:
+def _refine(block: Block, w: Wrapper, base: str, claimed: set[str]) -> str:
     if w.sublayers and all(s.shortcut_scaled for s in w.sublayers):
-        return "scaled_residual"
+        return "deepscalelm" if "deepscalelm" in claimed else "scaled_residual"
+    if base == "no_norm" and "fixup" in claimed:
+        return "fixup"
     gates = _gates(block, w)
     if base == "no_norm" and gates == {"scalar"}:
         return "rezero"
@@ -334,7 +341,9 @@ def _classify_one(program: Program, block: Block, cache: dict[str, Classificatio
         elif base is None:
             name = "mixed" if len(set(placed)) > 1 else "custom"
         else:
-            name = _refine(block, w, base)
+            env = block_env(program_env(program), block)
+            claimed = {f.name for f in stated(block, env).values() if f.value == 1}
+            name = _refine(block, w, base, claimed)
         result = Classification(block.name, name, form, placed, order, members)
     return result
 

@@ -143,7 +143,7 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     if decl.kind == "scalar":
         return [("", ())]
     if decl.kind in ("vector", "bias"):
-        return [("", (s.dim(decl.arg("axis")),))]
+        return [("", (s.dim(decl.arg("axis")),) if decl.arg("axis") is not None else ())]
     return []  # activations own no state
 
 
