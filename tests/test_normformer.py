@@ -15,6 +15,7 @@ from blockir.analyses.classify import classify_program
 from blockir.analyses.keys import param_keys
 from blockir.ir.printer import format_program
 from conftest import ROOT
+from reference_attention import causal_attention
 
 EXAMPLE = ROOT / "examples" / "normformer.block"
 DIMS = {"D": 16, "F": 32}
@@ -27,22 +28,8 @@ def _ln(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
     return (x - mu) / torch.sqrt(var + 1e-5) * p[f"{name}.weight"] + p[f"{name}.bias"]
 
 
-def _head_scale_mha(x: Tensor, p: dict[str, Tensor]) -> Tensor:
-    b, s, d = x.shape
-    hd = d // HEADS
-
-    def heads(t: Tensor) -> Tensor:
-        return t.view(b, s, HEADS, hd).transpose(1, 2)
-    q, k, v = (heads(x @ p[f"self_attn.{n}_proj.weight"].T) for n in "qkv")
-    scores = q @ k.transpose(-1, -2) / hd ** 0.5
-    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-    o = (scores.softmax(-1) @ v).transpose(1, 2)  # [B, S, H, hd]
-    o = o * p["self_attn.head_scale"][:, None]
-    return o.reshape(b, s, d) @ p["self_attn.o_proj.weight"].T
-
-
 def _reference(x: Tensor, p: dict[str, Tensor]) -> Tensor:
-    h = x + _ln(_head_scale_mha(_ln(x, p, "self_attn_layer_norm"), p), p, "attn_ln")
+    h = x + _ln(causal_attention(_ln(x, p, "self_attn_layer_norm"), p, "self_attn", HEADS), p, "attn_ln")
     inner = F.gelu(_ln(h, p, "final_layer_norm") @ p["fc1.weight"].T + p["fc1.bias"])
     return h + _ln(inner, p, "ffn_layernorm") @ p["fc2.weight"].T + p["fc2.bias"]
 

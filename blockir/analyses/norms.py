@@ -105,3 +105,16 @@ FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
 def family(decl: KindDecl) -> NormFamily:
     """The family entry of a norm declaration."""
     return FAMILIES[decl.kind]
+
+
+# Dynamic Tanh's alpha initialisation for LLaMA models (Zhu et al., arXiv:2503.10622): one value for the norm
+# in front of attention, another for every other site, by width. Rows: (largest width, attention, other);
+# the table has only 4096 (7B), 5120 (13B) and 8192 (34B, 70B), so narrower widths take the first row.
+DYT_LLM_ALPHA = ((4096, 0.8, 0.2), (5120, 0.6, 0.15), (None, 0.2, 0.05))
+DYT_GENERIC_ALPHA = 0.5  # the paper's default for non-LLM models, at every site
+
+
+def dyt_llm_alpha(width: int) -> tuple[float, float]:
+    """(attention-site alpha, other-site alpha) for a model of width ``width``."""
+    return next((a, o) for top, a, o in DYT_LLM_ALPHA if top is None or width <= top)
+

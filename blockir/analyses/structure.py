@@ -472,3 +472,10 @@ def normalized_shortcut(block: Block, sub: Sublayer) -> NormOp | FusedAddNormOp 
     if isinstance(start, NormOp) and sub.post_norm is None and not isinstance(sub.root, FusedAddNormOp):
         return start
     return None
+
+
+def attention_norms(block: Block) -> tuple[NormOp, ...]:
+    """The norm applications whose output an attention branch reads (DyT's attention sites)."""
+    return tuple(n for s in wrapper(block).sublayers for b in s.branches
+                 if b.call is not None and decl_kind(block, b.call) in ("self_attention", "cross_attention")
+                 for n in b.pre_norms if isinstance(n, NormOp))
