@@ -15,6 +15,10 @@ dyt        alpha, weight, bias     always                     none        elemen
 l2norm     none                    never                      row norm    1 fwd, 1 bwd
 =========  ======================  =========================  ==========  =============
 
+A declaration may store its gain and shift under a checkpoint's own names
+(``weight_name=g``, ``bias_name=beta``; ScaleNorm's ``weight_name`` renames
+``scale``): every reader takes the key from ``keys``/``names`` here.
+
 Every family may store its gain as a deviation from one (``offset=1``: the
 scale is ``1 + weight``, or ``1 + scale`` for ScaleNorm); the keys are the
 same, and the fused kernels implement the offset for RMSNorm only.
@@ -65,15 +69,23 @@ class NormFamily:
         extra = {name for name, _ in self._extra}
         return tuple(name for name, _ in self.keys(decl, ()) if name not in extra)
 
+    def names(self, decl: KindDecl) -> dict[str, str]:
+        """Role -> key for the parameters the declaration names itself (``weight_name=g``): the gain is
+        ``weight`` (ScaleNorm's ``scale``) and the shift ``bias`` unless renamed."""
+        gain = "scale" if self._scale == "scalar" else "weight"
+        given = {gain: decl.arg("weight_name"), "bias": decl.arg("bias_name")}
+        return {role: key for role, key in given.items() if key}
+
     def keys(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
         """(key suffix, shape) of every parameter, in the order the module registers them."""
+        names = self.names(decl)
         if self._scale == "scalar":
-            return [("scale", ())]
+            return [(names.get("scale", "scale"), ())]
         out = list(self._extra)
         if self.weight(decl):
-            out.append(("weight", shape))
+            out.append((names.get("weight", "weight"), shape))
         if self.bias(decl):
-            out.append(("bias", shape))
+            out.append((names.get("bias", "bias"), shape))
         return out
 
     def parameters(self, decl: KindDecl, width: int) -> int:

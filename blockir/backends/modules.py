@@ -22,12 +22,15 @@ from blockir.ir.types import TensorType
 NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "layernorm": lambda w, d, s, f: partial(
         numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
-        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass"))),
+        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass")),
+        keys=f.names(d)),
     "rmsnorm": lambda w, d, s, f: partial(
         numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
-        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d)),
-    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
-    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
+        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d), keys=f.names(d)),
+    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0),
+                                            keys=f.names(d)),
+    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0),
+                                      keys=f.names(d)),
     "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
 }
 

@@ -131,7 +131,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
             _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
             ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
-                    "cast at the end (code written that way); unset: the LayerNorm kernel")),
+                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
             "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
              Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
@@ -142,15 +142,16 @@ KINDS: dict[str, KindSpec] = {
             _ACCUM, ArgSpec("bias", "bool", False),
             # unset means the usual per-channel weight; only an affine fold writes affine=false
             ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED, _MOMENTS, _AFFINE_GRAD), "RMSNorm: no centering, per-channel scale",
+            _TIED, _MOMENTS, _AFFINE_GRAD, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")), "RMSNorm: no centering, per-channel scale",
             (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
              Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
-        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
+        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED,
+                                       _name("weight_name", "the scalar's key (scale unless set: g, …)")),
                  "ScaleNorm: one learned scalar over x/||x||"),
         KindSpec("l2norm", "norm", (_axes(), ArgSpec("eps", "expr", Num(1e-12), doc="lower bound of the row's "
                                                      "L2 norm (clamped, not added); must be > 0"), _TIED),
                  "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
-        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
+        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
         KindSpec("self_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
