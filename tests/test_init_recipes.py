@@ -1,6 +1,8 @@
 """Fixup (arXiv:1901.09321) and DeepScaleLM (arXiv:2403.09635): graph, initialisation and fold, in float64."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,7 +55,7 @@ def _mlp(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
                     p[f"{name}.fc2.weight"], p[f"{name}.fc2.bias"])
 
 
-def _check(m: torch.nn.Module, reference) -> None:  # noqa: ANN001
+def _check(m: torch.nn.Module, reference: Callable[[Tensor, dict[str, Tensor]], Tensor]) -> None:
     """Forward and the gradient of the input and of every parameter against ``reference(x, params)``."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -33,7 +33,7 @@ def verify_block(block: Block, env: dict) -> list[Diagnostic]:
     others = {op.decl for op in block.ops if isinstance(op, NormOp) and op.decl in dyts and op not in attention_ops}
     if not at_attention or not others or any(value(d.arg("alpha"), env) != DYT_GENERIC_ALPHA for d in dyts.values()):
         return []
-    first = dyts[sorted(at_attention)[0]]
+    first = dyts[min(at_attention)]
     width = value(Name(block.result.axes[-1].name), env)
     rule = ""
     if width is not None:

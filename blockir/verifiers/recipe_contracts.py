@@ -13,7 +13,7 @@ from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import BiasOp, NormOp, ScaleOp
+from blockir.ir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -57,6 +57,9 @@ def _deepscalelm(block: Block, env: dict, stated_at: Note) -> list[Diagnostic]:
     for s in wrapper(block).sublayers:
         skip = [op.factor for op in s.shortcut_ops if isinstance(op, ScaleOp) and op.factor is not None]
         scale = [op.factor for b in s.branches for op in b.scales if op.factor is not None]
+        if isinstance(s.root, FusedAddNormOp):  # the fused add+norm carries both scales itself
+            skip += [s.root.shortcut_factor] if s.root.shortcut_factor is not None else []
+            scale += [s.root.branch_factor] if s.root.branch_factor is not None else []
         lam = value(skip[0], env) if len(skip) == 1 else None
         beta = value(scale[0], env) if len(scale) == 1 and len(s.branches) == 1 else None
         if lam is None or beta is None:

@@ -76,7 +76,7 @@ def apply(program: Program, block_name: str, *, width: int | None = None) -> Rec
     other_sites = {op.decl for op in block.ops if isinstance(op, O.NormOp) and op not in attention_ops}
     shared = at_attention & other_sites
     if shared:
-        raise RecipeError(f"norm '{sorted(shared)[0]}' of '{block_name}' is applied in front of attention and "
+        raise RecipeError(f"norm '{min(shared)}' of '{block_name}' is applied in front of attention and "
                           "elsewhere; DyT's LLM initialisation gives the two sites different alphas")
     edit = BlockEdit(block)
     changes = []

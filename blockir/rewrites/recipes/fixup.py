@@ -124,9 +124,9 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
                      branches, factor)
     consts = ((f"L (branches in a {depth}-layer stack)", float(branches)), ("m (weight layers per branch)", 2.0),
               ("rescale L^(-1/(2m-2))", factor))
-    notes = ["init(module) zeroes o_proj/fc2/down_proj and rescales v_proj/fc1/gate_proj/up_proj; Q and K keep their "
-             "initialisation",
+    notes = [("init(module) zeroes o_proj/fc2/down_proj and rescales v_proj/fc1/gate_proj/up_proj; Q and K keep "
+              "their initialisation"),
              "scalar biases between the layers inside a built-in attention or MLP are not in the graph",
-             "zero-initialise the classifier (outside the block); the paper trains with mixup regularization and "
-             "no warmup change — neither is part of the graph"]
+             ("zero-initialise the classifier (outside the block); the paper trains with mixup regularization — "
+              "neither is part of the graph")]
     return RecipeResult(result, init, Report("Fixup", block_name, consts, tuple(changes), tuple(notes)))
