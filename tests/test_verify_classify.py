@@ -22,6 +22,10 @@ EXPECTED = {
     ("bert", "BertLayer"): "post_ln",  # LayerNorm(x + dropout(dense(attn(x))))
     ("deepnorm", "DeepNormLayer"): "scaled_residual",  # LayerNorm(alpha * x + f(x))
     ("deepnorm", "DeepNormDecoder"): "stack",
+    ("deepscalelm", "DeepScaleLMLayer"): "deepscalelm",  # skip_scale * x + branch_scale * f(n(x))
+    ("deepscalelm", "DeepScaleLMDecoder"): "stack",
+    ("fixup", "FixupLayer"): "fixup",  # x + s * f(x + a) + b: one multiplier and the biases, no norm
+    ("fixup", "FixupDecoder"): "stack",
     ("dyt", "DyTBlock"): "dyt",  # Pre-LN with DyT at every norm site
     ("dyt", "DyTModel"): "stack",
     ("encoder_decoder", "EncoderLayer"): "pre_ln",  # Harvard SublayerConnection
@@ -37,6 +41,8 @@ EXPECTED = {
     ("llama", "LlamaModel"): "stack",
     ("ngpt", "NGPTLayer"): "ngpt",  # unit(x + alpha * (unit(f(x)) - x))
     ("ngpt", "NGPT"): "stack",
+    ("normformer", "NormFormerLayer"): "normformer",  # Pre-LN plus head scales, attention output norm, FFN norm
+    ("normformer", "NormFormerModel"): "stack",
     ("olmo2", "Olmo2DecoderLayer"): "branch_output_norm",  # x + norm(f(x))
     ("parallel", "ParallelBlock"): "parallel_shared_norm",  # GPT-J: one ln_1 feeds both branches
     ("parallel", "ParallelModel"): "stack",

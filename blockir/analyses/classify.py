@@ -16,6 +16,7 @@ from typing import Callable
 import networkx as nx
 from networkx.algorithms.isomorphism import categorical_node_match
 
+from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.summaries import callees_first, output_source
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, retracted, wrapper
@@ -82,6 +83,24 @@ def _parallel(shared: bool) -> Callable[[Shape], nx.DiGraph | None]:
     return build
 
 
+def _normformer(shape: Shape) -> nx.DiGraph | None:
+    """Pairs of Pre-LN updates: ``x + N(A(N(x)))`` then ``h + M(N(h))`` with a norm inside M."""
+    if not shape or len(shape) % 2 or any(k != 1 for k in shape):
+        return None
+    g, node = _builder()
+    prev = node("state")
+    for i in range(len(shape)):
+        add, branch, norm = node("add"), node("branch"), node("norm")
+        g.add_edges_from([(prev, add), (prev, norm), (norm, branch)])
+        if i % 2 == 0:
+            out = node("norm")
+            g.add_edges_from([(branch, out), (out, add)])
+        else:
+            g.add_edges_from([(branch, node("inner_norm")), (branch, add)])
+        prev = add
+    return g
+
+
 @dataclass(frozen=True)
 class Topology:
     name: str
@@ -98,6 +117,7 @@ REGISTRY: tuple[Topology, ...] = (
     Topology("no_norm", "x + F(x)", _sequential(pre=False, out=False, post=False)),
     Topology("parallel", "x + A(N_A(x)) + M(N_M(x))", _parallel(shared=False)),
     Topology("parallel_shared_norm", "x + A(N(x)) + M(N(x))", _parallel(shared=True)),
+    Topology("normformer", "x + N(HeadScale(A(N(x)))), h + W2(N(act(W1(N(h)))))", _normformer),
 )
 # names given by refinement rather than by a pattern of their own
 RECIPES = {
@@ -105,6 +125,10 @@ RECIPES = {
     "rezero": "x + a * F(x): a learned scalar gate, initialized to zero, and no norm",
     "layerscale": "x + diag(g) * F(N(x)): Pre-LN with a learned per-channel gain on each branch",
     "dyt": "x + F(DyT(x)): Pre-LN with Dynamic Tanh in place of every norm",
+    "fixup": "x + s * F(x + a) + b: no norm, a scalar multiplier and scalar biases on every branch (Fixup, "
+             "stated with const fixup = 1)",
+    "deepscalelm": "lambda * x + beta * F(x) with lambda^2 + beta^2 = 1 (DeepScaleLM, stated with "
+                   "const deepscalelm = 1)",
     "stack": "layers applied in sequence, optionally closed by a final norm",
     "residual_from_norm": "y = N(h) + F(N(h)): an update continues the stream from a normalized value "
                           "(stated with const residual_from_norm = 1)",
@@ -169,6 +193,33 @@ def _add_sublayer(g: nx.DiGraph, sub: Sublayer, prev: str) -> str:
     return post
 
 
+def normformer_missing(block: Block, w: Wrapper) -> list[tuple[str, Sublayer]]:
+    """The parts of NormFormer's contract (arXiv:2110.09456) a block lacks, each with the update that lacks it.
+
+    Every attention update must read a normalized state, scale each head (``head_scale=true``) and
+    normalize its output; every other update must read a normalized state and normalize inside its
+    branch (after the first projection and activation).
+    """
+    out: list[tuple[str, Sublayer]] = []
+    for s in w.sublayers:
+        for b in s.branches:
+            decl = block.decl_map.get(getattr(b.call, "decl", "") or "")
+            attention = getattr(decl, "kind", "") in ("self_attention", "cross_attention")
+            if not b.pre_norms:
+                out.append((f"a norm on the input of '{b.name}' (NormFormer keeps Pre-LN)", s))
+            if s.post_norm is not None:
+                out.append((f"an unnormalized sum after '{b.name}' (NormFormer is Pre-LN)", s))
+            if attention and not (decl is not None and decl.arg("head_scale")):
+                out.append((f"per-head scales on '{b.name}' (head_scale=true)", s))
+            if attention and b.out_norm is None:
+                out.append((f"a norm on the output of '{b.name}'", s))
+            inner = [op for op in b.ops if isinstance(op, NormOp) and op is not b.out_norm
+                     and op not in b.pre_norms]
+            if not attention and not inner:
+                out.append((f"a norm inside the branch through '{b.name}', after its first projection and activation", s))
+    return out
+
+
 def match_registry(w: Wrapper) -> str | None:
     """The registry entry whose pattern is isomorphic to the block's condensed graph."""
     g = wrapper_graph(w)
@@ -213,9 +264,11 @@ def _gates(block: Block, w: Wrapper) -> set[str]:
     return kinds
 
 
-def _refine(block: Block, w: Wrapper, base: str) -> str:
+def _refine(block: Block, w: Wrapper, base: str, claimed: set[str]) -> str:
     if w.sublayers and all(s.shortcut_scaled for s in w.sublayers):
-        return "scaled_residual"
+        return "deepscalelm" if "deepscalelm" in claimed else "scaled_residual"
+    if base == "no_norm" and "fixup" in claimed:
+        return "fixup"
     gates = _gates(block, w)
     if base == "no_norm" and gates == {"scalar"}:
         return "rezero"
@@ -291,7 +344,9 @@ def _classify_one(program: Program, block: Block, cache: dict[str, Classificatio
         elif base is None:
             name = "mixed" if len(set(placed)) > 1 else "custom"
         else:
-            name = _refine(block, w, base)
+            env = block_env(program_env(program), block)
+            claimed = {f.name for f in stated(block, env).values() if f.value == 1}
+            name = _refine(block, w, base, claimed)
         result = Classification(block.name, name, form, placed, order, members)
     return result
 

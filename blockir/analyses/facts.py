@@ -15,6 +15,13 @@ verifiers check the graph against every stated fact:
                        normalized value (its shortcut is a norm's output and
                        its own sum is not normalized), as some released models
                        do; unstated, that wiring is an error.
+``normformer``         1: the block is a NormFormer layer pair (arXiv:2110.09456):
+                       Pre-LN, per-head attention scales, a norm on the
+                       attention output and a norm inside the FFN.
+``fixup``              1: the block follows Fixup (arXiv:1901.09321): no norm,
+                       a scalar multiplier and scalar biases on every branch.
+``deepscalelm``        1: every update is ``lambda * x + beta * F(x)`` with
+                       lambda^2 + beta^2 = 1 (arXiv:2403.09635).
 ``training``           1: the block is trained (an ``@inplace`` add must also
                        be legal in training); 0: it is only evaluated (no
                        dropout may remain active).
@@ -27,7 +34,8 @@ from typing import Mapping
 from blockir.analyses.sizes import value
 from blockir.ir.program import Block, Const
 
-FACTS = ("norm_first", "parallel_residual", "final_norm", "residual_from_norm", "training")
+FACTS = ("norm_first", "parallel_residual", "final_norm", "residual_from_norm", "training", "normformer", "fixup",
+         "deepscalelm")
 
 
 @dataclass(frozen=True)

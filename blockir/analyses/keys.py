@@ -116,6 +116,8 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
                 ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
     if decl.arg("qk_scale"):
         keys.append(("qk_scale", (heads * hd,)))
+    if decl.arg("head_scale"):
+        keys.append(("head_scale", (heads,)))
     return keys
 
 
@@ -144,7 +146,7 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     if decl.kind == "scalar":
         return [("", ())]
     if decl.kind in ("vector", "bias"):
-        return [("", (s.dim(decl.arg("axis")),))]
+        return [("", (s.dim(decl.arg("axis")),) if decl.arg("axis") is not None else ())]
     return []  # activations own no state
 
 
@@ -305,20 +307,20 @@ def _checked_arguments(program: Any, name: Any, given: Any) -> None:
 def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[FamilyMismatch]:
     owners = {k.owner: k.family for k in table.keys}
     out = []
-    for owner, family in owners.items():
+    for owner, kind in owners.items():
         extra = sorted(k for k in unexpected if k.startswith(owner + "."))
         lost = sorted(k for k in missing if k.startswith(owner + "."))
-        if family == "rmsnorm" and f"{owner}.bias" in extra:
-            out.append(FamilyMismatch(owner, family, f"'{owner}' is an RMSNorm (scale only), but the checkpoint has "
+        if kind == "rmsnorm" and f"{owner}.bias" in extra:
+            out.append(FamilyMismatch(owner, kind, f"'{owner}' is an RMSNorm (scale only), but the checkpoint has "
                                       f"'{owner}.bias', a LayerNorm bias"))
-        elif family == "layernorm" and f"{owner}.bias" in lost and f"{owner}.weight" not in lost:
-            out.append(FamilyMismatch(owner, family, f"'{owner}' is a LayerNorm with a bias, but the checkpoint has "
+        elif kind == "layernorm" and f"{owner}.bias" in lost and f"{owner}.weight" not in lost:
+            out.append(FamilyMismatch(owner, kind, f"'{owner}' is a LayerNorm with a bias, but the checkpoint has "
                                       "only its weight (an RMSNorm or bias-free checkpoint)"))
-        elif family == "dyt" and f"{owner}.alpha" in lost and f"{owner}.weight" not in lost:
-            out.append(FamilyMismatch(owner, family, f"'{owner}' is DyT, but the checkpoint has no '{owner}.alpha' "
+        elif kind == "dyt" and f"{owner}.alpha" in lost and f"{owner}.weight" not in lost:
+            out.append(FamilyMismatch(owner, kind, f"'{owner}' is DyT, but the checkpoint has no '{owner}.alpha' "
                                       "(a norm's checkpoint)"))
-        elif family == "scalenorm" and lost and extra:
-            out.append(FamilyMismatch(owner, family, f"'{owner}' is a ScaleNorm (one scalar), but the checkpoint has "
+        elif kind == "scalenorm" and lost and extra:
+            out.append(FamilyMismatch(owner, kind, f"'{owner}' is a ScaleNorm (one scalar), but the checkpoint has "
                                       f"{', '.join(repr(k) for k in extra)}"))
     return out
 

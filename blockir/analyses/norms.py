@@ -24,6 +24,10 @@ state dict but are not parameters. RepBN (``rep=true``) adds ``eta * x``
 (Guo et al., 2024, arXiv:2405.11582); PRepBN holds a LayerNorm ``ln`` and a
 RepBN ``bn`` and mixes them by its transition schedule.
 
+A declaration may store its gain and shift under a checkpoint's own names
+(``weight_name=g``, ``bias_name=beta``; ScaleNorm's ``weight_name`` renames
+``scale``): every reader takes the key from ``keys``/``names`` here.
+
 Every family may store its gain as a deviation from one (``offset=1``: the
 scale is ``1 + weight``, or ``1 + scale`` for ScaleNorm); the keys are the
 same, and the fused kernels implement the offset for RMSNorm only.
@@ -88,17 +92,25 @@ class NormFamily:
         extra = {name for name, _ in self._extra}
         return tuple(name for name, _ in self.keys(decl, ()) if name not in extra)
 
+    def names(self, decl: KindDecl) -> dict[str, str]:
+        """Role -> key for the parameters the declaration names itself (``weight_name=g``): the gain is
+        ``weight`` (ScaleNorm's ``scale``) and the shift ``bias`` unless renamed."""
+        gain = "scale" if self._scale == "scalar" else "weight"
+        given = {gain: decl.arg("weight_name"), "bias": decl.arg("bias_name")}
+        return {role: key for role, key in given.items() if key}
+
     def keys(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
         """(key suffix, shape) of every parameter, in the order the module registers them."""
+        names = self.names(decl)
         if self._layout is not None:
             return self._layout(decl, shape)
         if self._scale == "scalar":
-            return [("scale", ())]
+            return [(names.get("scale", "scale"), ())]
         out = list(self._extra)
         if self.weight(decl):
-            out.append(("weight", shape))
+            out.append((names.get("weight", "weight"), shape))
         if self.bias(decl):
-            out.append(("bias", shape))
+            out.append((names.get("bias", "bias"), shape))
         return out
 
     def parameters(self, decl: KindDecl, width: int) -> int:
@@ -149,3 +161,16 @@ FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
 def family(decl: KindDecl) -> NormFamily:
     """The family entry of a norm declaration."""
     return FAMILIES[decl.kind]
+
+
+# Dynamic Tanh's alpha initialisation for LLaMA models (Zhu et al., arXiv:2503.10622): one value for the norm
+# in front of attention, another for every other site, by width. Rows: (largest width, attention, other);
+# the table has only 4096 (7B), 5120 (13B) and 8192 (34B, 70B), so narrower widths take the first row.
+DYT_LLM_ALPHA = ((4096, 0.8, 0.2), (5120, 0.6, 0.15), (None, 0.2, 0.05))
+DYT_GENERIC_ALPHA = 0.5  # the paper's default for non-LLM models, at every site
+
+
+def dyt_llm_alpha(width: int) -> tuple[float, float]:
+    """(attention-site alpha, other-site alpha) for a model of width ``width``."""
+    return next((a, o) for top, a, o in DYT_LLM_ALPHA if top is None or width <= top)
+

@@ -156,6 +156,11 @@ class _Planner:
                 kv = d.arg("kv_heads")
                 _divisible(d, "heads", heads, self.world)
                 shared_kv = _kv_replicated(d, int(sizes.value(kv)) if kv is not None else heads, self.world)
+                if d.arg("head_scale"):
+                    # each rank holds whole heads, so the scales would have to split with them
+                    raise _fail(d.span, f"{d.kind} '{d.name}' scales its heads (head_scale=true), which the "
+                                "tensor-parallel lowering does not split between ranks",
+                                "run this block without tensor parallelism, or data-parallel only")
             else:
                 _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
             self.plan.modules.append(ModuleStyle(path, "branch", d.kind))

@@ -15,7 +15,7 @@ from typing import Iterator, NamedTuple
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import wrapper
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import FusedAddNormOp
+from blockir.ir.ops import FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 
@@ -61,4 +61,50 @@ def residual_sites(program: Program, block: Block, sizes: Sizes) -> list[Site]:
             out.append(item)
         else:
             stack.append(_items(program, *item))
+    return out
+
+
+class MethodSite(NamedTuple):
+    kind: str  # gate (a learned scalar or vector on a branch: ReZero, LayerScale) | dyt
+    param: str  # the gate's parameter path, or the DyT module path (its ``alpha`` is ``param + ".alpha"``)
+    value: str | None  # dyt: the value path of the norm's input; gates: None
+
+
+def _ops(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[tuple[Block, str, Op] | Scope]:
+    """The block's ops with their prefix, and in their place the scopes of the blocks it calls."""
+    for op in block.ops:
+        d = block.decl_map.get(getattr(op, "decl", None) or "")
+        if not isinstance(d, InstanceDecl):
+            yield block, prefix, op
+            continue
+        inner = program.block(d.block)
+        if d.count is None:
+            yield inner, scope.for_block(inner), f"{prefix}{d.name}."
+            continue
+        n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)
+        for i in range(n):
+            yield inner, scope.for_block(inner, i, n), f"{prefix}{d.name}.{i}."
+
+
+def method_sites(program: Program, block: Block, sizes: Sizes) -> list[MethodSite]:
+    """Learned branch gates and DyT applications reachable from ``block``, in execution order."""
+    out: list[MethodSite] = []
+    seen: set[str] = set()
+    stack = [_ops(program, block, sizes.for_block(block), "")]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+            continue
+        if isinstance(item[1], Sizes):
+            stack.append(_ops(program, *item))  # type: ignore[arg-type]
+            continue
+        inner, prefix, op = item  # type: ignore[misc]
+        decl = inner.decl_map.get(getattr(op, "decl", None) or getattr(op, "param", None) or "")
+        if isinstance(op, ScaleOp) and op.param is not None and prefix + op.param not in seen \
+                and any(op in b.scales for s in wrapper(inner).sublayers for b in s.branches):
+            seen.add(prefix + op.param)
+            out.append(MethodSite("gate", prefix + op.param, None))
+        elif isinstance(op, NormOp) and getattr(decl, "kind", None) == "dyt":
+            out.append(MethodSite("dyt", prefix + op.decl, prefix + op.operand))
     return out

@@ -494,3 +494,8 @@ def retracted(block: Block, sub: Sublayer) -> bool:
     """Whether an update is nGPT's: an interpolation whose sum an ``l2norm`` brings back to unit length."""
     post = sub.post_norm
     return interpolation(block, sub) is not None and post is not None and decl_kind(block, post) == "l2norm"
+def attention_norms(block: Block) -> tuple[NormOp, ...]:
+    """The norm applications whose output an attention branch reads (DyT's attention sites)."""
+    return tuple(n for s in wrapper(block).sublayers for b in s.branches
+                 if b.call is not None and decl_kind(block, b.call) in ("self_attention", "cross_attention")
+                 for n in b.pre_norms if isinstance(n, NormOp))

@@ -182,6 +182,7 @@ class _Projections(nn.Module):
         qk_norm_cast: str = "before_weight",
         qk_scale: bool = False,
         core: AttentionCore | None = None,
+        head_scale: bool = False,
     ) -> None:
         super().__init__()
         # plain settings go straight to __dict__ (here and in the branches below): nn.Module.__setattr__
@@ -215,6 +216,8 @@ class _Projections(nn.Module):
                 self.add_module(names[role], norm)
         # nGPT's s_qk (arXiv:2410.01131), stored at 1/sqrt(width) so that Adam moves it at the rate of the matrices
         self.qk_scale = nn.Parameter(torch.full((q_out,), width ** -0.5)) if qk_scale else None
+        if head_scale:
+            self.head_scale = nn.Parameter(torch.ones(heads))
 
     def project(self, x: Tensor, memory: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as ``[B, H, S, hd]`` after the q/k norms."""
@@ -252,6 +255,10 @@ class _Projections(nn.Module):
         return q * s, k * s[::self.heads // self.kv_heads]
 
     def out(self, y: Tensor) -> Tensor:
+        """``y`` [B, S, H, hd] through the per-head scales, if any, then the output projection."""
+        scales = self._parameters.get("head_scale")
+        if scales is not None:
+            y = y * scales.to(y.dtype)[:, None]
         return getattr(self, self.names["o"])(y.flatten(-2))
 
     def masks(self, x: Tensor, keys: int) -> MaskBuilder:

@@ -22,12 +22,15 @@ from blockir.ir.types import TensorType
 NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "layernorm": lambda w, d, s, f: partial(
         numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
-        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass"))),
+        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass")),
+        keys=f.names(d)),
     "rmsnorm": lambda w, d, s, f: partial(
         numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
-        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d)),
-    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0)),
-    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0)),
+        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d), keys=f.names(d)),
+    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0),
+                                            keys=f.names(d)),
+    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0),
+                                      keys=f.names(d)),
     "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
     "batchnorm": lambda w, d, s, f: partial(
         batchnorm.BatchNorm, w, s.value(d.arg("eps")), float(s.value(d.arg("momentum"))), d.arg("padding"),
@@ -89,7 +92,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
                               names=layer_names(d.kind, dict(d.args)), qk_norm=d.arg("qk_norm"),
                               qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
-                              qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")))
+                              qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")),
+                              head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))

@@ -304,8 +304,24 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm whose ``weight``/``bias`` keys match ``nn.LayerNorm`` checkpoints."""
+class _NormParams(nn.Module):
+    """A norm whose parameters may be stored under a checkpoint's own names (``g``, ``gamma``, ``beta``, …).
+
+    ``keys`` maps a role (``weight``, ``bias``, ``scale``, ``alpha``) to the name it is registered under;
+    readers ask ``param(role)``, so the arithmetic never depends on the name.
+    """
+
+    keys: dict[str, str] = {}
+
+    def _register(self, role: str, value: nn.Parameter | None) -> None:
+        self.register_parameter(self.keys.get(role, role), value)
+
+    def param(self, role: str) -> nn.Parameter | None:
+        return self._parameters.get(self.keys.get(role, role))
+
+
+class LayerNorm(_NormParams):
+    """LayerNorm whose ``weight``/``bias`` keys match ``nn.LayerNorm`` checkpoints (or the names in ``keys``)."""
 
     def __init__(
         self,
@@ -316,23 +332,25 @@ class LayerNorm(nn.Module):
         accum: torch.dtype = torch.float32,
         offset: int = 0,
         two_pass: bool = False,
+        keys: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         # the zero init for offset=1 keeps the initial scale at one; settings as in RMSNorm
-        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass)
-        self.register_parameter("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
-        self.register_parameter("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
+        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass, keys=keys or {})
+        self._register("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
+        self._register("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps, self.accum, self.offset, self.two_pass)
+        return layer_norm(x, self.param("weight"), self.param("bias"), self.eps, self.accum, self.offset,
+                          self.two_pass)
 
     def extra_repr(self) -> str:
-        affine, bias = self.weight is not None, self.bias is not None
+        affine, bias = self.param("weight") is not None, self.param("bias") is not None
         return (f"{self.width}, eps={self.eps}, bias={bias}, affine={affine}, accum={self.accum}, "
                 f"offset={self.offset}, two_pass={self.two_pass}")
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_NormParams):
     """RMSNorm with a declared cast order; the zero init for ``offset=1`` keeps the initial scale at one."""
 
     def __init__(
@@ -343,34 +361,33 @@ class RMSNorm(nn.Module):
         cast: str = "before_weight",
         accum: torch.dtype = torch.float32,
         affine: bool = True,
+        keys: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         if cast not in RMS_CASTS:
             raise ValueError(f"unknown RMSNorm cast order {cast!r}; expected one of {RMS_CASTS}")
         # plain settings straight to __dict__: nn.Module.__setattr__ costs ~1.5 µs each, paid per layer
-        vars(self).update(width=width, eps=eps, offset=offset, cast=cast, accum=accum)
+        vars(self).update(width=width, eps=eps, offset=offset, cast=cast, accum=accum, keys=keys or {})
         weight = nn.Parameter(torch.zeros(width) if offset else torch.ones(width)) if affine else None
-        self.register_parameter("weight", weight)
+        self._register("weight", weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, self.offset, self.cast, self.accum)
+        return rms_norm(x, self.param("weight"), self.eps, self.offset, self.cast, self.accum)
 
     def extra_repr(self) -> str:
         return f"{self.width}, eps={self.eps}, offset={self.offset}, cast={self.cast}, accum={self.accum}"
 
 
-class ScaleNorm(nn.Module):
+class ScaleNorm(_NormParams):
     """ScaleNorm; the scalar starts at ``sqrt(width)`` so outputs begin with unit RMS like RMSNorm."""
 
-    def __init__(self, width: int, eps: float = 1e-5, offset: int = 0) -> None:
+    def __init__(self, width: int, eps: float = 1e-5, offset: int = 0, keys: dict[str, str] | None = None) -> None:
         super().__init__()
-        self.width = width
-        self.eps = eps
-        self.offset = offset
-        self.scale = nn.Parameter(torch.tensor(math.sqrt(width) - offset))
+        vars(self).update(width=width, eps=eps, offset=offset, keys=keys or {})
+        self._register("scale", nn.Parameter(torch.tensor(math.sqrt(width) - offset)))
 
     def forward(self, x: Tensor) -> Tensor:
-        return scale_norm(x, self.scale, self.eps, self.offset)
+        return scale_norm(x, self.param("scale"), self.eps, self.offset)
 
     def extra_repr(self) -> str:
         return f"{self.width}, eps={self.eps}, offset={self.offset}"
@@ -391,19 +408,19 @@ class L2Norm(nn.Module):
         return f"{self.width}, eps={self.eps}"
 
 
-class DyT(nn.Module):
+class DyT(_NormParams):
     """Dynamic Tanh with the paper's init: ``weight`` ones, ``bias`` zeros, a one-element ``alpha``."""
 
-    def __init__(self, width: int, alpha_init: float = 0.5, offset: int = 0) -> None:
+    def __init__(self, width: int, alpha_init: float = 0.5, offset: int = 0,
+                 keys: dict[str, str] | None = None) -> None:
         super().__init__()
-        self.width = width
-        self.offset = offset
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
-        self.weight = nn.Parameter(torch.full((width,), 1.0 - offset))
-        self.bias = nn.Parameter(torch.zeros(width))
+        vars(self).update(width=width, offset=offset, keys=keys or {})
+        self._register("alpha", nn.Parameter(torch.full((1,), float(alpha_init))))
+        self._register("weight", nn.Parameter(torch.full((width,), 1.0 - offset)))
+        self._register("bias", nn.Parameter(torch.zeros(width)))
 
     def forward(self, x: Tensor) -> Tensor:
-        return dyt(x, self.alpha, self.weight, self.bias, self.offset)
+        return dyt(x, self.param("alpha"), self.param("weight"), self.param("bias"), self.offset)
 
     def extra_repr(self) -> str:
         return f"{self.width}, offset={self.offset}"

@@ -6,6 +6,12 @@ from operand order; a parallel update's u is the sum of its branches.
 
 rho = RMS(u) / (RMS(x) + delta) and c = <x, u> / (|x| |u| + delta), summarised
 by quantiles over rows so a few unstable rows are not hidden by a mean.
+
+Method telemetry follows the parameters a method adds: every learned gate on a
+branch (ReZero's scalar, LayerScale's vector) with the norm of its last
+gradient, and every DyT application with its alpha, its gradient and the
+fraction of input elements where |alpha x| > 2, i.e. where tanh has flattened
+to under 7% of its slope at zero.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from blockir.analyses.sizes import Sizes
-from blockir.analyses.sites import residual_sites
+from blockir.analyses.sites import method_sites, residual_sites
 from blockir.ir.program import Block, Program
 
 DELTA = 1e-12
@@ -46,4 +52,43 @@ def telemetry(program: Program, block: Block, values: dict[str, torch.Tensor], s
             continue
         rho, cos = row_stats(values[shortcut], sum(values[u].double() for u in updates))
         out.append(SiteStats(site, tuple(torch.quantile(rho, q).tolist()), tuple(torch.quantile(cos, q).tolist())))
+    return out
+
+
+# |alpha x| beyond which DyT counts as saturated: tanh(2) = 0.964, and the slope 1 - tanh^2 is 0.071 of its peak
+DYT_SATURATION = 2.0
+
+
+@dataclass(frozen=True)
+class MethodStats:
+    """One method parameter: a branch gate (ReZero's scalar, LayerScale's vector) or one DyT application."""
+
+    site: str  # the parameter path (a gate) or the DyT module path with the layer path
+    kind: str  # gate | dyt
+    value: float  # the gate (a vector's mean |g|), or DyT's alpha
+    grad_norm: float | None  # L2 norm of the last step's gradient of the gate or alpha (None before any step)
+    saturated: float | None = None  # dyt: fraction of input elements with |alpha x| > DYT_SATURATION
+
+
+def _grad_norm(p: torch.Tensor) -> float | None:
+    return float(p.grad.detach().double().norm()) if p.grad is not None else None
+
+
+def method_telemetry(program: Program, block: Block, module: torch.nn.Module, values: dict[str, torch.Tensor],
+                     sizes: Sizes) -> list[MethodStats]:
+    """Gate values and DyT alpha and saturation of ``module`` (compiled from ``block``), with the gradients
+    the last backward left on them; ``values`` is a trace of ``module``."""
+    out = []
+    for s in method_sites(program, block, sizes):
+        if s.kind == "gate":
+            p = module.get_parameter(s.param)
+            out.append(MethodStats(s.param, "gate", float(p.detach().double().abs().mean()), _grad_norm(p)))
+            continue
+        alpha = module.get_parameter(s.param + ".alpha")
+        x = values.get(s.value or "")
+        saturated = None
+        if x is not None:
+            saturated = float(((alpha.detach().double() * x.detach().double()).abs() > DYT_SATURATION).double().mean())
+        out.append(MethodStats(s.param, "dyt", float(alpha.detach().double().reshape(-1)[0]), _grad_norm(alpha),
+                               saturated))
     return out

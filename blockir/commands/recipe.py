@@ -13,7 +13,7 @@ from typing import Any
 from blockir.cli import EXIT_OK, UsageError, add_block_option, add_format_option, log, print_json, with_program
 from blockir.ir.program import Block, Program
 
-CLI_RECIPES = ("deepnorm", "rezero", "layerscale", "tfixup")
+CLI_RECIPES = ("deepnorm", "rezero", "layerscale", "tfixup", "fixup", "deepscalelm", "dyt_llm")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -23,6 +23,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         return {"remove_norms": not args.keep_norms}
     if args.recipe == "layerscale":
         return {"eps": args.eps, "depth": args.depth}
+    if args.recipe in ("fixup", "deepscalelm"):
+        return {"depth": args.depth}
+    if args.recipe == "dyt_llm":
+        return {"width": args.width}
     return {"side": args.side}
 
 
@@ -47,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("recipe", help="apply DeepNorm, ReZero, LayerScale or T-Fixup to a block",
-                       description="Rewrite a block by a depth/normalization recipe (DeepNet, ReZero, CaiT, T-Fixup; "
+    s = sub.add_parser("recipe", help="apply DeepNorm, ReZero, LayerScale, T-Fixup, Fixup, DeepScaleLM or DyT (LLM) to a block",
+                       description="Rewrite a block by a depth/normalization recipe (DeepNet, ReZero, CaiT, T-Fixup, Fixup, "
+                                   "DeepScaleLM, DyT; "
                                    "see docs/recipes.md) and print the new program; the report goes to stderr.")
     s.add_argument("recipe", choices=CLI_RECIPES)
     s.add_argument("file", metavar="FILE")
@@ -58,7 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--decoder-layers", type=int, help="deepnorm, encoder side of an encoder-decoder: M")
     s.add_argument("--keep-norms", action="store_true", help="rezero: keep the norms (not the paper's contract)")
     s.add_argument("--eps", type=float, help="layerscale: initial gain (default: CaiT's rule for the depth)")
-    s.add_argument("--depth", type=int, help="layerscale: depth for CaiT's rule (default: the stack's)")
+    s.add_argument("--depth", type=int, help="layerscale: depth for CaiT's rule; fixup: the depth L counts branches "
+                   "over; deepscalelm: N (default: the stack's)")
+    s.add_argument("--width", type=int, help="dyt_llm: the width whose alpha row applies (default: the block's)")
     s.add_argument("--side", choices=("encoder", "decoder"),
                    help="tfixup: which gains (default: decoder when the block has cross-attention)")
     add_format_option(s, "block")

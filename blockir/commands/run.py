@@ -65,6 +65,26 @@ def telemetry_table(sites: Any, rows: int) -> list[str]:
     return lines
 
 
+def _opt(v: float | None, width: int = 12) -> str:
+    return f"{v:>{width}.4g}" if v is not None else f"{'-':>{width}}"
+
+
+def method_table(methods: Any) -> list[str]:
+    """Gate values and DyT alpha/saturation with their last gradient norms (empty without such parameters)."""
+    if not methods:
+        return []
+    lines = [f"{'parameter':<28}{'kind':>6}{'value':>12}{'grad norm':>12}{'saturated':>12}"]
+    lines += [f"{m.site:<28}{m.kind:>6}{m.value:>12.4g}{_opt(m.grad_norm)}{_opt(m.saturated)}" for m in methods]
+    lines.append("value: a scalar gate, a vector gate's mean |g|, or DyT's alpha; grad norm: the last step's; "
+                 "saturated: fraction of DyT inputs with |alpha x| > 2")
+    return lines
+
+
+def methods_json(methods: Any) -> list[dict[str, Any]]:
+    return [{"parameter": m.site, "kind": m.kind, "value": m.value, "grad_norm": m.grad_norm,
+             "saturated": m.saturated} for m in methods]
+
+
 def sites_json(sites: Any) -> list[dict[str, Any]]:
     return [{"site": s.site, "rho": list(s.rho), "cos": list(s.cos)} for s in sites]
 
@@ -119,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                         "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
                         "sphere": sphere_json(final.sphere),
+                        "methods": methods_json(final.methods),
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
                                       for s in report.snapshots],
                         "batch_norms": [{"name": n.name, "step": n.step, "transition": n.transition,
@@ -138,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
                 print("\n".join(n.line() for n in norms))
             if final.sphere is not None:
                 print(sphere_line(final.sphere))
+            if final.methods:
+                print()
+                print("\n".join(method_table(final.methods)))
         if args.plot:
             from blockir.backends.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")

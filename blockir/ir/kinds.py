@@ -145,7 +145,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
             _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
             ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
-                    "cast at the end (code written that way); unset: the LayerNorm kernel")),
+                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
             "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
              Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
@@ -156,10 +156,11 @@ KINDS: dict[str, KindSpec] = {
             _ACCUM, ArgSpec("bias", "bool", False),
             # unset means the usual per-channel weight; only an affine fold writes affine=false
             ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED, _MOMENTS, _AFFINE_GRAD), "RMSNorm: no centering, per-channel scale",
+            _TIED, _MOMENTS, _AFFINE_GRAD, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")), "RMSNorm: no centering, per-channel scale",
             (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
              Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
-        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED),
+        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED,
+                                       _name("weight_name", "the scalar's key (scale unless set: g, …)")),
                  "ScaleNorm: one learned scalar over x/||x||"),
         KindSpec("l2norm", "norm", (_axes(), ArgSpec("eps", "expr", Num(1e-12), doc="lower bound of the row's "
                                                      "L2 norm (clamped, not added); must be > 0"), _TIED,
@@ -167,7 +168,7 @@ KINDS: dict[str, KindSpec] = {
                                               doc="nGPT: the stream lives on the unit sphere of this axis, and every "
                                                   "matrix of the block is projected onto it after each optimizer step")),
                  "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
-        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED),
+        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
                  "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
         KindSpec("batchnorm", "norm", (*_BATCH_STATS, ArgSpec("affine", "bool", True),
                                        ArgSpec("rep", "bool", False, doc="RepBN: add eta * x to the output"),
@@ -187,7 +188,9 @@ KINDS: dict[str, KindSpec] = {
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
-            *_ATTENTION_LAYOUT),
+            *_ATTENTION_LAYOUT,
+            ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
+                    "output before the output projection (NormFormer); unset means none")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),)),
@@ -230,7 +233,9 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0)),
                                      _offset("the vector")),
                  "a learned per-channel gain (LayerScale)"),
-        KindSpec("bias", "shift", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(0.0))),
+        KindSpec("bias", "shift", (ArgSpec("axis", "dim", None, positional=True,
+                                           doc="the channel axis; unset: one scalar bias (Fixup)"),
+                                   ArgSpec("init", "expr", Num(0.0))),
                  "a learned per-channel bias added to a value"),
         KindSpec("activation", "activation", (ArgSpec("fn", "enum", choices=ACTIVATIONS, positional=True),),
                  "a named activation function"),

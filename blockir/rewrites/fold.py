@@ -190,6 +190,11 @@ def _drop_unused_param(block: Block, param: str | None) -> tuple[Block, tuple[Ed
     return replace(block, decls=tuple(d for d in block.decls if d.name != param)), (Drop(param),)
 
 
+def _norm_key(decl: KindDecl, role: str) -> str:
+    """The state-dict key of a norm's gain or shift, under the name the declaration gives it."""
+    return f"{decl.name}.{family(decl).names(decl).get(role, role)}"
+
+
 def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: ScaleOp) -> tuple[Edit, ...]:
     decl = block.decl_map[norm.decl]
     assert isinstance(decl, KindDecl)
@@ -199,11 +204,11 @@ def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: Scale
         param = block.decl_map.get(op.param or "")
         if isinstance(param, KindDecl) and param.kind == "vector":
             raise _Refuse("shape", f"a per-channel gain cannot fold into the single scalar of '{decl.name}'")
-        _check(site, [f"{decl.name}.scale"])
-        return (ScaleNormState(f"{decl.name}.scale", None, int(decl.arg("offset", 0)), gain),)
-    bias = f"{decl.name}.bias" if family(decl).bias(decl) else None
-    _check(site, [f"{decl.name}.weight"] + ([bias] if bias else []))
-    return (ScaleNormState(f"{decl.name}.weight", bias, int(decl.arg("offset", 0)), gain),)
+        _check(site, [_norm_key(decl, "scale")])
+        return (ScaleNormState(_norm_key(decl, "scale"), None, int(decl.arg("offset", 0)), gain),)
+    bias = _norm_key(decl, "bias") if family(decl).bias(decl) else None
+    _check(site, [_norm_key(decl, "weight")] + ([bias] if bias else []))
+    return (ScaleNormState(_norm_key(decl, "weight"), bias, int(decl.arg("offset", 0)), gain),)
 
 
 def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tuple[Edit, ...]:
@@ -245,7 +250,7 @@ def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Ste
     shift = decl.kind == "layernorm" and bool(decl.arg("bias"))
     linears = _linear_inputs(block, op.result, sizes)
     _check(site, [w for w, _, _ in linears] + ([b for _, b, _ in linears if b] if shift else []))
-    weight, bias = f"{decl.name}.weight", f"{decl.name}.bias"
+    weight, bias = _norm_key(decl, "weight"), _norm_key(decl, "bias")
     # the bias shift reads W before its columns are scaled
     edits: list[Edit] = [ShiftBias(w, b, Gain(key=bias), c) for w, b, c in linears if shift and b]
     edits += [ScaleInputs(w, Gain(key=weight, offset=int(decl.arg("offset", 0)))) for w in dict.fromkeys(

@@ -5,11 +5,11 @@ way; a block that states neither must normalize every update the same way.
 """
 from __future__ import annotations
 
-from blockir.analyses.classify import placements
+from blockir.analyses.classify import match_registry, normformer_missing, placements
 from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
-from blockir.diagnostics import Diagnostic, Note, error, warning
+from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -30,6 +30,16 @@ def _mixed(block: Block, w: Wrapper) -> Diagnostic | None:
                    notes=[Note("the first update", first.root.span)],
                    hint="a norm's name does not place it (LLaMA's post_attention_layernorm is the MLP's pre-norm); "
                         "normalize every update the same way, or state the intended order with `const norm_first`")
+
+
+def _normformer(block: Block, w: Wrapper, stated_at: Span | None) -> list[Diagnostic]:
+    """A block wired or stated as NormFormer lacks none of its parts (one post-attention norm is not NormFormer)."""
+    notes = [Note("stated here", stated_at)] if stated_at is not None else []
+    return [error("E0440", f"'{block.name}' is NormFormer but lacks {what}", s.root.span, notes=notes,
+                  hint="NormFormer (arXiv:2110.09456) keeps Pre-LN and adds per-head attention scales, a norm on "
+                       "the attention output and a norm after the FFN's first projection and activation; all "
+                       "three are the method")
+            for what, s in normformer_missing(block, w)]
 
 
 def _fact_problem(name: str, block: Block, w: Wrapper) -> tuple[str, Sublayer] | None:
@@ -74,7 +84,10 @@ def verify_block(block: Block, base: dict) -> list[Diagnostic]:
                              f"this update {what}", sub.root.span, notes=[Note("stated here", fact.const.span)],
                              hint="the order of norms, branches and adds is the architecture: the same tensors "
                                   "wired another way are another model; fix the equations or the stated fact"))
-    if "norm_first" not in facts:
+    claimed = "normformer" in facts and facts["normformer"].value == 1
+    if claimed or (w.sublayers and match_registry(w) == "normformer"):
+        out += _normformer(block, w, facts["normformer"].const.span if claimed else None)
+    elif "norm_first" not in facts:
         d = _mixed(block, w)
         if d is not None:
             out.append(d)

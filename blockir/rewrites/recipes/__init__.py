@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from blockir.rewrites.recipes import admin, deepnorm, layerscale, rezero, tfixup
+from blockir.rewrites.recipes import admin, deepnorm, deepscalelm, dyt_llm, fixup, layerscale, rezero, tfixup
 from blockir.rewrites.recipes.base import RecipeError, RecipeResult, Report
 
 RECIPES: dict[str, Callable[..., RecipeResult]] = {
@@ -19,6 +19,9 @@ RECIPES: dict[str, Callable[..., RecipeResult]] = {
     "layerscale": layerscale.apply,
     "tfixup": tfixup.apply,
     "admin": admin.apply,
+    "fixup": fixup.apply,
+    "deepscalelm": deepscalelm.apply,
+    "dyt_llm": dyt_llm.apply,
 }
 
 __all__ = ["RECIPES", "RecipeError", "RecipeResult", "Report"]

@@ -159,13 +159,14 @@ class AdminInit:
 
 def _scale_norm(norm: Any, omega: Any) -> None:
     """omega * norm(x) as the same norm with scaled affine state."""
-    w = omega.to(norm.weight.dtype)
+    weight, bias = norm.param("weight"), norm.param("bias")
+    w = omega.to(weight.dtype)
     if getattr(norm, "offset", 0):  # (1 + weight) * omega = 1 + weight'
-        norm.weight.copy_((1 + norm.weight) * w - 1)
+        weight.copy_((1 + weight) * w - 1)
     else:
-        norm.weight.copy_(norm.weight * w)
-    if getattr(norm, "bias", None) is not None:
-        norm.bias.copy_(norm.bias * w)
+        weight.copy_(weight * w)
+    if bias is not None:
+        bias.copy_(bias * w)
 
 
 # --- the graph ---------------------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""Initialisation recipes a block states it follows, checked against the graph they need.
+
+A depth exponent or a pair of scales copied from a paper is not the method:
+``const fixup = 1`` needs no norm, a learned scalar multiplier and scalar
+biases on every branch (Zhang et al., arXiv:1901.09321); ``const deepscalelm
+= 1`` needs every update to be ``lambda * x + beta * F(x)`` with constant
+scales and ``lambda^2 + beta^2 = 1`` (Shah et al., arXiv:2403.09635).
+"""
+from __future__ import annotations
+
+from blockir.analyses.facts import stated
+from blockir.analyses.sizes import block_env, program_env, value
+from blockir.analyses.structure import Branch, Sublayer, wrapper
+from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir.decls import KindDecl
+from blockir.ir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.ir.program import Block, Program
+from blockir.verifiers.registry import verifier
+
+FIXUP_HINT = ("Fixup removes every norm, zero-initialises each branch's last layer, rescales the others by "
+              "L^(-1/(2m-2)), and adds a scalar multiplier and scalar biases to every branch; "
+              "`blockir recipe fixup` writes the graph and the recipe's init(module) the initialisation")
+DSLM_HINT = "DeepScaleLM keeps unit variance with lambda^2 + beta^2 = 1 (beta^2 = 2/N, lambda^2 = 1 - 2/N for N layers)"
+
+
+def _learned(block: Block, name: str | None, kind: str) -> bool:
+    decl = block.decl_map.get(name or "")
+    return isinstance(decl, KindDecl) and decl.kind == kind and (kind != "bias" or decl.arg("axis") is None)
+
+
+def _fixup_missing(block: Block, s: Sublayer, b: Branch) -> list[str]:
+    norms = [n.decl for n in (*b.pre_norms, b.out_norm, s.post_norm) if isinstance(n, NormOp)]
+    out = [f"keeps norm '{n}'" for n in dict.fromkeys(norms)]
+    if not any(isinstance(op, ScaleOp) and _learned(block, op.param, "scalar") for op in b.ops):
+        out.append("has no scalar multiplier (scalar(init=1))")
+    if sum(isinstance(op, BiasOp) and _learned(block, op.param, "bias") for op in b.ops) < 2:
+        out.append("has no scalar biases before its first weight layer and after its multiplier (bias(init=0))")
+    return out
+
+
+def _fixup(block: Block, stated_at: Note) -> list[Diagnostic]:
+    out, seen = [], set()
+    for s in wrapper(block).sublayers:
+        for b in s.branches:
+            missing = _fixup_missing(block, s, b)
+            seen.update(n.result for n in (*b.pre_norms, b.out_norm, s.post_norm) if n is not None)
+            if missing:
+                out.append(error("E0442", f"'{block.name}' states fixup = 1 but branch '{b.name}' "
+                                 + " and ".join(missing), s.root.span, notes=[stated_at], hint=FIXUP_HINT))
+    out += [error("E0442", f"'{block.name}' states fixup = 1 but keeps norm '{op.decl}'", op.span, notes=[stated_at],
+                  hint=FIXUP_HINT) for op in block.ops if isinstance(op, NormOp) and op.result not in seen]
+    return out
+
+
+def _deepscalelm(block: Block, env: dict, stated_at: Note) -> list[Diagnostic]:
+    out = []
+    for s in wrapper(block).sublayers:
+        skip = [op.factor for op in s.shortcut_ops if isinstance(op, ScaleOp) and op.factor is not None]
+        scale = [op.factor for b in s.branches for op in b.scales if op.factor is not None]
+        if isinstance(s.root, FusedAddNormOp):  # the fused add+norm carries both scales itself
+            skip += [s.root.shortcut_factor] if s.root.shortcut_factor is not None else []
+            scale += [s.root.branch_factor] if s.root.branch_factor is not None else []
+        lam = value(skip[0], env) if len(skip) == 1 else None
+        beta = value(scale[0], env) if len(scale) == 1 and len(s.branches) == 1 else None
+        if lam is None or beta is None:
+            out.append(error("E0441", f"'{block.name}' states deepscalelm = 1 but this update is not "
+                             "lambda * x + beta * F(x) with constant scales on the shortcut and on its one branch",
+                             s.root.span, notes=[stated_at], hint=DSLM_HINT))
+        elif abs(lam * lam + beta * beta - 1) > 1e-6:
+            out.append(error("E0441", f"DeepScaleLM scales lambda = {lam:.6g} and beta = {beta:.6g} give "
+                             f"lambda^2 + beta^2 = {lam * lam + beta * beta:.6g}, not 1: the update does not keep "
+                             "unit variance", s.root.span, notes=[stated_at], hint=DSLM_HINT))
+    return out
+
+
+@verifier("recipe_contracts")
+def verify_recipe_contracts(program: Program) -> list[Diagnostic]:
+    base = program_env(program)
+    out: list[Diagnostic] = []
+    for block in program.blocks:
+        env = block_env(base, block)
+        facts = stated(block, env)
+        if "fixup" in facts and facts["fixup"].value == 1:
+            out += _fixup(block, Note("stated here", facts["fixup"].const.span))
+        if "deepscalelm" in facts and facts["deepscalelm"].value == 1:
+            out += _deepscalelm(block, env, Note("stated here", facts["deepscalelm"].const.span))
+    return out

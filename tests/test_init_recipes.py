@@ -1,0 +1,192 @@
+"""Fixup (arXiv:1901.09321) and DeepScaleLM (arXiv:2403.09635): graph, initialisation and fold, in float64."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import blockir
+from blockir.rewrites.recipes import RecipeError, deepscalelm, fixup
+from conftest import ROOT
+
+SOURCE = """
+dim B: batch
+dim S: seq
+dim D: model = 16
+dim F: hidden = 32
+dim H: heads = 4
+
+block Layer(x: [B, S, D]) -> [B, S, D] {{
+  ln_1: layernorm(D, accum=f64)
+  {first}
+  ln_2: layernorm(D, accum=f64)
+  mlp: mlp(F, act=relu)
+
+  h = x + {call}(ln_1(x))
+  y = h + mlp(ln_2(h))
+  return y
+}}
+
+model Decoder(x: [B, S, D]) -> [B, S, D] {{
+  layers: Layer * 12
+  norm: layernorm(D, accum=f64)
+  return norm(layers(x))
+}}
+"""
+ATTENTION = SOURCE.format(first="self_attn: self_attention(heads=H, causal=true)", call="self_attn")
+# two MLP branches: the oracle below needs no attention
+MLPS = SOURCE.format(first="ffn: mlp(F, act=relu)", call="ffn")
+
+
+def _program(text: str) -> blockir.Program:
+    return blockir.parse(text, "source.block")
+
+
+def _ln(x: Tensor) -> Tensor:
+    mu = x.mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
+
+
+def _mlp(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
+    return F.linear(F.relu(F.linear(x, p[f"{name}.fc1.weight"], p[f"{name}.fc1.bias"])),
+                    p[f"{name}.fc2.weight"], p[f"{name}.fc2.bias"])
+
+
+def _check(m: torch.nn.Module, reference: Callable[[Tensor, dict[str, Tensor]], Tensor]) -> None:
+    """Forward and the gradient of the input and of every parameter against ``reference(x, params)``."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():  # off the init: zeroed layers and unit multipliers would hide terms
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    names = [n for n, _ in m.named_parameters()]
+    x = torch.randn(2, 3, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = m(x)
+    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
+    x_ref = x.detach().clone().requires_grad_(True)
+    want_y = reference(x_ref, params)
+    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
+    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
+    for name, g, w in zip(["x", *names], got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda msg, n=name: f"gradient of {n}: {msg}")
+
+
+# ------------------------------------------------------------------------------------------ Fixup
+
+@pytest.mark.parametrize("backend", ["fx", "fused"])
+def test_fixup_update_is_its_equation(backend: str) -> None:
+    """x_{l+1} = x_l + s_l F_l(x_l + a_l) + b_l, with no norm."""
+    result = fixup.apply(_program(MLPS), "Layer")
+    m = blockir.compile(result.program, "Layer", backend=backend, seed=0, dtype=torch.float64)
+    assert not [n for n, _ in m.named_parameters() if "ln_" in n]
+
+    def ref(x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        h = x + p["fixup_scale1"] * _mlp(x + p["fixup_bias1a"], p, "ffn") + p["fixup_bias1b"]
+        return h + p["fixup_scale2"] * _mlp(h + p["fixup_bias2a"], p, "mlp") + p["fixup_bias2b"]
+    _check(m, ref)
+
+
+def test_fixup_init_zeroes_last_layers_and_rescales_the_rest() -> None:
+    result = fixup.apply(_program(ATTENTION), "Layer")
+    assert result.init.branches == 24 and result.init.factor == 24 ** -0.5
+    base = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
+    m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
+    result.init(m)
+    before, after = base.state_dict(), m.state_dict()
+    for i in range(12):
+        layer = f"layers.{i}"
+        for key in ("self_attn.o_proj.weight", "mlp.fc2.weight", "mlp.fc2.bias"):
+            assert torch.count_nonzero(after[f"{layer}.{key}"]) == 0, key
+        for key in ("self_attn.v_proj.weight", "mlp.fc1.weight"):
+            torch.testing.assert_close(after[f"{layer}.{key}"], before[f"{layer}.{key}"] * 24 ** -0.5,
+                                       rtol=1e-15, atol=0)
+        for key in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.fc1.bias"):
+            assert torch.equal(after[f"{layer}.{key}"], before[f"{layer}.{key}"]), key
+        assert after[f"{layer}.fixup_scale1"].item() == 1.0 and after[f"{layer}.fixup_bias2b"].item() == 0.0
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    assert torch.equal(m(x), x)  # every branch starts at zero: the stack is the identity
+
+
+def test_fixup_refuses_a_fused_qkv() -> None:
+    text = ATTENTION.replace("causal=true)", "causal=true, fused=stacked)")
+    with pytest.raises(RecipeError, match="fused=none"):
+        fixup.apply(_program(text), "Layer")
+
+
+def test_fixup_example_is_the_recipe_output() -> None:
+    example = blockir.load(ROOT / "examples" / "fixup.block")
+    text = ATTENTION.replace("Layer", "FixupLayer").replace("Decoder", "FixupDecoder") \
+        .replace("dim D: model = 16", "dim D: model = 64").replace("dim F: hidden = 32", "dim F: hidden = 4 * D")
+    result = fixup.apply(_program(text), "FixupLayer")
+    assert result.program.block("FixupLayer").decls == example.block("FixupLayer").decls
+    assert blockir.verify(result.program) == []
+
+
+# ------------------------------------------------------------------------------------------ DeepScaleLM
+
+def test_deepscalelm_constants_keep_unit_variance() -> None:
+    lam, beta = deepscalelm.constants(12)
+    assert beta ** 2 == pytest.approx(2 / 12, rel=1e-15) and lam ** 2 + beta ** 2 == pytest.approx(1, rel=1e-15)
+
+
+@pytest.mark.parametrize("backend", ["fx", "fused"])
+def test_deepscalelm_update_is_its_equation(backend: str) -> None:
+    """x_{l+1} = lambda x_l + beta F_l(LN(x_l)) on a Pre-LN block."""
+    result = deepscalelm.apply(_program(MLPS), "Layer")
+    lam, beta = deepscalelm.constants(12)
+    m = blockir.compile(result.program, "Layer", backend=backend, seed=0, dtype=torch.float64)
+
+    def ref(x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        def ln(v: Tensor, n: str) -> Tensor:
+            return _ln(v) * p[f"{n}.weight"] + p[f"{n}.bias"]
+        h = lam * x + beta * _mlp(ln(x, "ln_1"), p, "ffn")
+        return lam * h + beta * _mlp(ln(h, "ln_2"), p, "mlp")
+    _check(m, ref)
+
+
+def test_deepscalelm_init_statistics() -> None:
+    text = ATTENTION.replace("dim D: model = 16", "dim D: model = 256").replace("dim F: hidden = 32",
+                                                                                "dim F: hidden = 512")
+    result = deepscalelm.apply(_program(text), "Layer")
+    torch.manual_seed(0)
+    m = blockir.compile(result.program, "Layer", seed=0, dtype=torch.float64)
+    result.init(m)
+    sd = m.state_dict()
+    for key, fan_in, gain in (("self_attn.q_proj.weight", 256, 1), ("self_attn.v_proj.weight", 256, 1),
+                              ("self_attn.o_proj.weight", 256, 1), ("mlp.fc1.weight", 256, 2),
+                              ("mlp.fc2.weight", 512, 1)):
+        w = sd[key]
+        assert abs(w.mean().item()) < 3 * (gain / fan_in / w.numel()) ** 0.5, key
+        assert w.var().item() == pytest.approx(gain / fan_in, rel=0.02), key
+    assert torch.count_nonzero(sd["mlp.fc1.bias"]) == 0 and torch.count_nonzero(sd["mlp.fc2.bias"]) == 0
+
+
+def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
+    result = deepscalelm.apply(_program(ATTENTION), "Layer")
+    m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
+    result.init(m)
+    program, state = result.init.fold(m)
+    assert "branch_scale *" not in "".join(op.text() for op in program.block("Layer").ops)
+    folded = blockir.compile(program, "Decoder", seed=1, dtype=torch.float64)
+    folded.load_state_dict(state, strict=True)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(folded(x), m(x), rtol=1e-12, atol=1e-12)
+    beta = deepscalelm.constants(12)[1]
+    torch.testing.assert_close(state["layers.3.mlp.fc2.weight"], m.state_dict()["layers.3.mlp.fc2.weight"] * beta)
+
+
+def test_deepscalelm_scales_that_do_not_keep_unit_variance_are_an_error() -> None:
+    text = (ROOT / "examples" / "deepscalelm.block").read_text().replace("(1 - 2 / 12) ** 0.5", "0.95")
+    diags = blockir.verify(blockir.parse(text, "d.block"))
+    assert [(d.code, d.span.line) for d in diags] == [("E0441", 24), ("E0441", 25)]
+    assert diags[0].message == ("DeepScaleLM scales lambda = 0.95 and beta = 0.408248 give lambda^2 + beta^2 = "
+                                "1.06917, not 1: the update does not keep unit variance")
+
+
+def test_deepscalelm_needs_three_layers() -> None:
+    with pytest.raises(RecipeError, match="N >= 3"):
+        deepscalelm.apply(_program(ATTENTION), "Layer", depth=2)
