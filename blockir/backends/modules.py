@@ -108,7 +108,7 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     whose sizes agree, so a deep stack evaluates each declaration's arguments once.
     """
     # an embedding reads token ids, whose last axis is the sequence: it takes its width from its arguments
-    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes and \
+    width = s.axis(input_type.axes[-1]) if input_type is not None and input_type.axes and \
         d.kind != "embedding" else None
     if d.category == "norm":
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
