@@ -11,7 +11,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from blockir.cli import main
-from conftest import ROOT
+from conftest import EXAMPLES, ROOT
 
 LLAMA = str(ROOT / "examples" / "llama.block")
 
@@ -26,7 +26,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 def test_check_examples_clean() -> None:
     code, _, err = run_cli("check", *(str(p) for p in sorted((ROOT / "examples").glob("*.block"))))
     assert code == 0, err
-    assert err.strip().endswith("15 files checked: 0 errors, 0 warnings")
+    assert err.strip().endswith(f"{len(EXAMPLES)} files checked: 0 errors, 0 warnings")
 
 
 def test_show_ir_is_the_golden() -> None:

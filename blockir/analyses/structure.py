@@ -230,9 +230,12 @@ def spine(block: Block, start: str | None) -> tuple[str, ...]:
     if out is None or first is None:
         return ()
     idom = nx.immediate_dominators(op_graph(block), first)  # covers the ops reachable from the state
+    returned = ops[out]
+    if returned.more:  # carried streams leave through the output too: the stream ends at the hidden value
+        out = next(i for i, op in enumerate(ops) if returned.value in op.results)
     if out not in idom:
         return (start,)  # the output does not depend on the state
-    chain, node = [], idom[out]
+    chain, node = [], out if returned.more else idom[out]
     while True:
         chain.append(node)
         if node == first:

@@ -75,7 +75,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     core = dict(
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
-        dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"))
+        dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
+        score_residual=d.arg("score_residual"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),

@@ -20,7 +20,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.backends.compile import compile as compile_block
 from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
 from blockir.backends.lm import ByteLM, layout, needs_final_norm
-from blockir.backends.telemetry import SiteStats, telemetry
+from blockir.backends.telemetry import ScoreStats, SiteStats, score_telemetry, telemetry
 from blockir.backends.trace import trace
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Block, Program
@@ -47,6 +47,7 @@ class Snapshot:
     step: int
     val_loss: float
     sites: tuple[SiteStats, ...]
+    scores: tuple[ScoreStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,12 @@ class Trainer:
             losses = [self.model(chunk).item() for chunk in val.split(self.batch)]
             inputs, _ = self.model.split(val[:self.batch])
             _, values = trace(self.model.core, *inputs, **self.model.context())
-            sites = telemetry(self.program, self.block, values, Sizes.of(self.program, self.cfg.dims))
+            sizes = Sizes.of(self.program, self.cfg.dims)
+            sites = telemetry(self.program, self.block, values, sizes)
+            scores = score_telemetry(self.program, self.block, values, sizes)
         finally:
             self.model.train()
-        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites))
+        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), tuple(scores))
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]

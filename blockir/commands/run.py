@@ -65,6 +65,14 @@ def telemetry_table(sites: Any, rows: int) -> list[str]:
     return lines
 
 
+def scores_table(scores: Any) -> list[str]:
+    """One line per carried score state: its RMS and the attention entropy it leads to."""
+    lines = [f"{'score state':<28}{'rms':>9}{'entropy':>9}"]
+    lines += [f"{s.site:<28}{s.rms:>9.4f}{s.entropy:>9.4f}" for s in scores]
+    lines.append(f"{len(scores)} score states; rms of the running score sum, mean attention entropy in nats")
+    return lines
+
+
 def sites_json(sites: Any) -> list[dict[str, Any]]:
     return [{"site": s.site, "rho": list(s.rho), "cos": list(s.cos)} for s in sites]
 
@@ -107,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                         "losses": list(report.losses), "val_loss": final.val_loss,
                         "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
+                        "scores": [{"site": s.site, "rms": s.rms, "entropy": s.entropy} for s in final.scores],
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
                                       for s in report.snapshots]})
         else:
@@ -118,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"validation loss {final.val_loss:.4f} at step {final.step}")
             print()
             print("\n".join(telemetry_table(final.sites, report.rows)))
+            if final.scores:
+                print()
+                print("\n".join(scores_table(final.scores)))
         if args.plot:
             from blockir.backends.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")

@@ -52,7 +52,7 @@ def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[Cal
 def _check_add(block: Block, op: AddOp | MulOp, state: str | None) -> Diagnostic | None:
     sign = "*" if isinstance(op, MulOp) else "+"
     lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
-    if lt.names == rt.names:
+    if lt.names == rt.names or lt.is_scores != rt.is_scores:  # scores meeting the stream: the streams verifier
         return None
     # measure the odd operand against the one that has the stream's axes
     keep, odd = (op.lhs, op.rhs) if lt.names == block.result.names or rt.names != block.result.names \
@@ -176,7 +176,8 @@ def _check_call(program: Program, block: Block, op: CallOp) -> list[Diagnostic]:
                          notes=[Note("declared here", decl.span)],
                          hint="apply it to a tensor whose last axis is its input dim"))
     if decl.kind in MODEL_WIDTH_KINDS:
-        for arg in op.args:
+        # a score-carrying attention reads the previous scores last; the streams verifier checks them
+        for arg in op.args[:-1] if decl.arg("score_residual") is not None else op.args:
             t = block.type_of(arg)
             if t.last is None or t.last.role != Role.MODEL:
                 out.append(error("E0207", f"{decl.kind} '{op.decl}' reads model-width rows, got {describe(block, arg)}"
@@ -188,12 +189,13 @@ def _check_output(block: Block) -> Diagnostic | None:
     out = block.output
     if out is None:
         return None
-    got = block.type_of(out.value)
-    if got.names == block.result.names:
-        return None
-    return error("E0208", f"{block.kind} '{block.name}' returns {describe(block, out.value)} {got} but declares "
-                 f"{block.result}", out.span, notes=[Note("declared here", block.span)],
-                 hint="return the updated state with the declared axes")
+    for value, want in zip(out.values, block.results):
+        got = block.type_of(value)
+        if got.names != want.names:
+            return error("E0208", f"{block.kind} '{block.name}' returns {describe(block, value)} {got} but declares "
+                         f"{want}", out.span, notes=[Note("declared here", block.span)],
+                         hint="return the updated state with the declared axes")
+    return None
 
 
 def verify_block(program: Program, block: Block) -> list[Diagnostic]:
