@@ -73,11 +73,13 @@ def _check_axes(block: Block, op: CallOp) -> Diagnostic | None:
                  hint="pass the score state of this attention's own route: [B, H, queries, keys]")
 
 
-def _check_routes(program: Program, block: Block) -> list[Diagnostic]:
+def _check_routes(program: Program, block: Block, shared: set[str]) -> list[Diagnostic]:
+    """Score values that two attention families write or read; their names are added to ``shared``."""
     out = []
     for value, uses in score_routes(program, block, summaries(program)).items():
         families = sorted({f for f, _ in uses})
         if len(families) > 1:
+            shared.add(value)
             where = next(op for f, op in uses if f == families[-1])
             out.append(error("E0424", f"score state {describe(block, value)} is shared by {' and '.join(families)}",
                              where.span, notes=[Note(f"{f} here", op.span) for f, op in uses[:1]],
@@ -109,19 +111,22 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
         out.append(error("E0423", f"{block.kind} '{block.name}' declares attention scores {block.result} as its "
                          "hidden state", block.span,
                          hint="the hidden state comes first; carried scores follow: -> ([B, S, D], [B, H, S, S])"))
+    shared: set[str] = set()
+    out += _check_routes(program, block, shared)
     for op in block.ops:
         d = _joins_stream(block, op)
         if d is not None:
             out.append(d)
         decl = block.decl_map.get(getattr(op, "decl", None) or "")
-        if isinstance(op, CallOp) and isinstance(decl, KindDecl) and decl.arg("score_residual") is not None:
+        # a route two families share is reported once, as shared, not again as the wrong axes for one of them
+        if isinstance(op, CallOp) and isinstance(decl, KindDecl) and decl.arg("score_residual") is not None \
+                and op.args[-1] not in shared:
             d = _check_axes(block, op)
             if d is not None:
                 out.append(d)
         target = callee(program, block, op)
         if target is not None and target.count is not None:
             out += _check_stack(program, block, target, summaries(program)[target.block])
-    out += _check_routes(program, block)
     return out
 
 
