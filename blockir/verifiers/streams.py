@@ -36,7 +36,7 @@ def _check_stack(program: Program, block: Block, decl: InstanceDecl, summary: Su
                              notes=[Note("declared here", inner.span)],
                              hint="a carried stream keeps its type from layer to layer; order the results as the "
                                   "inputs they feed"))
-            continue
+            break
         families = summary.score_readers.get(i, frozenset()) | summary.score_writers.get(i, frozenset())
         if i and len(families) > 1:
             out.append(error("E0424", f"stack '{decl.name}' threads one score route through "
