@@ -92,3 +92,12 @@ def test_score_telemetry_measures_rms_and_entropy_of_the_allowed_keys() -> None:
     # causal rows see 1, 2, 3 keys: uniform attention over them
     assert score_stats(zeros, causal=True) == pytest.approx((0.0, (math.log(1) + math.log(2) + math.log(3)) / 3))
     assert score_stats(torch.full((1, 1, 2, 2), 2.0, dtype=torch.float64), causal=False)[0] == pytest.approx(2.0)
+
+
+def test_the_realformer_page_declares_a_program_that_verifies_clean() -> None:
+    text = (ROOT / "docs" / "realformer.md").read_text()
+    snippet = text.split("```block\n", 1)[1].split("```", 1)[0]
+    program = blockir.parse(snippet, "realformer.md")
+    assert [d for d in blockir.verify(program) if d.is_error] == []
+    assert program.block("RealFormerLayer").results == blockir.parse(EXAMPLE.read_text()).block(
+        "RealFormerLayer").results
