@@ -101,3 +101,12 @@ def test_the_realformer_page_declares_a_program_that_verifies_clean() -> None:
     assert [d for d in blockir.verify(program) if d.is_error] == []
     assert program.block("RealFormerLayer").results == blockir.parse(EXAMPLE.read_text()).block(
         "RealFormerLayer").results
+
+
+def test_manifest_names_the_carried_score_state() -> None:
+    from blockir.analyses.manifest import program_manifest
+    blocks = program_manifest(blockir.parse(EXAMPLE.read_text()))["blocks"]
+    assert blocks["RealFormerLayer"]["carried_streams"] == [{"input": "s", "axes": ["B", "H", "S", "S"],
+                                                             "kind": "scores"}]
+    assert blocks["RealFormerLayer"]["topology"] == "post_ln"
+    assert "carried_streams" not in blocks["RealFormer"]
