@@ -94,3 +94,42 @@ def test_results_bound_to_the_wrong_number_of_names_are_located(body: str, messa
         blockir.parse(text, "hyper.block")
     d = info.value.diagnostics[0]
     assert (d.code, d.message, d.span.line, d.span.column) == ("E0421", message, *where)
+
+
+VALUE = """dim B: batch
+dim S: seq
+dim D: model = 8
+dim F: hidden = 16
+
+block Layer(x: [B, S, D], v1: [B, S, D]) -> ([B, S, D], [B, S, D]) {
+  n: rmsnorm(D)
+  f: mlp(F)
+  lam: scalar(init=0.5)
+  h = x + f(n(x) + lam * v1)
+  return h, v1
+}
+
+model ValueModel(x: [B, S, D]) -> [B, S, D] {
+  value: linear(D, D)
+  layers: Layer * 3
+  norm: rmsnorm(D)
+  y, v_last = layers(x, value(x))
+  return norm(y)
+}
+"""
+
+
+def test_a_first_layer_value_passes_down_the_stack_unchanged_float64() -> None:
+    """Value-residual style: the value made before the first layer reaches every layer as a carried stream."""
+    program = blockir.parse(VALUE, "value.block")
+    assert [d for d in blockir.verify(program) if d.is_error] == []
+    m = blockir.compile(program, "ValueModel", dtype=torch.float64, seed=0)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    _, values = blockir.trace(m, x)
+    v = m.value(x)
+    for i in range(3):
+        torch.testing.assert_close(values[f"layers.{i}.v1"], v, rtol=0, atol=0)
+    h = x
+    for layer in m.layers:
+        h = h + layer.f(layer.n(h) + layer.lam * v)
+    torch.testing.assert_close(values["y"], h, rtol=1e-12, atol=1e-12)
