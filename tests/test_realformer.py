@@ -110,3 +110,13 @@ def test_manifest_names_the_carried_score_state() -> None:
                                                              "kind": "scores"}]
     assert blocks["RealFormerLayer"]["topology"] == "post_ln"
     assert "carried_streams" not in blocks["RealFormer"]
+
+
+def test_cost_ledger_counts_the_carried_scores_of_each_layer() -> None:
+    from blockir.ir.types import DType
+    from blockir.reports.cost import format_ledger, ledger
+    led = ledger(blockir.parse(EXAMPLE.read_text()), "RealFormer", {"B": 2, "S": 16}, DType.BF16)
+    layer, whole = led.blocks
+    assert (layer.name, layer.instances, layer.carried_bytes, whole.carried_bytes) == ("RealFormerLayer", 4,
+                                                                                        2 * 4 * 16 * 16 * 2, 0)
+    assert "bytes of carried streams" in format_ledger(led)
