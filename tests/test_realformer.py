@@ -19,8 +19,9 @@ from conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "realformer.block"
 # float64 throughout: statistics and the softmax in the input dtype, not the example's f32 policy
-FLOAT64 = blockir.parse(EXAMPLE.read_text().replace("layernorm(D)", "layernorm(D, accum=f64)").replace(
-    "score_residual=sum", "softmax_f32=false, score_residual=sum"), str(EXAMPLE))
+FLOAT64_TEXT = EXAMPLE.read_text().replace("layernorm(D)", "layernorm(D, accum=f64)").replace(
+    "score_residual=sum", "softmax_f32=false, score_residual=sum")
+FLOAT64 = blockir.parse(FLOAT64_TEXT, str(EXAMPLE))
 DIMS = {"D": 16, "F": 32}
 HEADS, LAYERS = 4, 4
 
@@ -120,3 +121,15 @@ def test_cost_ledger_counts_the_carried_scores_of_each_layer() -> None:
     assert (layer.name, layer.instances, layer.carried_bytes, whole.carried_bytes) == ("RealFormerLayer", 4,
                                                                                         2 * 4 * 16 * 16 * 2, 0)
     assert "bytes of carried streams" in format_ledger(led)
+
+
+def test_fused_backend_keeps_a_stack_it_cannot_inline_and_threads_its_scores() -> None:
+    """Branch dropout keeps the fused backend from inlining the stack: each layer is its own fused graph."""
+    text = FLOAT64_TEXT.replace("h = ln_1(x + a)", "h = ln_1(x + dropout(a, p=0.1))")
+    program = blockir.parse(text, "dropout.block")
+    fx = blockir.compile(program, "RealFormer", dims=DIMS, dtype=torch.float64, seed=0).eval()
+    fused = blockir.compile(program, "RealFormer", backend="fused", dims=DIMS, dtype=torch.float64, seed=0).eval()
+    fused.load_state_dict(fx.state_dict())
+    assert isinstance(fused.layers, torch.nn.ModuleList) and fused.layers.carried == 2
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(fused(x), fx(x), rtol=1e-12, atol=1e-12)
