@@ -45,6 +45,10 @@ EXPECTED = {
     ("t5", "T5LayerFF"): "pre_ln",
     ("torch_encoder", "TransformerEncoderLayer"): "post_ln",  # norm_first=False
     ("torch_encoder", "TransformerEncoderLayerNormFirst"): "pre_ln",  # norm_first=True
+    ("realformer", "RealFormerLayer"): "post_ln",  # the carried scores do not change the hidden stream's topology
+    ("realformer", "RealFormer"): "stack",
+    ("unet_skip", "Layer"): "pre_ln",
+    ("unet_skip", "UNet"): "stack",
 }
 
 
