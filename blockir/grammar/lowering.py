@@ -232,8 +232,14 @@ class Lowerer:
 
     def _call(self, e: ast.Call, name: str | None) -> str | None:
         more, self.more_targets = self.more_targets, ()
-        if more or isinstance(self.scope.decls.get(e.callee), (InstanceDecl, KindDecl)):
-            return self._call_results(e, name, more)
+        decl = self.scope.decls.get(e.callee)
+        if isinstance(decl, InstanceDecl) or isinstance(decl, KindDecl) and decl.arg("score_residual") is not None:
+            return self._call_results(e, decl, name, more)
+        if more:
+            self._results(e, (), more)
+            for a in e.args:  # errors inside the arguments are still worth reporting
+                self.tensor(a)
+            return None
         if e.callee in self.scope.poisoned:
             for a in e.args:  # errors inside the arguments are still worth reporting
                 self.tensor(a)
@@ -249,39 +255,24 @@ class Lowerer:
             self.tensor(a)
         return None
 
-    def _call_results(self, e: ast.Call, name: str | None, more: tuple[str, ...]) -> str | None:
-        """A call that may return carried streams after its hidden state (a block, stack or score attention)."""
-        decl = self.scope.decls.get(e.callee)
+    def _call_results(self, e: ast.Call, decl: InstanceDecl | KindDecl, name: str | None,
+                      more: tuple[str, ...]) -> str | None:
+        """A call that may return carried streams after its hidden state: a block, a stack, a score attention."""
         if isinstance(decl, InstanceDecl):
             sig = self.signatures.get(decl.block)
-            if sig is None or not self._results(e, sig.more, more):
-                return None
-            args = self._args(e, len(sig.params))
-            if args is None:
+            args = self._args(e, len(sig.params) if sig else None)
+            if sig is None or not self._results(e, sig.more, more) or args is None:
                 return None
             return self.emit(O.CallOp(name or self.fresh(), sig.result, decl.name, tuple(args), span=e.span,
                                       more=more, more_types=sig.more))
-        if isinstance(decl, KindDecl) and decl.arg("score_residual") is not None:
-            arity = 3 if decl.kind == "cross_attention" else 2
-            args = self._args(e, arity)
-            if args is None:
-                return None
-            scores = self.scope.values[args[-1]]
-            if not self._results(e, (scores,), more):
-                return None
-            return self.emit(O.CallOp(name or self.fresh(), self.scope.values[args[0]], decl.name, tuple(args),
-                                      span=e.span, more=more, more_types=(scores,)))
-        if more and not self._results(e, (), more):
+        args = self._args(e, 3 if decl.kind == "cross_attention" else 2)
+        if args is None:
             return None
-        if e.callee in self.scope.poisoned:
-            for a in e.args:
-                self.tensor(a)
+        scores = self.scope.values[args[-1]]
+        if not self._results(e, (scores,), more):
             return None
-        if decl is not None:
-            return self._call_decl(e, decl, name)
-        if e.callee in FUNCTIONS:
-            return self._call_function(e, name)
-        return self._call(e, name)
+        return self.emit(O.CallOp(name or self.fresh(), self.scope.values[args[0]], decl.name, tuple(args),
+                                  span=e.span, more=more, more_types=(scores,)))
 
     def _call_decl(self, e: ast.Call, decl, name: str | None) -> str | None:
         if isinstance(decl, KindDecl) and decl.category == "scale":
