@@ -133,3 +133,23 @@ def test_fused_backend_keeps_a_stack_it_cannot_inline_and_threads_its_scores() -
     assert isinstance(fused.layers, torch.nn.ModuleList) and fused.layers.carried == 2
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     torch.testing.assert_close(fused(x), fx(x), rtol=1e-12, atol=1e-12)
+
+
+def test_blockir_run_prints_score_norm_and_entropy_per_layer(tmp_path) -> None:
+    import io
+    import json
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from blockir.cli import main
+    data = tmp_path / "text.txt"
+    data.write_text("residual attention carries scores from layer to layer. " * 40)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["run", str(EXAMPLE), "--steps", "2", "--dims", "B=2,S=8", "--data", str(data),
+                     "--format", "json"])
+    assert code == 0, err.getvalue()
+    scores = json.loads(out.getvalue())["scores"]
+    assert [s["site"] for s in scores] == [f"layers.{i}.s_next" for i in range(LAYERS)]
+    # causal rows 1..8 see 1..8 keys: the mean entropy lies between 0 and the mean of log(keys)
+    bound = sum(math.log(k) for k in range(1, 9)) / 8
+    assert all(s["rms"] > 0 and 0 < s["entropy"] <= bound + 1e-9 for s in scores)
