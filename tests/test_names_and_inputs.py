@@ -173,7 +173,7 @@ def test_every_activation_has_a_torch_reference() -> None:
     assert set(TORCH_ACTIVATIONS) == set(ACTIVATIONS)
     assert all(callable(_act2fn(n)) for n in ACTIVATIONS if n not in ("relu", "gelu", "gelu_tanh", "silu", "tanh",
                                                                       "identity", "hardswish"))
-    others = {"dropout", "drop_path", "layer_drop", "cast", "concat"}
+    others = {"dropout", "drop_path", "layer_drop", "cast", "concat", "zeros"}
     assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | others
 
 

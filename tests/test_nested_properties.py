@@ -4,7 +4,9 @@ For random residual blocks, telemetry sites, dot's spine and the verifiers'
 updates come from one structure analysis and agree. For random nested
 programs (sub-layers written as block instances, one or two levels deep,
 some wired wrongly on purpose), verifying with block summaries reports the
-same errors as inlining every call and verifying the flat block.
+same errors as inlining every call and verifying the flat block; that holds
+for sub-layers that carry RealFormer score routes too, some shared across
+attention families on purpose.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ HEAD = """dim B: batch
 dim S: seq
 dim D: model = 16
 dim F: hidden = 32
+dim H: heads = 2
 
 block Norm(x: [B, S, D]) -> [B, S, D] {
   n: layernorm(D)
@@ -81,6 +84,22 @@ block MlpSub(x: [B, S, D]) -> [B, S, D] {
   return y
 }
 
+block ScoreSelf(x: [B, S, D], s: [B, H, S, S]) -> ([B, S, D], [B, H, S, S]) {
+  n: layernorm(D)
+  sa: self_attention(heads=H, causal=CAUSAL, score_residual=sum)
+  a, s_next = sa(n(x), s)
+  y = x + a
+  return y, s_next
+}
+
+block ScoreCross(x: [B, S, D], memory: [B, S, D], s: [B, H, S, S]) -> ([B, S, D], [B, H, S, S]) {
+  n: layernorm(D)
+  ca: cross_attention(heads=H, score_residual=sum)
+  a, s_next = ca(n(x), memory, s)
+  y = x + a
+  return y, s_next
+}
+
 block WrapMlp(x: [B, S, D]) -> [B, S, D] {
   inner: MlpSub
   return inner(x)
@@ -89,19 +108,31 @@ block WrapMlp(x: [B, S, D]) -> [B, S, D] {
 
 STEPS = st.sampled_from(["self", "cross", "cross_own", "mlp", "wrapped_mlp", "inline_mlp", "drop_branch",
                          "drop_stream", "shared_norm"])
+# drawn as often as all the others together, so that routes meet and are shared in most programs
+SCORE_STEPS = st.sampled_from(["score_self", "score_cross", "score_cross_on_self_route"])
 
 
 @st.composite
 def nested_programs(draw: st.DrawFn) -> str:
-    steps = draw(st.lists(STEPS, min_size=1, max_size=5))
+    steps = draw(st.lists(st.one_of(STEPS, SCORE_STEPS), min_size=1, max_size=5))
     causal = draw(st.sampled_from(["true", "false"]))
     decls: list[str] = []
     eqs: list[str] = []
     h = "x"
     shared = False
+    routes: dict[str, str] = {}  # attention family -> the value its score route holds now
     for i, step in enumerate(steps):
         out = f"h{i}"
-        if step == "self":
+        if step.startswith("score_"):
+            cross = step != "score_self"
+            route = "self" if step != "score_cross" else "cross"  # the last one reads the self route: wrong
+            if route not in routes:
+                routes[route] = f"z{i}"
+                eqs.append(f"  z{i} = zeros([B, H, S, S])")
+            decls.append(f"  r{i}: {'ScoreCross' if cross else 'ScoreSelf'}")
+            eqs.append(f"  {out}, t{i} = r{i}({h}, {'memory, ' if cross else ''}{routes[route]})")
+            routes[route] = f"t{i}"
+        elif step == "self":
             decls.append(f"  s{i}: SelfSub")
             eqs.append(f"  {out} = s{i}({h})")
         elif step in ("cross", "cross_own"):

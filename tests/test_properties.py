@@ -114,6 +114,11 @@ def fresh(r: R, taken: set[str], name: str | None = None) -> str:
 
 
 # --- constant expressions ------------------------------------------------------
+# arguments that change what a call takes and returns (a score-carrying attention returns two values);
+# tests/test_nested_properties.py generates those calls
+SIGNATURE_ARGS = ("score_residual",)
+
+
 class Invalid(Exception):
     """A generated constant that would not evaluate, or would leave the generator's bounds."""
 
@@ -407,7 +412,7 @@ class BlockGen:
         r, spec, fixed = self.r, KINDS[kind], fixed or {}
         n_positional = r.int(0, len(spec.positional))
         chosen = {a.name: fixed.get(a.name) or self.arg_value(a, t) for a in spec.args
-                  if a.required or a.name in fixed or r.coin()}
+                  if a.name not in SIGNATURE_ARGS and (a.required or a.name in fixed or r.coin())}
         for rule in spec.implies:  # an argument its neighbour rules out takes the only value it may have
             when = chosen.get(rule.when, {True: "true", False: "false"}.get(spec.arg(rule.when).default))
             if when == str(rule.given).lower() and rule.arg in chosen:

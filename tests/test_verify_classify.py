@@ -54,6 +54,10 @@ EXPECTED = {
     ("torch_encoder", "TransformerEncoderLayer"): "post_ln",  # norm_first=False
     ("torch_encoder", "TransformerEncoderLayerNormFirst"): "pre_ln",  # norm_first=True
     ("prepbn", "PRepBNBlock"): "pre_ln",  # x + f(PRepBN(x)): the norms change, not where they sit
+    ("realformer", "RealFormerLayer"): "post_ln",  # the carried scores do not change the hidden stream's topology
+    ("realformer", "RealFormer"): "stack",
+    ("unet_skip", "Layer"): "pre_ln",
+    ("unet_skip", "UNet"): "stack",
 }
 
 

@@ -73,7 +73,7 @@ def _width(block: Block, op: Op | None, arg: int, s: Sizes) -> int:
         t = block.result
     if t.last is None:
         raise BlockError([error("E0701", f"'{block.name}' has no model axis to size its branches", block.span)])
-    return s.dim(t.last.name)
+    return s.axis(t.last)
 
 
 def _linear(prefix: str, out: int, inp: int, bias: bool, conv1d: bool = False) -> list[tuple[str, Shape]]:

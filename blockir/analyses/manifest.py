@@ -112,6 +112,9 @@ def block_manifest(program: Program, block: Block, env: Env,
     out: dict[str, Any] = {"kind": block.kind, "topology": c.topology, "equation": EQUATIONS.get(c.topology, "")}
     out["state_layout"] = [a.role.value for a in t.axes]
     out["state"] = {"axes": list(t.names), "dtype": t.dtype.value if t.dtype else None}
+    if block.more_results:  # result i + 1 feeds input i + 1 of the next layer of a stack
+        out["carried_streams"] = [{"input": p.name, "axes": list(r.names), "kind": "scores" if r.is_scores else "state"}
+                                  for p, r in zip(block.params[1:], block.more_results)]
     facts = {name: f.value for name, f in stated(block, env).items()}
     if c.form == "stack":
         out["layers"] = [{"name": m.decl, "block": m.block, "count": m.count, "topology": m.topology}

@@ -6,7 +6,8 @@ branch operands that make the update ``u`` (several for a parallel block:
 ``x + attn(n) + mlp(n)`` is one site whose update is the sum of both).
 Stacks and nested blocks are walked with an explicit work list, so depth is
 bounded by memory, not by Python's recursion limit. Telemetry reads these
-sites; so does every report that names a residual update.
+sites; so does every report that names a residual update. The same walk
+finds the score states that score-carrying attentions (RealFormer) return.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Iterator, NamedTuple
 
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import wrapper
+from blockir.analyses.summaries import score_family
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 
@@ -25,13 +27,21 @@ class Site(NamedTuple):
     updates: tuple[str, ...]  # the add operands carrying the branches; the update is their sum
 
 
+class ScoreSite(NamedTuple):
+    site: str  # the scores an attention returns (the running sum), with its layer path
+    causal: bool  # whether the attention masks later keys: its probabilities see only the allowed ones
+
+
 Scope = tuple[Block, Sizes, str]  # a called block, its sizes for that call, and its value-path prefix
 
 
-def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[Site | Scope]:
+def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[Site | ScoreSite | Scope]:
     """The block's own sites and the scopes of the blocks it calls, in program order."""
     roots = {id(sub.root): sub for sub in wrapper(block).sublayers if sub.shortcut is not None}
     for op in block.ops:
+        family = score_family(block, op)
+        if family is not None and isinstance(op, CallOp) and op.more:
+            yield ScoreSite(prefix + op.more[0], family == "causal self-attention")
         sub = roots.get(id(op))
         if sub is not None:
             total = sub.root.residual if isinstance(sub.root, FusedAddNormOp) else sub.root.result
@@ -49,19 +59,26 @@ def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterato
             yield inner, scope.for_block(inner, i, n), f"{prefix}{d.name}.{i}."
 
 
-def residual_sites(program: Program, block: Block, sizes: Sizes) -> list[Site]:
-    """Every site reachable from ``block``, in execution order, through sub-blocks and stacks."""
-    out: list[Site] = []
+def _walk(program: Program, block: Block, sizes: Sizes) -> Iterator[Site | ScoreSite]:
     stack = [_items(program, block, sizes.for_block(block), "")]
     while stack:
         item = next(stack[-1], None)
         if item is None:
             stack.pop()
-        elif isinstance(item, Site):
-            out.append(item)
+        elif isinstance(item, (Site, ScoreSite)):
+            yield item
         else:
             stack.append(_items(program, *item))
-    return out
+
+
+def residual_sites(program: Program, block: Block, sizes: Sizes) -> list[Site]:
+    """Every site reachable from ``block``, in execution order, through sub-blocks and stacks."""
+    return [s for s in _walk(program, block, sizes) if isinstance(s, Site)]
+
+
+def score_sites(program: Program, block: Block, sizes: Sizes) -> list[ScoreSite]:
+    """Every score state an attention returns, reachable from ``block``, in execution order."""
+    return [s for s in _walk(program, block, sizes) if isinstance(s, ScoreSite)]
 
 
 class MethodSite(NamedTuple):

@@ -25,6 +25,7 @@ from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
+from blockir.ir.types import Axis
 
 Env = dict[str, float | int]
 
@@ -139,6 +140,12 @@ class Sizes:
             raise BlockError([error("E0701", f"dim '{name}' has no size", where,
                                     hint=f"give it when compiling: dims={{'{name}': …}} (CLI: --dims {name}=…)")])
         return int(self.env[name])
+
+    def axis(self, axis: Axis) -> int:
+        """The size of an axis: a declared dim, or one a concat joined (its size is the sum of the parts)."""
+        if axis.name not in self.env and axis.size is not None and "+" in axis.name:
+            return int(self.value(axis.size))
+        return self.dim(axis.name)
 
     def count(self, expr: C.ConstExpr, what: str, span: Span | None = None) -> int:
         """A positive integer (a layer count, a number of heads); a located BlockError otherwise."""

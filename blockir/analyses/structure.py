@@ -216,12 +216,14 @@ def _stream_value(block: Block, op: Op) -> str:
     return op.result
 
 
-def op_graph(block: Block) -> nx.DiGraph:
-    """Op positions as nodes, an edge from each producer to each of its users (a fused op is one node)."""
+def op_graph(block: Block, skip: frozenset[str] = frozenset()) -> nx.DiGraph:
+    """Op positions as nodes, an edge from each producer to each of its users (a fused op is one node);
+    values in ``skip`` make no edge."""
     where = {r: i for i, op in enumerate(block.ops) for r in op.results}
     g = nx.DiGraph()
     g.add_nodes_from(range(len(block.ops)))
-    g.add_edges_from((where[v], i) for i, op in enumerate(block.ops) for v in op.operands if v in where)
+    g.add_edges_from((where[v], i) for i, op in enumerate(block.ops) for v in op.operands
+                     if v in where and v not in skip)
     return g
 
 
@@ -232,10 +234,15 @@ def spine(block: Block, start: str | None) -> tuple[str, ...]:
     first = next((i for i, op in enumerate(ops) if isinstance(op, InputOp) and op.result == start), None)
     if out is None or first is None:
         return ()
-    idom = nx.immediate_dominators(op_graph(block), first)  # covers the ops reachable from the state
+    # carried streams (a score route, a second residual stream) run beside the hidden state, not on it
+    carried = frozenset(r for op in ops if isinstance(op, CallOp) for r in op.more)
+    idom = nx.immediate_dominators(op_graph(block, carried), first)  # covers the ops reachable from the state
+    returned = ops[out]
+    if returned.more:  # carried streams leave through the output too: the stream ends at the hidden value
+        out = next(i for i, op in enumerate(ops) if returned.value in op.results)
     if out not in idom:
         return (start,)  # the output does not depend on the state
-    chain, node = [], idom[out]
+    chain, node = [], out if returned.more else idom[out]
     while True:
         chain.append(node)
         if node == first:
@@ -301,7 +308,8 @@ def _closure(block: Block, leaf: str, stop: frozenset[str], pos: dict[int, int])
             continue
         seen.add(v)
         op = block.producers.get(v)
-        if op is None or isinstance(op, InputOp):
+        # a carried stream (the scores an earlier attention returned) arrives from beside the stream
+        if op is None or isinstance(op, InputOp) or v in getattr(op, "more", ()):
             continue
         ops.append(op)
         stack += op.operands

@@ -16,7 +16,9 @@ and the summary is all a caller consults:
 * whether it has no residual update of its own and drops the value it is
   given (a dropout helper: legal on a branch output, not on the stream);
 * the first untied norm it applies (one instance called on two values ties
-  that norm's scale) and the epsilons of its norms by family.
+  that norm's scale) and the epsilons of its norms by family;
+* for each attention-score input and result (RealFormer's carried scores),
+  the attention families that read or produce it.
 """
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ class Summary:
     drops_state: bool = False
     untied_norm: Declared | None = None
     eps: Mapping[str, tuple[EpsCount, ...]] = field(default_factory=dict)
+    score_readers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # input index -> families
+    score_writers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # result index -> families
 
 
 def callee(program: Program, block: Block, op: Op) -> InstanceDecl | None:
@@ -186,8 +190,52 @@ def _eps(block: Block, env: dict, summaries: Mapping[str, Summary]) -> dict[str,
     return {family: tuple(seen.values()) for family, seen in out.items()}
 
 
+def score_family(block: Block, op: Op) -> str | None:
+    """The attention family of a call that carries scores: their axes and masks differ by family."""
+    d = block.decl_map.get(getattr(op, "decl", None) or "")
+    if not isinstance(op, CallOp) or not isinstance(d, KindDecl) or d.arg("score_residual") is None:
+        return None
+    if d.kind == "cross_attention":
+        return "cross-attention"
+    return "causal self-attention" if d.arg("causal") else "bidirectional self-attention"
+
+
+def score_routes(program: Program, block: Block, summaries: Mapping[str, Summary]
+                 ) -> dict[str, list[tuple[str, Op]]]:
+    """Each value that carries scores, with the attention families (and the calls) that write or read it."""
+    out: dict[str, list[tuple[str, Op]]] = {}
+    for op in block.ops:
+        if not isinstance(op, CallOp):
+            continue
+        f = score_family(block, op)
+        if f is not None:
+            for v in (op.args[-1], *op.more):
+                out.setdefault(v, []).append((f, op))
+        d = callee(program, block, op)
+        if d is None:
+            continue
+        s = summaries[d.block]
+        for j, families in s.score_readers.items():
+            if j < len(op.args):
+                out.setdefault(op.args[j], []).extend((f, op) for f in sorted(families))
+        for j, families in s.score_writers.items():
+            if 0 < j <= len(op.more):
+                out.setdefault(op.more[j - 1], []).extend((f, op) for f in sorted(families))
+    return out
+
+
+def _scores(program: Program, block: Block, summaries: Mapping[str, Summary]
+            ) -> tuple[dict[int, frozenset[str]], dict[int, frozenset[str]]]:
+    routes = score_routes(program, block, summaries)
+    readers = {i: frozenset(f for f, _ in routes[p.result]) for i, p in enumerate(block.inputs) if p.result in routes}
+    out = block.output
+    writers = {i: frozenset(f for f, _ in routes[v]) for i, v in enumerate(out.values if out else ()) if v in routes}
+    return readers, writers
+
+
 def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str, Summary]) -> Summary:
     w = wrapper(block)
+    readers, writers = _scores(program, block, summaries)
     calls = [(op, d) for op in block.ops if (d := callee(program, block, op)) is not None]
     inner = [summaries[d.block] for _, d in calls]
     has_norms = any(isinstance(op, (NormOp, FusedAddNormOp)) for op in block.ops) or any(s.has_norms for s in inner)
@@ -209,7 +257,8 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
         has_cross=any(decl_kind(block, op) == "cross_attention" for op in block.ops) or any(s.has_cross for s in inner),
         memory_params=_memory_params(program, block, summaries),
         noncausal_self=_noncausal(program, block, summaries), drops_state=drops,
-        untied_norm=_untied_norm(block, summaries), eps=_eps(block, env, summaries))
+        untied_norm=_untied_norm(block, summaries), eps=_eps(block, env, summaries),
+        score_readers=readers, score_writers=writers)
 
 
 def call_graph(program: Program) -> nx.DiGraph:

@@ -8,7 +8,7 @@ not use, so a compiled block can pass one context to all of its branches.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -107,18 +107,20 @@ def dense(in_features: int, out_features: int, bias: bool, conv1d: bool) -> nn.M
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-            groups: int) -> Tensor:
+            groups: int, prev: Tensor | None = None) -> Any:
     """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
 
     The fast path is one ``scaled_dot_product_attention``; the eager path (and any soft-capped
     attention) spells out HF's eager reference op for op, so it is bit-exact against it. ``groups``
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
+    With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
+    before the mask, and the result is ``(output, scores)``: the running sum the next layer reads.
     """
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     if core.window is not None:
         masks.window(core.window, q.device)
     p = core.dropout if training else 0.0
-    if core.impl == "sdpa" and core.softcap is None:
+    if core.impl == "sdpa" and core.softcap is None and core.score_residual is None:
         mask, is_causal = masks.build(core.causal, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                               scale=core.scale).transpose(1, 2)
@@ -126,6 +128,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
+    carried = None
+    if core.score_residual is not None:
+        scores = carried = scores + prev
     mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
@@ -134,7 +139,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     else:
         probs = F.softmax(scores, dim=-1).type(v.dtype)
     probs = F.dropout(probs, p=p, training=training)
-    return torch.matmul(probs, v).transpose(1, 2).contiguous()
+    out = torch.matmul(probs, v).transpose(1, 2).contiguous()
+    return out if carried is None else (out, carried)
 
 
 class AttentionCore:
@@ -142,14 +148,16 @@ class AttentionCore:
 
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
-                 softmax_f32: bool = True) -> None:
+                 softmax_f32: bool = True, score_residual: str | None = None) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32 = dropout, impl, softmax_f32
+        self.score_residual = score_residual
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]
         parts += [f"{k}={v}" for k, v in (("window", self.window), ("scale", self.scale),
-                                          ("softcap", self.softcap)) if v is not None]
+                                          ("softcap", self.softcap), ("score_residual", self.score_residual))
+                  if v is not None]
         return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 
@@ -254,8 +262,11 @@ class _Projections(nn.Module):
         s = (self.qk_scale * self.width ** 0.5).view(self.heads, 1, self.head_dim)
         return q * s, k * s[::self.heads // self.kv_heads]
 
-    def out(self, y: Tensor) -> Tensor:
-        """``y`` [B, S, H, hd] through the per-head scales, if any, then the output projection."""
+    def out(self, y: Any) -> Any:
+        """``y`` [B, S, H, hd] through the per-head scales, if any, then the output projection; a score-carrying
+        attention passes its scores through beside it."""
+        if isinstance(y, tuple):
+            return self.out(y[0]), y[1]
         scales = self._parameters.get("head_scale")
         if scales is not None:
             y = y * scales.to(y.dtype)[:, None]
@@ -302,13 +313,14 @@ class SelfAttention(_Projections):
     def forward(
         self,
         x: Tensor,
+        scores: Tensor | None = None,
         *,
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         attention_mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
         **ctx: object,
     ) -> Tensor:
-        """``x`` [B, S, D] -> [B, S, D].
+        """``x`` [B, S, D] -> [B, S, D]; with score_residual, ``(x, scores)`` -> ``(y, scores)``.
 
         Caller-provided ``position_embeddings`` (cos, sin) win over the
         internal tables so that scaled RoPE variants computed by a host model
@@ -329,7 +341,7 @@ class SelfAttention(_Projections):
             q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
         q, k = self.sphere_qk(q, k)
         return self.out(_attend(q, k, v, masks, self.core, self.training,
-                                     self.heads // self.kv_heads))
+                                     self.heads // self.kv_heads, scores))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \
@@ -344,7 +356,8 @@ class CrossAttention(_Projections):
         kwargs.setdefault("core", AttentionCore(causal=False))
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None,
+    def forward(self, x: Tensor, memory: Tensor, scores: Tensor | None = None, *,
+                memory_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, **ctx: object) -> Tensor:
         """``x`` [B, T, D], ``memory`` [B, S, D] -> [B, T, D].
 
@@ -358,7 +371,7 @@ class CrossAttention(_Projections):
         q, k, v = self.project(x, memory)
         q, k = self.sphere_qk(q, k)
         return self.out(_attend(q, k, v, masks, self.core, self.training,
-                                     self.heads // self.kv_heads))
+                                     self.heads // self.kv_heads, scores))
 
 
 class MLP(nn.Module):

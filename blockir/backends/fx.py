@@ -50,7 +50,7 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import DType, Role
+from blockir.ir.types import DType, Role, TensorType
 
 TORCH_DTYPES = {DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
                 DType.BF16: torch.bfloat16}
@@ -198,12 +198,29 @@ class Stack(nn.ModuleList):
 
     Its items are the compiled layers (``m.layers[3]``, keys ``layers.3.…``); each receives the
     previous one's output, the stack's other inputs (a decoder's ``memory``) and the context.
+    A layer with ``carried`` results returns a tuple whose item i becomes input i of the next layer.
     """
 
-    def forward(self, x: torch.Tensor, *rest: torch.Tensor, **ctx: Any) -> torch.Tensor:
+    carried = 1
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor, **ctx: Any) -> Any:
+        if self.carried > 1:
+            return self.thread(lambda i, layer, *inputs: layer(*inputs, **ctx), x, *rest)
         for layer in self:
             x = layer(x, *rest, **ctx)
         return x
+
+    def thread(self, call: Callable[..., Any], *inputs: Any) -> Any:
+        """Run ``call(i, layer, *inputs)`` layer by layer, each layer's carried results replacing its first inputs."""
+        if self.carried == 1:
+            x, *rest = inputs
+            for i, layer in enumerate(self):
+                x = call(i, layer, x, *rest)
+            return x
+        streams, rest = inputs[:self.carried], inputs[self.carried:]
+        for i, layer in enumerate(self):
+            streams = tuple(call(i, layer, *streams, *rest))
+        return streams
 
 
 # ---------------------------------------------------------------- code generation
@@ -497,13 +514,18 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
     elif isinstance(op, O.CallOp):
         args = tuple(b.env[a] for a in op.args)
         decl = decls[op.decl]
+        ssa = None if op.more else op.result  # a call with carried results returns a tuple, taken apart below
         if isinstance(decl, KindDecl):
-            b.module(op.decl, args, op.result, with_ctx=decl.category not in ("linear", "activation"))
+            node = b.module(op.decl, args, ssa, with_ctx=decl.category not in ("linear", "activation"))
         elif isinstance(decl, InstanceDecl) and decl.count is not None:
             b.value(decl.count)  # the number of layers is part of what the graph was built for
-            b.module(op.decl, args, op.result, with_ctx=True)
+            node = b.module(op.decl, args, ssa, with_ctx=True)
         else:  # a sub-block, or an extern: its BoundExtern calls the adapter
-            b.module(op.decl, args, op.result, with_ctx=True)
+            node = b.module(op.decl, args, ssa, with_ctx=True)
+        for i, r in enumerate(op.results if op.more else ()):
+            b.fn(operator.getitem, (node, i), r)
+    elif isinstance(op, O.ZerosOp):
+        b.fn(zeros_of, (b.env[b.block.inputs[0].result], _runtime_sizes(b, op.type)), op.result, wrapped=True)
     elif isinstance(op, O.ActivationOp):
         b.fn(numerics.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
     elif isinstance(op, O.LayerDropOp):
@@ -543,11 +565,29 @@ def _lower_op(b: GraphBuilder, op: O.Op) -> None:
     elif isinstance(op, O.ConcatOp):
         b.fn(torch.cat, (tuple(b.env[a] for a in op.args),), op.result, {"dim": -1})
     elif isinstance(op, O.OutputOp):
-        b.graph.output(b.env[op.value])
+        b.graph.output(tuple(b.env[v] for v in op.values) if op.more else b.env[op.value])
     elif type(op) in EXTRA_LOWERINGS:
         EXTRA_LOWERINGS[type(op)](b, op)
     else:
         raise BlockError([error("E0705", f"the fx backend cannot lower {type(op).__name__}", op.span)])
+
+
+def zeros_of(template: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """Zeros in the dtype and on the device of ``template`` (the block's first input)."""
+    return template.new_zeros(sizes, dtype=template.dtype if template.is_floating_point() else None)
+
+
+def _runtime_sizes(b: GraphBuilder, t: TensorType) -> tuple[Any, ...]:
+    """Each axis's size: read from an input that has the axis (batch and sequence vary per call), else declared."""
+    out: list[Any] = []
+    for axis in t.names:
+        source = next(((op.result, p.names.index(axis)) for op in b.block.inputs if axis in (p := op.type).names),
+                      None)
+        if source is None:
+            out.append(b.sizes.dim(axis))
+        else:
+            out.append(b.graph.create_node("call_method", "size", (b.env[source[0]], source[1]), {}))
+    return tuple(out)
 
 
 def _first_input_type(block: Block, decl: str):
@@ -687,9 +727,11 @@ class Lowering:
                 n = int(s.value(d.count))
                 first = infer and _donates_to(block, d.name, donated)
                 sub = self.program.block(d.block)
-                set_nested(root, d.name, Stack(
-                    self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
-                               donated=first if i == 0 else infer) for i in range(n)), d.span)
+                stack = Stack(self.block(sub, layer=i, num_layers=n, prefix=f"{prefix}{d.name}.{i}.",
+                                         donated=first if i == 0 else infer) for i in range(n))
+                if sub.more_results:
+                    stack.carried = len(sub.results)
+                set_nested(root, d.name, stack, d.span)
         if single:
             root.register_load_state_dict_pre_hook(partial(_reshape_single, tuple(single)))
         sphere = sphere_parameters(block)

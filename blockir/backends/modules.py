@@ -86,7 +86,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     core = dict(
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
-        dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"))
+        dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
+        score_residual=d.arg("score_residual"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
@@ -120,7 +121,7 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     whose sizes agree, so a deep stack evaluates each declaration's arguments once.
     """
     # an embedding reads token ids, whose last axis is the sequence: it takes its width from its arguments
-    width = s.dim(input_type.axes[-1].name) if input_type is not None and input_type.axes and \
+    width = s.axis(input_type.axes[-1]) if input_type is not None and input_type.axes and \
         d.kind != "embedding" else None
     if d.category == "norm":
         return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))

@@ -23,7 +23,8 @@ from blockir.backends.compile import compile as compile_block
 from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
 from blockir.backends.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.backends.lm import ByteLM, layout, needs_final_norm
-from blockir.backends.telemetry import MethodStats, SiteStats, method_telemetry, telemetry
+from blockir.backends.telemetry import (MethodStats, ScoreStats, SiteStats, method_telemetry, score_telemetry,
+                                       telemetry)
 from blockir.backends.trace import trace
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Block, Program
@@ -52,6 +53,7 @@ class Snapshot:
     sites: tuple[SiteStats, ...]
     sphere: tuple[float, float] | None = None  # nGPT: max |‖h‖ − 1| over hidden rows, and over projected vectors
     methods: tuple[MethodStats, ...] = ()  # branch gates and DyT applications, when the model has any
+    scores: tuple[ScoreStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ class Trainer:
             sizes = Sizes.of(self.program, self.cfg.dims)
             sites = telemetry(self.program, self.block, values, sizes)
             methods = method_telemetry(self.program, self.block, self.model.core, values, sizes)
+            scores = score_telemetry(self.program, self.block, values, sizes)
             sphere = None
             if self.sphere:
                 hidden = [values[s.shortcut] for s in residual_sites(self.program, self.block, sizes)
@@ -185,7 +188,8 @@ class Trainer:
                 sphere = (row_norm_error(hidden), parameter_norm_error(self.model.core, self.model.sphere_tables()))
         finally:
             self.model.train()
-        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere, tuple(methods))
+        return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere, tuple(methods),
+                        tuple(scores))
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]

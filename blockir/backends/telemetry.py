@@ -12,6 +12,10 @@ branch (ReZero's scalar, LayerScale's vector) with the norm of its last
 gradient, and every DyT application with its alpha, its gradient and the
 fraction of input elements where |alpha x| > 2, i.e. where tanh has flattened
 to under 7% of its slope at zero.
+
+Carried attention scores (RealFormer) get their own line per layer: the RMS of
+the score state, which grows with depth under a running sum, and the mean
+entropy (nats) of the attention each query row takes from it.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from blockir.analyses.sizes import Sizes
-from blockir.analyses.sites import method_sites, residual_sites
+from blockir.analyses.sites import method_sites, residual_sites, score_sites
 from blockir.ir.program import Block, Program
 
 DELTA = 1e-12
@@ -32,6 +36,30 @@ class SiteStats:
     site: str  # SSA name of the add's result, prefixed by its layer path
     rho: tuple[float, ...]  # quantiles of the update ratio over rows
     cos: tuple[float, ...]  # quantiles of the state/update cosine over rows
+
+
+@dataclass(frozen=True)
+class ScoreStats:
+    site: str  # SSA name of the score state an attention returned, prefixed by its layer path
+    rms: float  # root mean square of the score state
+    entropy: float  # mean entropy (nats) of the softmax over each query row's allowed keys
+
+
+def score_stats(scores: torch.Tensor, causal: bool) -> tuple[float, float]:
+    s = scores.detach().double()
+    if causal:
+        queries, keys = s.shape[-2:]
+        later = torch.ones(queries, keys, dtype=torch.bool, device=s.device).triu(1 + keys - queries)
+        s = s.masked_fill(later, float("-inf"))
+    logp = torch.log_softmax(s, dim=-1)
+    entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    return scores.detach().double().pow(2).mean().sqrt().item(), entropy.mean().item()
+
+
+def score_telemetry(program: Program, block: Block, values: dict[str, torch.Tensor], sizes: Sizes) -> list[ScoreStats]:
+    """The score state and attention entropy of every score-carrying attention found in a trace."""
+    return [ScoreStats(s.site, *score_stats(values[s.site], s.causal))
+            for s in score_sites(program, block, sizes) if s.site in values]
 
 
 def row_stats(state: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

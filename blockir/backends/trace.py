@@ -33,10 +33,8 @@ class _Recorder(fx.Interpreter):
         if is_compiled(submod):
             return _Recorder(submod, f"{self.prefix}{target}.", self.values, kwargs).run(*args)
         if isinstance(submod, Stack):
-            x, *rest = args
-            for i, layer in enumerate(submod):
-                x = _Recorder(layer, f"{self.prefix}{target}.{i}.", self.values, kwargs).run(x, *rest)
-            return x
+            return submod.thread(lambda i, layer, *inputs: _Recorder(
+                layer, f"{self.prefix}{target}.{i}.", self.values, kwargs).run(*inputs), *args)
         return submod(*args, **kwargs)
 
     def call_function(self, target: Any, args: tuple, kwargs: dict[str, Any]) -> Any:

@@ -85,6 +85,14 @@ def methods_json(methods: Any) -> list[dict[str, Any]]:
              "saturated": m.saturated} for m in methods]
 
 
+def scores_table(scores: Any) -> list[str]:
+    """One line per carried score state: its RMS and the attention entropy it leads to."""
+    lines = [f"{'score state':<28}{'rms':>9}{'entropy':>9}"]
+    lines += [f"{s.site:<28}{s.rms:>9.4f}{s.entropy:>9.4f}" for s in scores]
+    lines.append(f"{len(scores)} score states; rms of the running score sum, mean attention entropy in nats")
+    return lines
+
+
 def sites_json(sites: Any) -> list[dict[str, Any]]:
     return [{"site": s.site, "rho": list(s.rho), "cos": list(s.cos)} for s in sites]
 
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
                         "sphere": sphere_json(final.sphere),
                         "methods": methods_json(final.methods),
+                        "scores": [{"site": s.site, "rms": s.rms, "entropy": s.entropy} for s in final.scores],
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
                                       for s in report.snapshots],
                         "batch_norms": [{"name": n.name, "step": n.step, "transition": n.transition,
@@ -162,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
             if final.methods:
                 print()
                 print("\n".join(method_table(final.methods)))
+            if final.scores:
+                print()
+                print("\n".join(scores_table(final.scores)))
         if args.plot:
             from blockir.backends.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")

@@ -116,12 +116,14 @@ class EquationAst:
     value: Expr
     attrs: tuple[tuple[str, Span], ...]
     span: Span = field(compare=False)
+    more_targets: tuple[tuple[str, Span], ...] = ()  # `y, s = layers(x, s0)`: one name per further result
 
 
 @dataclass(frozen=True)
 class ReturnAst:
     value: Expr
     span: Span = field(compare=False)
+    more: tuple[Expr, ...] = ()  # `return y, s`: the carried streams after the hidden state
 
 
 Stmt = Union[DeclAst, ConstAst, EquationAst, ReturnAst]
@@ -136,6 +138,7 @@ class BlockAst:
     body: tuple[Stmt, ...]
     span: Span = field(compare=False)
     keyword_span: Span = field(compare=False)
+    more_results: tuple[TypeAst, ...] = ()
 
 
 @dataclass(frozen=True)

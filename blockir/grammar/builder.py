@@ -254,9 +254,10 @@ class Builder:
     def signature(self, b: ast.BlockAst) -> BlockSignature | None:
         params = [self.type(p.type) for p in b.params]
         result = self.type(b.result)
-        if result is None or any(p is None for p in params):
+        more = [self.type(t) for t in b.more_results]
+        if result is None or any(p is None for p in (*params, *more)):
             return None
-        return BlockSignature(tuple(params), result)  # type: ignore[arg-type]
+        return BlockSignature(tuple(params), result, tuple(more))  # type: ignore[arg-type]
 
     def block(self, b: ast.BlockAst, signatures: dict[str, BlockSignature]) -> Block | None:
         errors_before = sum(d.is_error for d in self.diags)
@@ -303,7 +304,8 @@ class Builder:
                     scope.poisoned.add(s.name)
         lower = Lowerer(scope, signatures, lambda e: self.evaluate(e, env, report=True))
         lower.ops.extend(inputs)
-        lower.reserved = {s.target for s in b.body if isinstance(s, ast.EquationAst)}
+        lower.reserved = {t for s in b.body if isinstance(s, ast.EquationAst)
+                          for t in (s.target, *(n for n, _ in s.more_targets))}
         returns = [s for s in b.body if isinstance(s, ast.ReturnAst)]
         for s in b.body:
             if isinstance(s, ast.EquationAst):
@@ -314,14 +316,20 @@ class Builder:
         for extra in returns[1:]:
             self.err("E0117", "a block returns exactly once", extra.span, notes=[Note("first return", returns[0].span)])
         if returns:
-            value = lower.tensor(returns[0].value)
-            if value is not None:
-                output = OutputOp(value, returns[0].span)
+            ret = returns[0]
+            values = [lower.tensor(e) for e in (ret.value, *ret.more)]
+            declared = 1 + len(sig.more) if sig else len(values)
+            if len(values) != declared:
+                self.err("E0421", f"{b.keyword} '{b.name}' returns {len(values)} value{'s' if len(values) > 1 else ''} "
+                         f"but declares {declared}", ret.span, notes=[Note("declared here", b.span)],
+                         hint="return the hidden state first, then each carried stream in declared order")
+            elif all(v is not None for v in values):
+                output = OutputOp(values[0], ret.span, tuple(values[1:]))  # type: ignore[arg-type]
         result_layout = build_layout(b.result, sig.result if sig else None, self.dims, self.err)
         if sum(d.is_error for d in self.diags) > errors_before or sig is None or output is None:
             return None
         return Block(b.name, b.keyword, tuple(params), sig.result, tuple(consts), tuple(decls),
-                     tuple(lower.ops) + (output,), b.span, result_layout or ())
+                     tuple(lower.ops) + (output,), b.span, result_layout or (), sig.more)
 
     def _equation(self, s: ast.EquationAst, scope: Scope, lower: Lowerer) -> None:
         inplace = False
@@ -332,13 +340,20 @@ class Builder:
                 self.err("E0115", "@inplace applies to a residual add 'a + b'", span)
             else:
                 inplace = True
-        if not scope.define(s.target, s.span, "value"):
+        defined = [scope.define(n, span, "value") for n, span in ((s.target, s.span), *s.more_targets)]
+        if not all(defined):
             lower.tensor(s.value)
             return
         before = len(lower.ops)
+        lower.more_targets = tuple(n for n, _ in s.more_targets)
         result = lower.tensor(s.value, s.target)
+        if lower.more_targets:  # no call took the further names
+            self.err("E0421", f"only a call can bind several names; '{s.target}' takes the only value", s.span,
+                     "bind several names to a block that declares several results: y, s = layers(x, s0)")
+            lower.more_targets = ()
+            result = None
         if result is None:
-            scope.poisoned.add(s.target)
+            scope.poisoned.update((s.target, *(n for n, _ in s.more_targets)))
         elif inplace and len(lower.ops) > before:
             op = lower.ops[-1]
             if isinstance(op, AddOp):

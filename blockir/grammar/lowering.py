@@ -60,6 +60,7 @@ def is_constant_expr(e: ast.Expr, scope: Scope) -> bool:
 class BlockSignature:
     params: tuple[TensorType, ...]
     result: TensorType
+    more: tuple[TensorType, ...] = ()
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Lowerer:
     ops: list[O.Op] = field(default_factory=list)
     reserved: set[str] = field(default_factory=set)
     counter: int = 0
+    more_targets: tuple[str, ...] = ()  # the further names of `y, s = call(…)`, taken by the outermost call
 
     def fresh(self) -> str:
         while f"%{self.counter}" in self.reserved:
@@ -82,8 +84,24 @@ class Lowerer:
 
     def emit(self, op: O.Op) -> str:
         self.ops.append(op)
-        self.scope.values[op.result] = op.type
+        for r in op.results:
+            self.scope.values[r] = op.type_of(r)
         return op.result
+
+    def _results(self, e: ast.Call, returns: tuple[TensorType, ...], more: tuple[str, ...]) -> bool:
+        """Whether a call that returns ``1 + len(returns)`` values is bound to as many names."""
+        if len(more) == len(returns):
+            return True
+        if returns:
+            self.err("E0421", f"'{e.callee}' returns {1 + len(returns)} values, bound to {1 + len(more)} "
+                     f"name{'s' if more else ''}", e.span,
+                     "name each result: " + ", ".join(["y", *(f"s{i + 1}" for i in range(len(returns)))]) +
+                     f" = {e.callee}(…)")
+        else:
+            self.err("E0421", f"'{e.callee}' returns one value, bound to {1 + len(more)} names", e.span,
+                     "only a block that declares several results, or an attention with score_residual, returns "
+                     "several values")
+        return False
 
     def err(self, code: str, msg: str, span: Span, hint: str | None = None) -> None:
         self.scope.diags.append(error(code, msg, span, hint=hint))
@@ -221,6 +239,15 @@ class Lowerer:
         return values  # type: ignore[return-value]
 
     def _call(self, e: ast.Call, name: str | None) -> str | None:
+        more, self.more_targets = self.more_targets, ()
+        decl = self.scope.decls.get(e.callee)
+        if isinstance(decl, InstanceDecl) or isinstance(decl, KindDecl) and decl.arg("score_residual") is not None:
+            return self._call_results(e, decl, name, more)
+        if more:
+            self._results(e, (), more)
+            for a in e.args:  # errors inside the arguments are still worth reporting
+                self.tensor(a)
+            return None
         if e.callee in self.scope.poisoned:
             for a in e.args:  # errors inside the arguments are still worth reporting
                 self.tensor(a)
@@ -235,6 +262,25 @@ class Lowerer:
         for a in e.args:  # still report errors inside the arguments
             self.tensor(a)
         return None
+
+    def _call_results(self, e: ast.Call, decl: InstanceDecl | KindDecl, name: str | None,
+                      more: tuple[str, ...]) -> str | None:
+        """A call that may return carried streams after its hidden state: a block, a stack, a score attention."""
+        if isinstance(decl, InstanceDecl):
+            sig = self.signatures.get(decl.block)
+            args = self._args(e, len(sig.params) if sig else None)
+            if sig is None or not self._results(e, sig.more, more) or args is None:
+                return None
+            return self.emit(O.CallOp(name or self.fresh(), sig.result, decl.name, tuple(args), span=e.span,
+                                      more=more, more_types=sig.more))
+        args = self._args(e, 3 if decl.kind == "cross_attention" else 2)
+        if args is None:
+            return None
+        scores = self.scope.values[args[-1]]
+        if not self._results(e, (scores,), more):
+            return None
+        return self.emit(O.CallOp(name or self.fresh(), self.scope.values[args[0]], decl.name, tuple(args),
+                                  span=e.span, more=more, more_types=(scores,)))
 
     def _call_decl(self, e: ast.Call, decl, name: str | None) -> str | None:
         if isinstance(decl, KindDecl) and decl.category == "scale":
@@ -253,12 +299,6 @@ class Lowerer:
             if t.dtype is None:
                 t = t.with_dtype(self.scope.values[args[0]].dtype if args else None)
             return self.emit(O.CallOp(name or self.fresh(), t, decl.name, tuple(args), span=e.span))
-        if isinstance(decl, InstanceDecl):
-            sig = self.signatures.get(decl.block)
-            args = self._args(e, len(sig.params) if sig else None)
-            if args is None or sig is None:
-                return None
-            return self.emit(O.CallOp(name or self.fresh(), sig.result, decl.name, tuple(args), span=e.span))
         arity = 2 if decl.kind == "cross_attention" else 1
         args = self._args(e, arity)
         if args is None:
@@ -287,6 +327,8 @@ class Lowerer:
             return self._dropout(e, name)
         if fn == "cast":
             return self._cast(e, name)
+        if fn == "zeros":
+            return self._zeros(e, name)
         # concat
         if len(e.args) < 2:
             self.err("E0106", "'concat' takes at least 2 tensor arguments", e.span)
@@ -306,6 +348,24 @@ class Lowerer:
                 size = C.Bin("+", size, a.size)
         joined = Axis("+".join(a.name for a in lasts), lasts[0].role, size)
         return self.emit(O.ConcatOp(name or self.fresh(), types[0].with_last(joined), tuple(args), span=e.span))
+
+    def _zeros(self, e: ast.Call, name: str | None) -> str | None:
+        lit = e.args[0] if len(e.args) == 1 and not e.kwargs else None
+        if not isinstance(lit, ast.AxesLit):
+            self.err("E0106", "'zeros' takes one axis list: zeros([B, H, S, S])", e.span)
+            return None
+        axes = []
+        for n in lit.names:
+            if n not in self.scope.dims:
+                self.scope.undefined(n, lit.span, "dim")
+                return None
+            axes.append(self.scope.dims[n])
+        try:
+            t = TensorType(tuple(axes))
+        except ValueError as exc:
+            self.err("E0111", str(exc), lit.span)
+            return None
+        return self.emit(O.ZerosOp(name or self.fresh(), t, span=e.span))
 
     def _kw(self, e: ast.Call, key: str) -> ast.KwArg | None:
         return next((k for k in e.kwargs if k.name == key), None)

@@ -329,11 +329,17 @@ class _ToAst(Transformer):
         return (str(c[1]), self._span(c[0], c[1]))
 
     def equation(self, c):
-        *attrs, target, value = c
-        return ast.EquationAst(str(target), value, tuple(attrs), self._token_span(target))
+        *heads, value = c
+        attrs = [h for h in heads if isinstance(h, tuple)]
+        target, *more = [h for h in heads if not isinstance(h, tuple)]
+        return ast.EquationAst(str(target), value, tuple(attrs), self._token_span(target),
+                               tuple((str(t), self._token_span(t)) for t in more))
 
     def return_stmt(self, c):
-        return ast.ReturnAst(c[1], self._span(c[0], c[1]))
+        return ast.ReturnAst(c[1], self._span(c[0], c[-1]), tuple(c[2:]))
+
+    def result_types(self, c):
+        return tuple(c)
 
     def const_def(self, c):
         return ast.ConstAst(str(c[0]), c[1], self._token_span(c[0]))
@@ -343,8 +349,9 @@ class _ToAst(Transformer):
 
     def block_def(self, c):
         keyword, name, params, result, *body = c
-        return ast.BlockAst(str(keyword), str(name), params or (), result, tuple(body),
-                            self._token_span(name), self._token_span(keyword))
+        first, *more = result if isinstance(result, tuple) else (result,)
+        return ast.BlockAst(str(keyword), str(name), params or (), first, tuple(body),
+                            self._token_span(name), self._token_span(keyword), tuple(more))
 
     def start(self, c):
         return c

@@ -119,6 +119,9 @@ _ATTENTION_CORE = (
     ArgSpec("impl", "enum", "sdpa", choices=ATTENTION_IMPLS,
             doc="sdpa: the fused kernel; eager: HF's eager reference op for op (bit-exact)"),
     ArgSpec("softmax_f32", "bool", True, doc="eager softmax in f32 then cast (LLaMA); false: in the input dtype"),
+    ArgSpec("score_residual", "enum", None, choices=("sum",),
+            doc="RealFormer (arXiv:2012.11747): add the previous layer's scores [B, H, T, S] to this layer's "
+                "pre-softmax scores and return the running sum; called as y, s = attn(x, s_prev)"),
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
@@ -243,7 +246,7 @@ KINDS: dict[str, KindSpec] = {
 }
 
 # Functions usable inside equations (not declarations).
-FUNCTIONS = ("dropout", "drop_path", "layer_drop", "cast", "concat") + ACTIVATIONS + GATES
+FUNCTIONS = ("dropout", "drop_path", "layer_drop", "cast", "concat", "zeros") + ACTIVATIONS + GATES
 
 # The default name of each named layer inside a built-in branch; the key table and the backend both read it.
 LAYER_NAMES: dict[str, dict[str, str]] = {

@@ -148,12 +148,22 @@ class CallOp(OpBase):
     decl: str = _role("decl")
     args: tuple[str, ...] = _role("value")
     span: Span = field(**_SPAN)
+    # the carried streams a multi-result block (or a score-carrying attention) returns after the hidden state
+    more: tuple[str, ...] = _role("result", default=())
+    more_types: tuple[TensorType, ...] = ()
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return (self.result, *self.more)
+
+    def type_of(self, value: str) -> TensorType | None:
+        return self.more_types[self.more.index(value)] if value in self.more else self.type
 
     def label(self) -> str:
         return f"'{self.decl}(…)'"
 
     def text(self) -> str:
-        return f"{self.result} = {self.decl}({', '.join(self.args)})"
+        return f"{', '.join(self.results)} = {self.decl}({', '.join(self.args)})"
 
 
 @dataclass(frozen=True)
@@ -407,6 +417,7 @@ class FusedAddNormOp(OpBase):
 class OutputOp(OpBase):
     value: str = _role("value")
     span: Span = field(**_SPAN)
+    more: tuple[str, ...] = _role("value", default=())  # the carried streams returned after the hidden state
     result = "<output>"
     type = None
 
@@ -414,9 +425,28 @@ class OutputOp(OpBase):
     def results(self) -> tuple[str, ...]:
         return ()
 
+    @property
+    def values(self) -> tuple[str, ...]:
+        return (self.value, *self.more)
+
     def text(self) -> str:
-        return f"return {self.value}"
+        return f"return {', '.join(self.values)}"
+
+
+@dataclass(frozen=True)
+class ZerosOp(OpBase):
+    """A tensor of zeros of a declared type: the value a carried stream starts from before the first layer."""
+
+    result: str = _role("result")
+    type: TensorType = field()
+    span: Span = field(**_SPAN)
+
+    def label(self) -> str:
+        return "'zeros(…)'"
+
+    def text(self) -> str:
+        return f"{self.result} = zeros([{', '.join(self.type.names)}])"
 
 
 Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, LayerDropOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
-           ConcatOp, SubOp, FusedAddNormOp, OutputOp]
+           ConcatOp, SubOp, FusedAddNormOp, OutputOp, ZerosOp]

@@ -56,10 +56,10 @@ def format_op(op: O.Op) -> str:
     return op.text()
 
 
-def _with_type(line: str, t: TensorType | None) -> str:
+def _with_type(line: str, t: TensorType | None, more: tuple[TensorType, ...] = ()) -> str:
     if t is None:
         return line
-    return f"{line.ljust(TYPE_COLUMN - len(INDENT))}  # {format_type(t)}"
+    return f"{line.ljust(TYPE_COLUMN - len(INDENT))}  # {', '.join(format_type(u) for u in (t, *more))}"
 
 
 def _param(p: Param) -> str:
@@ -68,6 +68,8 @@ def _param(p: Param) -> str:
 
 def format_block(b: Block) -> str:
     result = format_layout(b.result, b.result_layout)
+    if b.more_results:
+        result = f"({', '.join([result, *map(format_type, b.more_results)])})"
     lines = [f"{b.kind} {b.name}({', '.join(_param(p) for p in b.params)}) -> {result} {{"]
     for c in b.consts:
         lines.append(f"{INDENT}const {c.name} = {format_expr(c.value)}")
@@ -79,7 +81,7 @@ def format_block(b: Block) -> str:
         if isinstance(op, O.InputOp):
             continue
         t = op.type if not isinstance(op, O.OutputOp) else None
-        lines.append(INDENT + _with_type(format_op(op), t))
+        lines.append(INDENT + _with_type(format_op(op), t, getattr(op, "more_types", ())))
     lines.append("}")
     return "\n".join(lines)
 

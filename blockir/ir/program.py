@@ -29,6 +29,12 @@ class Block:
     ops: tuple[Op, ...]
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
     result_layout: Layout = ()  # declared placement of the result over mesh axes
+    # the carried streams after the hidden state: result i + 1 feeds input i + 1 of the next layer of a stack
+    more_results: tuple[TensorType, ...] = ()
+
+    @property
+    def results(self) -> tuple[TensorType, ...]:
+        return (self.result, *self.more_results)
 
     @cached_property
     def decl_map(self) -> dict[str, Decl]:

@@ -65,7 +65,7 @@ class TensorType:
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.axes]
-        if len(set(names)) != len(names):
+        if len(set(names)) != len(names) and not self.is_scores:
             raise ValueError(f"repeated axis in tensor type {names}")
         if self.dtype is not None and not isinstance(self.dtype, DType):
             raise TypeError(f"dtype must be a DType, got {self.dtype!r}")
@@ -73,6 +73,15 @@ class TensorType:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.axes)
+
+    @property
+    def is_scores(self) -> bool:
+        """Attention scores ``[B, H, T, S]``: one row per query, one column per key (a sequence may be both).
+
+        A kind of value of its own: it never joins the hidden stream, whatever its sizes.
+        """
+        roles = tuple(a.role for a in self.axes)
+        return roles == (Role.BATCH, Role.HEADS, Role.SEQ, Role.SEQ)
 
     @property
     def rows(self) -> tuple[str, ...]:

@@ -160,6 +160,7 @@ class BlockCost:
     rows: int
     unfused: Tally
     fused: Tally
+    carried_bytes: int = 0  # the carried streams one instance returns beside its state (scores: [B, H, S, S])
 
     @property
     def bytes_per_tensor(self) -> int:
@@ -443,7 +444,8 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
         state = _state(block)
         blocks.append(BlockCost(block_name, plain.instances[block_name], str(state.with_dtype(state.dtype or dtype)),
                                 _elements(state, base), _itemsize(state, dtype), _rows(state, base),
-                                plain.first[block_name], fused.first[block_name]))
+                                plain.first[block_name], fused.first[block_name],
+                                sum(_nbytes(t, base, dtype) for t in block.more_results)))
     root_state = _state(program.block(name))
     return Ledger(program.filename, name, {a.name: _size(a.name, base) for a in root_state.axes}, dtype,
                   tuple(blocks))
@@ -459,13 +461,14 @@ def _per_row(n: int, rows: int) -> str:
     return f"{n / rows:g}" if rows else "0"
 
 
-def _rows_of(b: BlockCost) -> list[tuple[str, str]]:
+def _rows_of(b: BlockCost, carried: bool = False) -> list[tuple[str, str]]:
     u, f = b.unfused, b.fused
     params = ", ".join(f"{k} {v:,}" for k, v in sorted(u.norm_params.items())) or "none"
     return [
         ("instances", f"{b.instances:,}"),
         ("residual elements", f"{b.residual_elements:,}"),
         ("bytes per residual tensor", _mib(b.bytes_per_tensor)),
+        *([("bytes of carried streams", _mib(b.carried_bytes))] if carried else []),
         ("residual adds", f"{u.adds:,}"),
         ("norm parameters", f"{u.norm_parameters:,}"),
         ("  by family", params),
@@ -483,10 +486,11 @@ def format_ledger(led: Ledger) -> str:
     sizes = ", ".join(f"{k}={v:,}" for k, v in led.dims.items())
     head = [f"cost of {led.root} in {led.filename} ({sizes}; {led.dtype.value} where a type leaves the dtype open; "
             "training forward)"]
-    columns = [[label for label, _ in _rows_of(led.total)]]
+    carried = any(b.carried_bytes for b in led.blocks)
+    columns = [[label for label, _ in _rows_of(led.total, carried)]]
     titles = [""]
     for b in led.blocks:
-        columns.append([v for _, v in _rows_of(b)])
+        columns.append([v for _, v in _rows_of(b, carried)])
         titles.append(b.name + (" (whole)" if b is led.total and len(led.blocks) > 1 else ""))
     widths = [max(len(t), *(len(v) for v in col)) for t, col in zip(titles, columns)]
     lines = ["  ".join(t.ljust(w) if i == 0 else t.rjust(w) for i, (t, w) in enumerate(zip(titles, widths)))]
@@ -513,6 +517,7 @@ def ledger_data(led: Ledger) -> dict[str, Any]:
     def block(b: BlockCost) -> dict[str, Any]:
         return {"name": b.name, "instances": b.instances, "state": b.state, "rows": b.rows,
                 "residual_elements": b.residual_elements, "bytes_per_tensor": b.bytes_per_tensor,
+                **({"carried_bytes": b.carried_bytes} if b.carried_bytes else {}),
                 **_tally_data(b.unfused),
                 "bytes_moved": {"unfused": b.unfused.bytes_moved, "fused": b.fused.bytes_moved},
                 "saved_bytes": {"unfused": b.unfused.saved_bytes, "fused": b.fused.saved_bytes}}

@@ -63,22 +63,24 @@ def _draws_dropout(block: Block) -> bool:
 
 
 def _inline_layer(layer: Block, args: list[str], values: str, decls: str,
-                  env: dict[str, C.ConstExpr]) -> tuple[list[O.Op], str]:
-    """The ops of one application of ``layer`` to ``args``, values prefixed ``values``, declarations ``decls``."""
+                  env: dict[str, C.ConstExpr]) -> tuple[list[O.Op], list[str]]:
+    """The ops of one application of ``layer`` to ``args``, values prefixed ``values``, declarations ``decls``;
+    and the values it returns (the hidden state, then each carried stream)."""
     inputs = {op.result: arg for op, arg in zip(layer.inputs, args)}
     ops: list[O.Op] = []
-    out = ""
+    out: list[str] = []
     for op in layer.ops:
         if isinstance(op, O.InputOp):
             continue
         if isinstance(op, O.OutputOp):
-            out = inputs.get(op.value, values + op.value)
+            out = [inputs.get(v, values + v) for v in op.values]
             continue
         ops.append(_rename_op(op, lambda v: inputs.get(v, values + v), lambda d: decls + d, env))
     return ops, out
 
 
-def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) -> tuple[list[Decl], list[O.Op], str]:
+def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int
+                 ) -> tuple[list[Decl], list[O.Op], list[str]]:
     layer = program.block(stack.block)
     decls: list[Decl] = []
     ops: list[O.Op] = []
@@ -89,12 +91,12 @@ def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int) 
         decls += [_rename_decl(d, prefix, env) for d in layer.decls]
         layer_ops, out = _inline_layer(layer, current, prefix, prefix, env)
         ops += layer_ops
-        current = [out] + current[1:]  # the state threads through; other inputs (memory) are shared
-    return decls, ops, current[0]
+        current = out + current[len(out):]  # the state and carried streams thread; memory is shared
+    return decls, ops, current[:len(out)]
 
 
 def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
-            calls: dict[int, tuple[list[O.Op], str]]) -> Program:
+            calls: dict[int, tuple[list[O.Op], list[str]]]) -> Program:
     """``parent`` with each replaced declaration's new declarations and each inlined call's ops."""
     new_decls = [x for d in parent.decls for x in (decls[d.name] if d.name in decls else [d])]
     ops: list[O.Op] = []
@@ -107,7 +109,7 @@ def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
             continue
         body, out = inlined
         ops += [o.reading(renamed) for o in body]  # type: ignore[misc]
-        renamed[op.result] = out
+        renamed.update(zip(op.results, out))
     block = replace(parent, decls=tuple(new_decls), ops=tuple(ops))
     return replace(program, blocks=tuple(block if b.name == parent.name else b for b in program.blocks))
 
@@ -123,7 +125,7 @@ def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
     instances = {d.name: d for d in parent.decls if isinstance(d, InstanceDecl) and d.count is None
                  and d.block in program.block_map}
     decls: dict[str, list[Decl]] = {}
-    calls: dict[int, tuple[list[O.Op], str]] = {}
+    calls: dict[int, tuple[list[O.Op], list[str]]] = {}
     seen: dict[str, int] = {}
     for op in parent.ops:
         d = instances.get(getattr(op, "decl", None) or "")
@@ -155,7 +157,7 @@ def inline_stacks(program: Program, name: str, sizes: Sizes,
         if isinstance(op, O.CallOp):
             calls.setdefault(op.decl, []).append(op)
     decls: dict[str, list[Decl]] = {}
-    inlined: dict[int, tuple[list[O.Op], str]] = {}
+    inlined: dict[int, tuple[list[O.Op], list[str]]] = {}
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
                 and not _draws_dropout(program.block(d.block)):

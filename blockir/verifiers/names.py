@@ -21,7 +21,7 @@ def verify_names(program: Program) -> list[Diagnostic]:
             if isinstance(op, (InputOp, OutputOp)):
                 continue
             for r in op.results:
-                if r not in used_values and not r.startswith("%"):
+                if r not in used_values and not r.startswith("%") and r not in getattr(op, "more", ()):
                     out.append(warning("W0120", f"value '{r}' is never used", op.span,
                                        hint="a computed state that is never read usually means a missing residual add"))
         for op in block.inputs:

@@ -7,8 +7,9 @@ have the same size. Calls must also receive the axes their declarations take.
 """
 from __future__ import annotations
 
+from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
-from blockir.diagnostics import Diagnostic, Note, error
+from blockir.diagnostics import BlockError, Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp, SubOp
 from blockir.ir.program import Block, Program
@@ -54,7 +55,7 @@ WHAT = {"+": "a residual add", "-": "a difference of tensors", "*": "a product o
 def _check_add(block: Block, op: AddOp | MulOp | SubOp, state: str | None) -> Diagnostic | None:
     sign = "*" if isinstance(op, MulOp) else "-" if isinstance(op, SubOp) else "+"
     lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
-    if lt.names == rt.names:
+    if lt.names == rt.names or lt.is_scores != rt.is_scores:  # scores meeting the stream: the streams verifier
         return None
     # measure the odd operand against the one that has the stream's axes
     keep, odd = (op.lhs, op.rhs) if lt.names == block.result.names or rt.names != block.result.names \
@@ -109,12 +110,44 @@ def _check_channel(block: Block, op: ScaleOp | BiasOp) -> Diagnostic | None:
                  hint="declare it over the last axis of the value it applies to")
 
 
+def _is_skip(block: Block, op: ConcatOp) -> bool:
+    """A U-Net skip: the joined states are read only by linears that project them back to the stream width."""
+    users = block.users.get(op.result, ())
+    return bool(users) and all(isinstance(u, CallOp) and decl_kind(block, u) == "linear"
+                               and isinstance(d := block.decl_map.get(u.decl), KindDecl)
+                               and d.arg("out_dim") == block.result.names[-1] for u in users)
+
+
 def _check_concat(block: Block, op: ConcatOp, stream: frozenset[str]) -> Diagnostic | None:
+    if _is_skip(block, op):
+        # the joined values are layer states: the stream, or what a block or stack returned
+        states = [a for a in op.args if a in stream or decl_kind(block, block.producers[a]) in ("block", "stack")]
+        widths = {a: block.type_of(a).last for a in op.args}
+        odd = next((a for a in op.args if states and widths[a] != widths[states[0]]), None)
+        if odd is None:
+            return None
+        return error("E0420", f"skip joins {describe(block, states[0])} of width {widths[states[0]].name} "
+                     f"with {describe(block, odd)} of width {widths[odd].name}", op.span,
+                     hint="a U-Net skip concatenates two states of the stream width before projecting 2D -> D")
     on_stream = [a for a in op.args if a in stream]
     if not on_stream:
         return None
     return error("E0205", f"concatenating the residual state {describe(block, on_stream[0])} widens it to {op.type}",
                  op.span, hint="a residual update adds the branch to the state: write 'x + branch(x)'")
+
+
+def _joined_width_matches(program: Program, block: Block, joined: str, in_dim: str) -> bool:
+    """Whether a linear's input dim has the size of the axes a concat joined (unknown sizes are not judged)."""
+    producer = block.producers.get(joined)
+    if not isinstance(producer, ConcatOp):
+        return False
+    try:
+        sizes = Sizes.of(program)
+    except BlockError:
+        return True
+    parts = [sizes.known(block.type_of(a).last.size) for a in producer.args]  # type: ignore[union-attr]
+    want = sizes.known(program.dim_map[in_dim].size) if in_dim in program.dim_map else None
+    return want is None or None in parts or sum(parts) == want  # type: ignore[arg-type]
 
 
 def _signature(program: Program, block: Block, op: CallOp) -> list[tuple[str, TensorType, object]]:
@@ -139,13 +172,15 @@ def _check_call(program: Program, block: Block, op: CallOp) -> list[Diagnostic]:
     if not isinstance(decl, KindDecl) or not op.args:
         return out
     got = block.type_of(op.args[0])
-    if decl.kind == "linear" and got.last is not None and got.last.name != decl.arg("in_dim"):
+    if decl.kind == "linear" and got.last is not None and got.last.name != decl.arg("in_dim") \
+            and not _joined_width_matches(program, block, op.args[0], decl.arg("in_dim")):
         out.append(error("E0207", f"linear '{op.decl}' maps {decl.arg('in_dim')} to {decl.arg('out_dim')}, "
                          f"but {describe(block, op.args[0])} is {got}", op.span,
                          notes=[Note("declared here", decl.span)],
                          hint="apply it to a tensor whose last axis is its input dim"))
     if decl.kind in MODEL_WIDTH_KINDS:
-        for arg in op.args:
+        # a score-carrying attention reads the previous scores last; the streams verifier checks them
+        for arg in op.args[:-1] if decl.arg("score_residual") is not None else op.args:
             t = block.type_of(arg)
             if t.last is None or t.last.role != Role.MODEL:
                 out.append(error("E0207", f"{decl.kind} '{op.decl}' reads model-width rows, got {describe(block, arg)}"
@@ -157,12 +192,13 @@ def _check_output(block: Block) -> Diagnostic | None:
     out = block.output
     if out is None:
         return None
-    got = block.type_of(out.value)
-    if got.names == block.result.names:
-        return None
-    return error("E0208", f"{block.kind} '{block.name}' returns {describe(block, out.value)} {got} but declares "
-                 f"{block.result}", out.span, notes=[Note("declared here", block.span)],
-                 hint="return the updated state with the declared axes")
+    for value, want in zip(out.values, block.results):
+        got = block.type_of(value)
+        if got.names != want.names:
+            return error("E0208", f"{block.kind} '{block.name}' returns {describe(block, value)} {got} but declares "
+                         f"{want}", out.span, notes=[Note("declared here", block.span)],
+                         hint="return the updated state with the declared axes")
+    return None
 
 
 def verify_block(program: Program, block: Block) -> list[Diagnostic]:
@@ -182,7 +218,7 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
         if d is not None:
             out.append(d)
     # a wrong add already gives the returned value the wrong axes; say it once
-    if not any(d.code in ("E0201", "E0202", "E0203", "E0204", "E0205", "E0206") for d in out):
+    if not any(d.code in ("E0201", "E0202", "E0203", "E0204", "E0205", "E0206", "E0420") for d in out):
         d = _check_output(block)
         if d is not None:
             out.append(d)
