@@ -153,7 +153,29 @@ class AttentionCore:
         return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 
-class _Projections(nn.Module):
+class _DottedLayers(nn.Module):
+    """Layers registered under dotted names (BERT's ``self.query``, ``output.dense``) live in nested containers.
+
+    A checkpoint that nests a branch's projections one level deeper than the branch loads strictly,
+    and a norm declared at ``<branch>.output.LayerNorm`` joins the same container.
+    """
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        *path, leaf = name.split(".")
+        owner: nn.Module = self
+        for part in path:
+            if part not in owner._modules:
+                nn.Module.add_module(owner, part, nn.Module())
+            owner = owner._modules[part]  # type: ignore[assignment]
+        nn.Module.add_module(owner, leaf, module)
+
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        if "." in name:
+            return self.get_submodule(name)
+        return super().__getattr__(name)
+
+
+class _Projections(_DottedLayers):
     """The attention projections, under the names and in the layout a checkpoint stores them.
 
     ``fused``: ``none`` (separate q, k, v), ``stacked`` (one matrix whose rows are all of q, then
@@ -393,14 +415,15 @@ class Embedding(nn.Module):
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
     """
 
-    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None) -> None:
+    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None,
+                 offset: int = 0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
-        self.positions, self.scale = positions, scale
+        self.positions, self.scale, self.offset = positions, scale, offset
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
-            index = torch.arange(ids.shape[-1], device=ids.device)
+            index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)
             return F.embedding(index, self.weight).expand(*ids.shape, -1)
         y = F.embedding(ids.long(), self.weight)
         if self.scale is not None:
@@ -408,7 +431,7 @@ class Embedding(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, positions={self.positions}, scale={self.scale}"
+        return f"{tuple(self.weight.shape)}, positions={self.positions}, offset={self.offset}, scale={self.scale}"
 
 
 class Head(nn.Module):

@@ -116,7 +116,8 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
         return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
-                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"))
+                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
+                       offset=_opt_int(s, d, "position_offset") or 0)
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))

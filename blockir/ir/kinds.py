@@ -26,7 +26,7 @@ MASKS = ("element", "row", "channel", "sample")
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (an identifier: a parameter's name)
+    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     positional: bool = False
@@ -192,7 +192,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("vocab", "dim", positional=True, doc="rows of the table: the vocabulary, or the positions"),
             ArgSpec("width", "dim", positional=True),
             ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
-            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)")),
+            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)"),
+            ArgSpec("position_offset", "expr", Num(0), doc="with positions=true, look up rows offset..offset+S-1 "
+                    "(RoBERTa: pad_token_id + 1)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),

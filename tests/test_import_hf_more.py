@@ -1,0 +1,103 @@
+"""`blockir import hf` for encoders and learned-position decoders: tiny random HF models, logits and every gradient."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import blockir  # noqa: E402
+from blockir.cli import main  # noqa: E402
+from blockir.importers.hf import block_text  # noqa: E402
+from blockir.importers.hf_more import ENCODERS  # noqa: E402
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
+CONFIGS: dict[str, dict] = {
+    "bert": dict(COMMON, model_type="bert"),
+    "roberta": dict(COMMON, model_type="roberta", hidden_act="gelu_new"),
+    "xlm-roberta": dict(COMMON, model_type="xlm-roberta", type_vocab_size=1),
+    "camembert": dict(COMMON, model_type="camembert"),
+    "electra": dict(COMMON, model_type="electra", embedding_size=32),
+    "distilbert": dict(model_type="distilbert", vocab_size=97, dim=64, hidden_dim=96, n_layers=2, n_heads=4,
+                       max_position_embeddings=64),
+}
+
+
+def _real(model_type: str, dtype: torch.dtype, attn: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**CONFIGS[model_type])
+    cfg._attn_implementation = attn
+    pooler = {"add_pooling_layer": False} if model_type in ENCODERS and model_type != "electra" else {}
+    return transformers.AutoModel.from_config(cfg, **pooler).to(dtype).eval()
+
+
+def _pair(model_type: str, dtype: torch.dtype, exact: bool):
+    real = _real(model_type, dtype, "eager" if exact else "sdpa")
+    text = block_text(real.config.to_dict(), exact=exact)
+    program = blockir.parse(text, f"<{model_type}>")
+    assert not [d for d in blockir.verify(program) if d.is_error]
+    name = type(real).__name__
+    ours = blockir.compile(program, name, dtype=dtype, seed=0).eval()
+    ours.load_state_dict(real.state_dict(), strict=True)
+    assert blockir.reconcile(program, name, real.state_dict()).ok
+    return real, ours
+
+
+def _run(model, model_type: str, real: bool):
+    torch.manual_seed(1)
+    ids = torch.randint(2, 97, (2, 7))  # no pad token: RoBERTa's positions count from pad_token_id + 1
+    keep = torch.ones(2, 7, dtype=torch.long)
+    keep[1, -2:] = 0
+    model.zero_grad()
+    if real:
+        out = model(input_ids=ids, attention_mask=keep).last_hidden_state
+    elif model_type == "distilbert":
+        out = model(ids, attention_mask=keep)
+    else:
+        out = model(ids, torch.zeros_like(ids), attention_mask=keep)  # HF's default token types
+    out.float().pow(2).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_fast_path_matches(model_type: str) -> None:
+    real, ours = _pair(model_type, torch.float32, exact=False)
+    (ref, ref_g), (got, got_g) = _run(real, model_type, True), _run(ours, model_type, False)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6), (got - ref).abs().max()
+    assert ref_g.keys() == got_g.keys()
+    for n, g in ref_g.items():
+        assert torch.allclose(got_g[n], g, rtol=1e-5, atol=1e-7), (n, (got_g[n] - g).abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
+    real, ours = _pair(model_type, dtype, exact=True)
+    (ref, ref_g), (got, got_g) = _run(real, model_type, True), _run(ours, model_type, False)
+    assert torch.equal(got, ref), (got.float() - ref.float()).abs().max()
+    for n, g in ref_g.items():
+        assert torch.equal(got_g[n], g), (n, (got_g[n].float() - g.float()).abs().max())
+
+
+def test_roberta_positions_start_after_the_pad_row() -> None:
+    text = block_text(CONFIGS["roberta"])
+    assert "embeddings.position_embeddings: embedding(P, D, positions=true, position_offset=2)" in text
+    assert "positions=true)" in block_text(CONFIGS["bert"])
+
+
+def test_diff_bert_roberta_names_what_differs(tmp_path, capsys) -> None:
+    """Same keys and shapes; the one difference is where the position lookup starts (RoBERTa skips the pad row)."""
+    files = []
+    for model_type in ("bert", "roberta"):
+        path = tmp_path / f"{model_type}.block"
+        path.write_text(block_text(dict(COMMON, model_type=model_type)), encoding="utf-8")
+        files.append(str(path))
+    assert main(["diff", *files, "--block", "BertModel", "--block-b", "RobertaModel", "--format", "json"]) == 1
+    [report] = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "same parameter keys and shapes, different function"
+    assert report["same_keys"] and not report["signature_changed"]
+    assert report["first_a"]["op"] == report["first_b"]["op"] == "%2 = embeddings.position_embeddings(input_ids)"
+    assert report["first_a"]["location"].endswith("bert.block:32:11")
