@@ -244,6 +244,10 @@ def _laplace(x: Tensor, mu: float = 0.707107, sigma: float = 0.282095) -> Tensor
     return 0.5 * (1.0 + torch.erf(x))
 
 
+def _gelu_bloom(x: Tensor) -> Tensor:
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
 def _sqrtsoftplus(x: Tensor) -> Tensor:
     return F.softplus(x).sqrt()
 
@@ -271,6 +275,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "laplace": _laplace,
     "sqrtsoftplus": _sqrtsoftplus,
     "swish": F.silu,
+    "gelu_bloom": _gelu_bloom,
     "sigmoid": torch.sigmoid,
     "erf": torch.erf,
 }

@@ -113,6 +113,95 @@ def _distilbert(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _causal_attention(c: _Config, exact: bool, bias: bool, *extra: str) -> list[str]:
+    """OPT-style attention: q/k/v/out_proj, queries scaled right after their projection."""
+    opts = [f"heads={c.need('num_attention_heads')}", "scale_query=true", *extra]
+    opts += ["bias=true", "out_bias=true"] if bias else []
+    p = c.get("attention_dropout", 0.0)
+    return opts + ([f"dropout={_num(p)}"] if p else []) + (["impl=eager"] if exact else [])
+
+
+def _post_or_pre(pre: bool, p: str, attn_norm: str, mlp_norm: str, mlp: str) -> list[str]:
+    """The two residual updates of an OPT-style layer, Pre-LN or Post-LN."""
+    if pre:
+        return [f"  h = x + dropout(self_attn({attn_norm}(x)), p={p})",
+                f"  y = h + dropout({mlp.format(f'{mlp_norm}(h)')}, p={p})"]
+    return [f"  h = {attn_norm}(x + dropout(self_attn(x), p={p}))",
+            f"  y = {mlp_norm}(h + dropout({mlp.format('h')}, p={p}))"]
+
+
+def _opt(c: _Config, model_type: str, exact: bool) -> str:
+    """OPT: learned positions numbered over the kept tokens from row 2, Pre- or Post-LN by do_layer_norm_before."""
+    cls, layer = "OPTForCausalLM", "OPTDecoderLayer"
+    d, w = c.need("hidden_size"), c.get("word_embed_proj_dim", c.need("hidden_size"))
+    pre, bias = c.get("do_layer_norm_before", True), c.get("enable_bias", True)
+    final = pre and not c.get("_remove_final_layer_norm", False)
+    norm = "layernorm(D)" if c.get("layer_norm_elementwise_affine", True) else "layernorm(D, affine=false)"
+    p, act = _num(c.get("dropout", 0.1)), _act(c, "activation_function", "relu")
+    dims = {"D": d, "W": w, "F": c.need("ffn_dim"), "V": c.need("vocab_size"),
+            "P": c.get("max_position_embeddings", 2048) + 2}
+    if w == d:
+        del dims["W"]
+    lines = _dims(cls, model_type, dims, c.need("num_hidden_layers"))
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  self_attn_layer_norm: {norm}", _decl("self_attn", "self_attention", _causal_attention(c, exact, bias,
+                                                                                                   "o=out_proj")),
+              f"  final_layer_norm: {norm}", f"  fc1: linear(D, F, bias={str(bias).lower()})",
+              f"  fc2: linear(F, D, bias={str(bias).lower()})",
+              *_post_or_pre(pre, p, "self_attn_layer_norm", "final_layer_norm", f"fc2({act}(fc1({{}})))"),
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              f"  model.decoder.embed_tokens: embedding(V, {'W' if w != d else 'D'})",
+              "  model.decoder.embed_positions: embedding(P, D, positions=true, position_offset=2, mask_positions=true)"]
+    tokens, out = "model.decoder.embed_tokens(input_ids)", f"model.decoder.layers(x)"
+    if w != d:
+        lines += ["  model.decoder.project_in: linear(W, D, bias=false)",
+                  "  model.decoder.project_out: linear(D, W, bias=false)"]
+        tokens = f"model.decoder.project_in({tokens})"
+    if final:
+        lines.append(f"  model.decoder.final_layer_norm: {norm}")
+        out = f"model.decoder.final_layer_norm({out})"
+    if w != d:
+        out = f"model.decoder.project_out({out})"
+    tied = ["tied=true"] if c.get("tie_word_embeddings", True) else []
+    lines += [f"  model.decoder.layers: {layer} * L", _decl("lm_head", "head", ["V", *tied]),
+              f"  x = {tokens} + model.decoder.embed_positions(input_ids)",
+              f"  return lm_head({out})", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _bloom(c: _Config, model_type: str, exact: bool) -> str:
+    """BLOOM: ALiBi, per-head fused query_key_value, a norm on the embeddings, Pre-LN."""
+    cls, layer = "BloomForCausalLM", "BloomBlock"
+    if c.get("apply_residual_connection_post_layernorm", False):
+        raise _fail("BLOOM's apply_residual_connection_post_layernorm (the residual taken after the norm) is not "
+                    "supported", "the released BLOOM checkpoints set it to false")
+    d, heads = c.get("hidden_size", c.get("n_embed")), c.get("n_head", c.get("num_attention_heads"))
+    eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("hidden_dropout", 0.0))
+    attn = [f"heads={heads}", "alibi=true", "bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value",
+            "o=dense"]
+    if c.get("attention_dropout", 0.0):
+        attn.append(f"dropout={_num(c.get('attention_dropout'))}")
+    attn += ["impl=eager"] if exact else []
+    norm = f"layernorm(D, eps={eps})"
+    lines = _dims(cls, model_type, {"D": d, "F": 4 * d, "V": c.need("vocab_size")},
+                  c.get("n_layer", c.get("num_hidden_layers")))
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attention", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}",
+              _decl("mlp", "mlp", ["F", "act=gelu_bloom", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]),
+              f"  h = x + dropout(self_attention(input_layernorm(x)), p={p})",
+              f"  y = h + dropout(mlp(post_attention_layernorm(h)), p={p})",
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  transformer.word_embeddings: embedding(V, D)", f"  transformer.word_embeddings_layernorm: {norm}",
+              f"  transformer.h: {layer} * L", f"  transformer.ln_f: {norm}",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              "  x = transformer.word_embeddings_layernorm(transformer.word_embeddings(input_ids))",
+              "  return lm_head(transformer.ln_f(transformer.h(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {**{t: _encoder for t in ENCODERS},
-                                                           "distilbert": _distilbert}
+                                                           "distilbert": _distilbert, "opt": _opt, "bloom": _bloom}
 hf.WRITERS.update(WRITERS)

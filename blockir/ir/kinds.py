@@ -16,7 +16,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
                # transformers' ACT2FN names without parameters, each computed exactly as there
                "gelu_new", "gelu_fast", "gelu_accurate", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
                "gelu_10", "quick_gelu", "relu2", "relu6", "leaky_relu", "hardswish", "mish", "laplace",
-               "sqrtsoftplus", "swish")
+               "sqrtsoftplus", "swish", "gelu_bloom")
 # elementwise functions that make gates; usable in equations, not as a branch's activation
 GATES = ("sigmoid", "erf")
 CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
@@ -108,6 +108,8 @@ _ATTENTION_CORE = (
     ArgSpec("impl", "enum", "sdpa", choices=ATTENTION_IMPLS,
             doc="sdpa: the fused kernel; eager: HF's eager reference op for op (bit-exact)"),
     ArgSpec("softmax_f32", "bool", True, doc="eager softmax in f32 then cast (LLaMA); false: in the input dtype"),
+    ArgSpec("scale_query", "bool", False, doc="scale the queries after their projection, then plain dot products "
+            "(OPT, BioGPT: the rounding their code has)"),
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
@@ -161,7 +163,9 @@ KINDS: dict[str, KindSpec] = {
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
-            *_ATTENTION_LAYOUT),
+            *_ATTENTION_LAYOUT,
+            ArgSpec("alibi", "bool", False, doc="ALiBi: add slope_h × (key position) to the scores, positions "
+                    "counted over the kept keys (BLOOM)")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),)),
@@ -194,7 +198,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
             ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)"),
             ArgSpec("position_offset", "expr", Num(0), doc="with positions=true, look up rows offset..offset+S-1 "
-                    "(RoBERTa: pad_token_id + 1)")),
+                    "(RoBERTa: pad_token_id + 1)"),
+            ArgSpec("mask_positions", "bool", False, doc="with positions=true, number the tokens the [B, S] "
+                    "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
