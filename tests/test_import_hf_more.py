@@ -23,13 +23,23 @@ CONFIGS: dict[str, dict] = {
     "electra": dict(COMMON, model_type="electra", embedding_size=32),
     "distilbert": dict(model_type="distilbert", vocab_size=97, dim=64, hidden_dim=96, n_layers=2, n_heads=4,
                        max_position_embeddings=64),
+    "opt": dict(model_type="opt", vocab_size=97, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=64),
+    "opt-post-ln": dict(model_type="opt", vocab_size=97, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=64, do_layer_norm_before=False,
+                        word_embed_proj_dim=32),
+    "bloom": dict(model_type="bloom", vocab_size=97, hidden_size=48, n_layer=2, n_head=6),
 }
+DECODERS = {"opt", "opt-post-ln", "bloom"}
+EAGER_ONLY = {"bloom"}  # transformers has only the eager attention for these: the fast path is compared with it
 
 
 def _real(model_type: str, dtype: torch.dtype, attn: str) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.AutoConfig.for_model(**CONFIGS[model_type])
-    cfg._attn_implementation = attn
+    cfg._attn_implementation = "eager" if model_type in EAGER_ONLY else attn
+    if model_type in DECODERS:
+        return transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     pooler = {"add_pooling_layer": False} if model_type in ENCODERS and model_type != "electra" else {}
     return transformers.AutoModel.from_config(cfg, **pooler).to(dtype).eval()
 
@@ -52,9 +62,11 @@ def _run(model, model_type: str, real: bool):
     keep = torch.ones(2, 7, dtype=torch.long)
     keep[1, -2:] = 0
     model.zero_grad()
-    if real:
+    if real and model_type in DECODERS:  # without a cache, whose concatenation changes the keys' memory layout
+        out = model(input_ids=ids, attention_mask=keep, use_cache=False).logits
+    elif real:
         out = model(input_ids=ids, attention_mask=keep).last_hidden_state
-    elif model_type == "distilbert":
+    elif model_type in DECODERS or model_type == "distilbert":
         out = model(ids, attention_mask=keep)
     else:
         out = model(ids, torch.zeros_like(ids), attention_mask=keep)  # HF's default token types

@@ -481,10 +481,11 @@ class Embedding(nn.Module):
     """
 
     def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None,
-                 offset: int = 0, mask_positions: bool = False) -> None:
+                 offset: int = 0, mask_positions: bool = False, padding_idx: int | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
         self.positions, self.scale, self.offset, self.mask_positions = positions, scale, offset, mask_positions
+        self.padding_idx = padding_idx
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
@@ -493,7 +494,7 @@ class Embedding(nn.Module):
                 return F.embedding(mask_positions(keep) + self.offset, self.weight)
             index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)
             return F.embedding(index, self.weight).expand(*ids.shape, -1)
-        y = F.embedding(ids.long(), self.weight)
+        y = F.embedding(ids.long(), self.weight, self.padding_idx)
         if self.scale is not None:
             y = y * torch.tensor(self.scale, dtype=y.dtype)
         return y

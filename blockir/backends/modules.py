@@ -118,7 +118,8 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     if d.kind == "embedding":
         return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
                        positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
-                       offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"))
+                       offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
+                       padding_idx=_opt_int(s, d, "padding_idx"))
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))

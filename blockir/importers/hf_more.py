@@ -25,6 +25,12 @@ def _dims(cls: str, model_type: str, dims: dict[str, int], layers: int) -> list[
             f"const L = {layers}", ""]
 
 
+def _pad(c: _Config) -> str:
+    """The token table's ``padding_idx`` argument: HF builds it with the config's pad token, whose row gets no gradient."""
+    pad = c.get("pad_token_id")
+    return f", padding_idx={pad}" if pad is not None else ""
+
+
 def _act(c: _Config, key: str, default: str) -> str:
     name = c.get(key, default)
     if name not in ACTS:
@@ -68,7 +74,7 @@ def _encoder(c: _Config, model_type: str, exact: bool) -> str:
               f"  y = output.LayerNorm(dropout(output.dense(i), p={p}) + h)",
               "  return y", "}", "",
               f"model {cls}(input_ids: [B, S], token_type_ids: [B, S]) -> [B, S, D] {{",
-              f"  embeddings.word_embeddings: embedding(V, {width})",
+              f"  embeddings.word_embeddings: embedding(V, {width}{_pad(c)})",
               f"  embeddings.token_type_embeddings: embedding(T, {width})",
               _decl("embeddings.position_embeddings", "embedding",
                     ["P", width, "positions=true"] + ([f"position_offset={offset}"] if offset else [])),
@@ -104,7 +110,7 @@ def _distilbert(c: _Config, model_type: str, exact: bool) -> str:
               f"  y = output_layer_norm(dropout(ffn(h), p={p}) + h)",
               "  return y", "}", "",
               f"model {cls}(input_ids: [B, S]) -> [B, S, D] {{",
-              "  embeddings.word_embeddings: embedding(V, D)",
+              f"  embeddings.word_embeddings: embedding(V, D{_pad(c)})",
               "  embeddings.position_embeddings: embedding(P, D, positions=true)",
               "  embeddings.LayerNorm: layernorm(D, eps=1e-12)", f"  transformer.layer: {layer} * L",
               f"  # the embeddings' dropout (p={p} while training) is not written, as for BERT.",
@@ -151,7 +157,7 @@ def _opt(c: _Config, model_type: str, exact: bool) -> str:
               *_post_or_pre(pre, p, "self_attn_layer_norm", "final_layer_norm", f"fc2({act}(fc1({{}})))"),
               "  return y", "}", "",
               f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
-              f"  model.decoder.embed_tokens: embedding(V, {'W' if w != d else 'D'})",
+              f"  model.decoder.embed_tokens: embedding(V, {'W' if w != d else 'D'}{_pad(c)})",
               "  model.decoder.embed_positions: embedding(P, D, positions=true, position_offset=2, mask_positions=true)"]
     tokens, out = "model.decoder.embed_tokens(input_ids)", f"model.decoder.layers(x)"
     if w != d:
@@ -194,7 +200,8 @@ def _bloom(c: _Config, model_type: str, exact: bool) -> str:
               f"  y = h + dropout(mlp(post_attention_layernorm(h)), p={p})",
               "  return y", "}", "",
               f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
-              "  transformer.word_embeddings: embedding(V, D)", f"  transformer.word_embeddings_layernorm: {norm}",
+              "  transformer.word_embeddings: embedding(V, D)",
+              f"  transformer.word_embeddings_layernorm: {norm}",
               f"  transformer.h: {layer} * L", f"  transformer.ln_f: {norm}",
               _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
               "  x = transformer.word_embeddings_layernorm(transformer.word_embeddings(input_ids))",

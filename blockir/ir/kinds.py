@@ -200,7 +200,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("position_offset", "expr", Num(0), doc="with positions=true, look up rows offset..offset+S-1 "
                     "(RoBERTa: pad_token_id + 1)"),
             ArgSpec("mask_positions", "bool", False, doc="with positions=true, number the tokens the [B, S] "
-                    "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)")),
+                    "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)"),
+            ArgSpec("padding_idx", "expr", None, doc="the row of the pad token, which gets no gradient "
+                    "(nn.Embedding's padding_idx)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
