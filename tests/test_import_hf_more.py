@@ -29,8 +29,11 @@ CONFIGS: dict[str, dict] = {
                         num_attention_heads=4, max_position_embeddings=64, do_layer_norm_before=False,
                         word_embed_proj_dim=32),
     "bloom": dict(model_type="bloom", vocab_size=97, hidden_size=48, n_layer=2, n_head=6),
+    "gpt_bigcode": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
+    "gpt_bigcode-mha": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                            multi_query=False),
 }
-DECODERS = {"opt", "opt-post-ln", "bloom"}
+DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha"}
 EAGER_ONLY = {"bloom"}  # transformers has only the eager attention for these: the fast path is compared with it
 
 

@@ -35,10 +35,14 @@ def _split_heads(x: Tensor, head_dim: int) -> Tensor:
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """Share each key/value head across ``groups`` consecutive query heads (GQA)."""
+    """Share each key/value head across ``groups`` consecutive query heads (GQA).
+
+    Expand-then-reshape, as HF's ``repeat_kv``: with one key/value head the result stays a view, and
+    the score matmul then rounds as HF's does (a copy would change its summation order).
+    """
     if groups == 1:
         return x
-    return x.repeat_interleave(groups, dim=1)
+    return x.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(1, 2)
 
 
 def rope_cos_sin(

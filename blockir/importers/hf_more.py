@@ -209,6 +209,38 @@ def _bloom(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gpt_bigcode(c: _Config, model_type: str, exact: bool) -> str:
+    """GPT-BigCode (StarCoder): GPT-2 with nn.Linear layers and multi-query attention in one fused c_attn."""
+    cls, layer = "GPTBigCodeForCausalLM", "GPTBigCodeBlock"
+    d, heads = c.get("n_embd", c.get("hidden_size")), c.get("n_head", c.get("num_attention_heads"))
+    mqa = c.get("multi_query", True)
+    eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("resid_pdrop", 0.1))
+    attn = [f"heads={heads}"] + (["kv_heads=1", "fused=stacked"] if mqa else ["fused=heads"])
+    attn += ["bias=true", "out_bias=true", "qkv=c_attn", "o=c_proj"]
+    if not c.get("scale_attn_weights", True):
+        attn.append("scale=1")
+    if c.get("attn_pdrop", 0.1):
+        attn.append(f"dropout={_num(c.get('attn_pdrop', 0.1))}")
+    attn += ["impl=eager"] if exact else []
+    mlp = ["F", f"act={_act(c, 'activation_function', 'gelu_pytorch_tanh')}", "fc1=c_fc", "fc2=c_proj"]
+    lines = _dims(cls, model_type, {"D": d, "F": c.get("n_inner") or 4 * d, "V": c.need("vocab_size"),
+                                    "P": c.get("n_positions", 1024)}, c.get("n_layer", c.get("num_hidden_layers")))
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  ln_1: layernorm(D, eps={eps})", _decl("attn", "self_attention", attn),
+              f"  ln_2: layernorm(D, eps={eps})", _decl("mlp", "mlp", mlp),
+              f"  h = x + dropout(attn(ln_1(x)), p={p})", f"  y = h + dropout(mlp(ln_2(h)), p={p})",
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  transformer.wte: embedding(V, D)", "  transformer.wpe: embedding(P, D, positions=true)",
+              f"  transformer.h: {layer} * L", f"  transformer.ln_f: layernorm(D, eps={eps})",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              f"  # embd_pdrop={_num(c.get('embd_pdrop', 0.1))} on the sum of the lookups is not written, as for GPT-2.",
+              "  x = transformer.wte(input_ids) + transformer.wpe(input_ids)",
+              "  return lm_head(transformer.ln_f(transformer.h(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {**{t: _encoder for t in ENCODERS},
+                                                           "gpt_bigcode": _gpt_bigcode,
                                                            "distilbert": _distilbert, "opt": _opt, "bloom": _bloom}
 hf.WRITERS.update(WRITERS)
