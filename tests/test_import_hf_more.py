@@ -32,8 +32,9 @@ CONFIGS: dict[str, dict] = {
     "gpt_bigcode": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
     "gpt_bigcode-mha": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
                             multi_query=False),
+    "biogpt": dict(COMMON, model_type="biogpt", activation_dropout=0.1, pad_token_id=3),
 }
-DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha"}
+DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "biogpt"}
 EAGER_ONLY = {"bloom"}  # transformers has only the eager attention for these: the fast path is compared with it
 
 

@@ -240,7 +240,38 @@ def _gpt_bigcode(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _biogpt(c: _Config, model_type: str, exact: bool) -> str:
+    """BioGPT: Pre-LN, learned positions from row 2, token embeddings scaled by √D, tied output_projection."""
+    cls, layer = "BioGptForCausalLM", "BioGptDecoderLayer"
+    p, pa = _num(c.get("hidden_dropout_prob", 0.1)), c.get("activation_dropout", 0.0)
+    attn = [f"heads={c.need('num_attention_heads')}", "bias=true", "out_bias=true", "o=out_proj", "softmax_f32=false"]
+    if c.get("attention_probs_dropout_prob", 0.1):
+        attn.append(f"dropout={_num(c.get('attention_probs_dropout_prob', 0.1))}")
+    attn += ["impl=eager"] if exact else []
+    act = f"{_act(c, 'hidden_act', 'gelu')}(fc1({{}}))"
+    mlp = f"fc2(dropout({act}, p={_num(pa)}))" if pa else f"fc2({act})"
+    scale = ", scale=D ** 0.5" if c.get("scale_embedding", True) else ""
+    lines = _dims(cls, model_type, {"D": c.need("hidden_size"), "F": c.need("intermediate_size"),
+                                    "V": c.need("vocab_size"), "P": c.get("max_position_embeddings", 1024) + 2},
+                  c.need("num_hidden_layers"))
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              "  self_attn_layer_norm: layernorm(D)", _decl("self_attn", "self_attention", attn),
+              "  final_layer_norm: layernorm(D)", "  fc1: linear(D, F)", "  fc2: linear(F, D)",
+              *_post_or_pre(True, p, "self_attn_layer_norm", "final_layer_norm", mlp),
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              f"  biogpt.embed_tokens: embedding(V, D{_pad(c)}{scale})",
+              "  biogpt.embed_positions: embedding(P, D, positions=true, position_offset=2)",
+              f"  biogpt.layers: {layer} * L", "  biogpt.layer_norm: layernorm(D)",
+              _decl("output_projection", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              f"  # the dropout on the sum of the lookups (p={p} while training) is not written, as for GPT-2.",
+              "  x = biogpt.embed_tokens(input_ids) + biogpt.embed_positions(input_ids)",
+              "  return output_projection(biogpt.layer_norm(biogpt.layers(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {**{t: _encoder for t in ENCODERS},
+                                                           "biogpt": _biogpt,
                                                            "gpt_bigcode": _gpt_bigcode,
                                                            "distilbert": _distilbert, "opt": _opt, "bloom": _bloom}
 hf.WRITERS.update(WRITERS)
