@@ -159,7 +159,7 @@ def _opt(c: _Config, model_type: str, exact: bool) -> str:
               f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
               f"  model.decoder.embed_tokens: embedding(V, {'W' if w != d else 'D'}{_pad(c)})",
               "  model.decoder.embed_positions: embedding(P, D, positions=true, position_offset=2, mask_positions=true)"]
-    tokens, out = "model.decoder.embed_tokens(input_ids)", f"model.decoder.layers(x)"
+    tokens, out = "model.decoder.embed_tokens(input_ids)", "model.decoder.layers(x)"
     if w != d:
         lines += ["  model.decoder.project_in: linear(W, D, bias=false)",
                   "  model.decoder.project_out: linear(D, W, bias=false)"]
