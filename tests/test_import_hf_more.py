@@ -15,6 +15,8 @@ from blockir.importers.hf_more import ENCODERS  # noqa: E402
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
 CONFIGS: dict[str, dict] = {
     "bert": dict(COMMON, model_type="bert"),
     "roberta": dict(COMMON, model_type="roberta", hidden_act="gelu_new"),
@@ -33,8 +35,13 @@ CONFIGS: dict[str, dict] = {
     "gpt_bigcode-mha": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
                             multi_query=False),
     "biogpt": dict(COMMON, model_type="biogpt", activation_dropout=0.1, pad_token_id=3),
+    "falcon": dict(FALCON),
+    "falcon-sequential": dict(FALCON, multi_query=False, parallel_attn=False, bias=True),
+    "falcon-new": dict(FALCON, new_decoder_architecture=True, num_kv_heads=4),
+    "falcon-new-mqa": dict(FALCON, new_decoder_architecture=True, num_kv_heads=1),
 }
-DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "biogpt"}
+DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "biogpt", *(t for t in CONFIGS
+                                                                                          if t.startswith("falcon"))}
 EAGER_ONLY = {"bloom"}  # transformers has only the eager attention for these: the fast path is compared with it
 
 
@@ -88,8 +95,15 @@ def test_fast_path_matches(model_type: str) -> None:
         assert torch.allclose(got_g[n], g, rtol=1e-5, atol=1e-7), (n, (got_g[n] - g).abs().max())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+# Falcon's bf16 rotary rounds its tables in another order; its new architecture with one key/value head
+# broadcasts the keys into a copy, where the shared-head view here rounds the score matmul differently
+NOT_YET = {(t, "bf16") for t in CONFIGS if t.startswith("falcon")} | {("falcon-new-mqa", "f32")}
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=pytest.mark.xfail(strict=True, reason="not yet bit-exact")
+                      if (t, name) in NOT_YET else ())
+         for t in sorted(CONFIGS) for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
+
+
+@pytest.mark.parametrize("model_type, dtype", EXACT)
 def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
     real, ours = _pair(model_type, dtype, exact=True)
     (ref, ref_g), (got, got_g) = _run(real, model_type, True), _run(ours, model_type, False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from blockir.importers import hf
-from blockir.importers.hf import ACTS, _Config, _decl, _fail, _num
+from blockir.importers.hf import ACTS, _attn_opts, _Config, _decl, _fail, _num
 
 ENCODERS = {"bert": ("BertModel", "BertLayer", "bert"), "roberta": ("RobertaModel", "RobertaLayer", "roberta"),
             "xlm-roberta": ("XLMRobertaModel", "XLMRobertaLayer", "roberta"),
@@ -270,7 +270,53 @@ def _biogpt(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _falcon(c: _Config, model_type: str, exact: bool) -> str:
+    """Falcon: RoPE, fused query_key_value, parallel attention and MLP read from one or two norms."""
+    cls, layer = "FalconForCausalLM", "FalconDecoderLayer"
+    new, parallel = c.get("new_decoder_architecture", False), c.get("parallel_attn", True)
+    heads = c.need("num_attention_heads")
+    if c.get("alibi", False):
+        raise _fail("Falcon with alibi=true is not supported", "supported: Falcon with rotary positions")
+    if new and not parallel:
+        raise _fail("Falcon's new_decoder_architecture without parallel_attn is not supported")
+    kv = (c.get("num_kv_heads", heads) if new else 1 if c.get("multi_query", True) else heads)
+    if kv not in (1, heads):
+        raise _fail(f"Falcon with {kv} key/value groups of {heads} heads is not supported",
+                    "supported: one key/value head, or one per query head")
+    c.raw.update(num_key_value_heads=kv, attention_dropout=0.0)  # the rotary path applies no attention dropout
+    bias = ["bias=true", "out_bias=true"] if c.get("bias", False) else []
+    attn = _attn_opts(c, exact) + ["fused=" + ("stacked" if kv == 1 else "heads"), "qkv=query_key_value", "o=dense",
+                                   "softmax_f32=false", *bias]
+    eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("hidden_dropout", 0.0))
+    norm = f"layernorm(D, eps={eps})"
+    mlp = ["F", f"act={_act(c, 'activation', 'gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h",
+           f"bias={str(bool(c.get('bias', False))).lower()}"]
+    d = c.need("hidden_size")
+    lines = _dims(cls, model_type, {"D": d, "F": c.get("ffn_hidden_size") or 4 * d, "V": c.need("vocab_size")},
+                  c.need("num_hidden_layers"))
+    two = new and (c.get("num_ln_in_parallel_attn") or 2) == 2
+    if not parallel:
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        update = [f"  h = x + dropout(self_attention(input_layernorm(x)), p={_num(c.get('attention_dropout', 0.0))})",
+                  f"  y = h + dropout(mlp(post_attention_layernorm(h)), p={p})"]
+    else:
+        norms = ["ln_attn", "ln_mlp"] if two else ["input_layernorm"]
+        # one norm output feeds both branches (its gradient is summed before the norm's backward, as in HF)
+        update = ([f"  a = {norms[0]}(x)", f"  m = {norms[1]}(x)"] if two else [f"  a = {norms[0]}(x)"]) + \
+            [f"  y = x + dropout(mlp({'m' if two else 'a'}) + self_attention(a), p={p})"]
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", *[f"  {n}: {norm}" for n in norms],
+              _decl("self_attention", "self_attention", attn), _decl("mlp", "mlp", mlp), *update,
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  transformer.word_embeddings: embedding(V, D)", f"  transformer.h: {layer} * L",
+              f"  transformer.ln_f: {norm}",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              "  return lm_head(transformer.ln_f(transformer.h(transformer.word_embeddings(input_ids))))", "}"]
+    return "\n".join(lines) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {**{t: _encoder for t in ENCODERS},
+                                                           "falcon": _falcon,
                                                            "biogpt": _biogpt,
                                                            "gpt_bigcode": _gpt_bigcode,
                                                            "distilbert": _distilbert, "opt": _opt, "bloom": _bloom}
