@@ -12,6 +12,7 @@ import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
 from blockir.importers.hf import block_text  # noqa: E402
 from blockir.importers.hf_more import ENCODERS  # noqa: E402
+from blockir.ir.printer import format_program  # noqa: E402
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
@@ -131,3 +132,40 @@ def test_diff_bert_roberta_names_what_differs(tmp_path, capsys) -> None:
     assert report["same_keys"] and not report["signature_changed"]
     assert report["first_a"]["op"] == report["first_b"]["op"] == "%2 = embeddings.position_embeddings(input_ids)"
     assert report["first_a"]["location"].endswith("bert.block:32:11")
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_imported_file_round_trips_through_the_printer(model_type: str) -> None:
+    """Dotted layer names and the new attention and embedding arguments print and parse back unchanged."""
+    program = blockir.parse(block_text(CONFIGS[model_type]), f"<{model_type}>")
+    printed = format_program(program)
+    again = blockir.parse(printed, "printed.block")
+    assert again == program
+    assert format_program(again) == printed
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_alibi_attention_matches_a_float64_oracle(impl: str) -> None:
+    """ALiBi (arXiv:2108.12409) with grouped key/value heads, a window and padding, against the equations."""
+    from blockir.backends.branches import SelfAttention
+
+    torch.manual_seed(0)
+    attn = SelfAttention(32, 4, kv_heads=2, alibi=True, bias=True, core=None).double()
+    attn.core.window, attn.core.impl = 3, impl
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    keep = torch.ones(2, 6, dtype=torch.long)
+    keep[1, -2:] = 0
+    got = attn(x, attention_mask=keep)
+
+    q = attn.q_proj(x).view(2, 6, 4, 8).transpose(1, 2)
+    k = attn.k_proj(x).view(2, 6, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
+    v = attn.v_proj(x).view(2, 6, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / 4) for h in range(4)], dtype=torch.float64)
+    positions = (keep.cumsum(-1) - 1) * keep  # a key's position counts the kept keys before it
+    scores = q @ k.transpose(-1, -2) / 8 ** 0.5 + slopes[None, :, None, None] * positions[:, None, None, :]
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    allowed = (j <= i) & (i - j < 3) & keep.bool()[:, None, None, :]
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    want = attn.o_proj((probs @ v).transpose(1, 2).reshape(2, 6, 32))
+    tol = 1e-6 if impl == "eager" else 1e-12  # the eager path takes its softmax in f32, as BLOOM's code does
+    assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()

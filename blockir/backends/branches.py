@@ -176,20 +176,25 @@ def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dty
 
 
 def _attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-                  keep: object) -> Tensor:
+                  keep: object, groups: int) -> Tensor:
     """Attention with ALiBi biases: the fast path adds them to the SDPA mask; the eager path is BLOOM's
     ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it."""
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    if core.window is not None:
+        masks.window(core.window, q.device)
     (b, h, s, hd), keys = q.shape, k.shape[2]
     bias = alibi_bias(keep, b, h, keys, q.dtype, q.device)
     scale = core.scale if core.scale is not None else hd ** -0.5
     p = core.dropout if training else 0.0
-    if core.impl == "sdpa":
+    if core.impl == "sdpa" and core.softcap is None:
         masks._add(bias)
         mask, _ = masks.build(core.causal, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale).transpose(1, 2)
     scores = bias.reshape(b * h, 1, keys).baddbmm(batch1=q.reshape(b * h, s, hd),
                                                    batch2=k.reshape(b * h, keys, hd).transpose(-1, -2),
                                                    beta=1.0, alpha=scale).view(b, h, s, keys)
+    if core.softcap is not None:
+        scores = torch.tanh(scores / core.softcap) * core.softcap
     mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
@@ -392,7 +397,8 @@ class SelfAttention(_Projections):
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
         if self.alibi:
-            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask))
+            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
+                                          self.heads // self.kv_heads))
         return self.out(_attend(q, k, v, masks, self.core, self.training,
                                      self.heads // self.kv_heads))
 

@@ -168,7 +168,8 @@ KINDS: dict[str, KindSpec] = {
                     "counted over the kept keys (BLOOM)")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
-                     "rotates nothing"),)),
+                     "rotates nothing"),
+             Implies("alibi", True, "scale_query", False, "ALiBi attention scales the scores, as BLOOM does"))),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
