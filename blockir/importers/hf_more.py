@@ -315,7 +315,41 @@ def _falcon(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gpt_neo(c: _Config, model_type: str, exact: bool) -> str:
+    """GPT-Neo: unscaled scores, layers alternating global and local (windowed) attention, one block per kind."""
+    cls, eps = "GPTNeoForCausalLM", _num(c.get("layer_norm_epsilon", 1e-5))
+    kinds = [k for pattern, n in c.need("attention_types") for _ in range(n) for k in pattern]
+    p, d = _num(c.get("resid_dropout", 0.0)), c.need("hidden_size")
+    lines = _dims(cls, model_type, {"D": d, "F": c.get("intermediate_size") or 4 * d, "V": c.need("vocab_size"),
+                                    "P": c.get("max_position_embeddings", 2048)}, c.need("num_layers"))
+    for kind in sorted(set(kinds)):
+        attn = [f"heads={c.need('num_heads')}", "out_bias=true", "o=out_proj", "scale=1"]
+        attn += [f"window={c.need('window_size')}"] if kind == "local" else []
+        if c.get("attention_dropout", 0.0):
+            attn.append(f"dropout={_num(c.get('attention_dropout'))}")
+        attn += ["impl=eager"] if exact else []
+        lines += [f"block GPTNeoBlock_{kind}(x: [B, S, D]) -> [B, S, D] {{",
+                  f"  ln_1: layernorm(D, eps={eps})", _decl("attn.attention", "self_attention", attn),
+                  f"  ln_2: layernorm(D, eps={eps})",
+                  _decl("mlp", "mlp", ["F", f"act={_act(c, 'activation_function', 'gelu_new')}", "fc1=c_fc",
+                                       "fc2=c_proj"]),
+                  f"  h = x + dropout(attn.attention(ln_1(x)), p={p})", f"  y = h + dropout(mlp(ln_2(h)), p={p})",
+                  "  return y", "}", ""]
+    lines += [f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              "  transformer.wte: embedding(V, D)", "  transformer.wpe: embedding(P, D, positions=true)",
+              *[f"  transformer.h.{i}: GPTNeoBlock_{k}" for i, k in enumerate(kinds)],
+              f"  transformer.ln_f: layernorm(D, eps={eps})",
+              _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
+              f"  # embed_dropout={_num(c.get('embed_dropout', 0.0))} on the sum of the lookups is not written, as for "
+              "GPT-2.",
+              "  x0 = transformer.wte(input_ids) + transformer.wpe(input_ids)",
+              *[f"  x{i + 1} = transformer.h.{i}(x{i})" for i in range(len(kinds))],
+              f"  return lm_head(transformer.ln_f(x{len(kinds)}))", "}"]
+    return "\n".join(lines) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {**{t: _encoder for t in ENCODERS},
+                                                           "gpt_neo": _gpt_neo,
                                                            "falcon": _falcon,
                                                            "biogpt": _biogpt,
                                                            "gpt_bigcode": _gpt_bigcode,
