@@ -98,13 +98,16 @@ def test_fast_path_matches(model_type: str) -> None:
         assert torch.allclose(got_g[n], g, rtol=1e-5, atol=1e-7), (n, (got_g[n] - g).abs().max())
 
 
+# written by RoBERTa's writer under other class names: the fast path and the printer cover them
+SAME_AS_ROBERTA = {"xlm-roberta", "camembert"}
 # Falcon's bf16 rotary rounds its tables in another order; its new architecture with one key/value head
 # broadcasts the keys into a copy, where the shared-head view here rounds the score matmul differently;
 # GPT-Neo takes its bf16 scores in f32
 NOT_YET = {(t, "bf16") for t in CONFIGS if t.startswith("falcon")} | {("falcon-new-mqa", "f32"), ("gpt_neo", "bf16")}
 EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=pytest.mark.xfail(strict=True, reason="not yet bit-exact")
                       if (t, name) in NOT_YET else ())
-         for t in sorted(CONFIGS) for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
+         for t in sorted(CONFIGS) if t not in SAME_AS_ROBERTA
+         for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
 
 
 @pytest.mark.parametrize("model_type, dtype", EXACT)

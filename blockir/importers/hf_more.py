@@ -340,8 +340,7 @@ def _gpt_neo(c: _Config, model_type: str, exact: bool) -> str:
               *[f"  transformer.h.{i}: GPTNeoBlock_{k}" for i, k in enumerate(kinds)],
               f"  transformer.ln_f: layernorm(D, eps={eps})",
               _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", True) else [])),
-              f"  # embed_dropout={_num(c.get('embed_dropout', 0.0))} on the sum of the lookups is not written, as for "
-              "GPT-2.",
+              f"  # embed_dropout={_num(c.get('embed_dropout', 0.0))} on the sum of the lookups is not written.",
               "  x0 = transformer.wte(input_ids) + transformer.wpe(input_ids)",
               *[f"  x{i + 1} = transformer.h.{i}(x{i})" for i in range(len(kinds))],
               f"  return lm_head(transformer.ln_f(x{len(kinds)}))", "}"]
