@@ -163,6 +163,7 @@ TORCH_ACTIVATIONS = {
     "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
     "tanh": torch.tanh, "identity": lambda t: t, "relu6": F.relu6, "leaky_relu": F.leaky_relu,
     "hardswish": F.hardswish, "mish": F.mish, "swish": F.silu,
+    "gelu_bloom": lambda t: t * 0.5 * (1.0 + torch.tanh(0.79788456 * t * (1 + 0.044715 * t * t))),
 }
 for _name in ACTIVATIONS:
     TORCH_ACTIVATIONS.setdefault(_name, lambda t, n=_name: _act2fn(n)(t))
@@ -172,7 +173,7 @@ TORCH_GATES = {"sigmoid": torch.sigmoid, "erf": torch.erf}
 def test_every_activation_has_a_torch_reference() -> None:
     assert set(TORCH_ACTIVATIONS) == set(ACTIVATIONS)
     assert all(callable(_act2fn(n)) for n in ACTIVATIONS if n not in ("relu", "gelu", "gelu_tanh", "silu", "tanh",
-                                                                      "identity", "hardswish"))
+                                                                      "identity", "hardswish", "gelu_bloom"))
     others = {"dropout", "drop_path", "layer_drop", "cast", "concat", "zeros"}
     assert set(FUNCTIONS) == set(ACTIVATIONS) | set(TORCH_GATES) | others
 

@@ -8,6 +8,7 @@ not use, so a compiled block can pass one context to all of its branches.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -34,10 +35,14 @@ def _split_heads(x: Tensor, head_dim: int) -> Tensor:
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """Share each key/value head across ``groups`` consecutive query heads (GQA)."""
+    """Share each key/value head across ``groups`` consecutive query heads (GQA).
+
+    Expand-then-reshape, as HF's ``repeat_kv``: with one key/value head the result stays a view, and
+    the score matmul then rounds as HF's does (a copy would change its summation order).
+    """
     if groups == 1:
         return x
-    return x.repeat_interleave(groups, dim=1)
+    return x.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(1, 2)
 
 
 def rope_cos_sin(
@@ -106,6 +111,13 @@ def dense(in_features: int, out_features: int, bias: bool, conv1d: bool) -> nn.M
     return Conv1D(in_features, out_features, bias) if conv1d else nn.Linear(in_features, out_features, bias=bias)
 
 
+def _scaled_query(q: Tensor, core: "AttentionCore") -> tuple[Tensor, float | None]:
+    """The queries and the score scale: with ``scale_query`` the queries carry the scale, and the scores get 1."""
+    if not core.scale_query:
+        return q, core.scale
+    return q * (core.scale if core.scale is not None else q.shape[-1] ** -0.5), 1.0
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
             groups: int, prev: Tensor | None = None) -> Any:
     """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
@@ -117,14 +129,15 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     before the mask, and the result is ``(output, scores)``: the running sum the next layer reads.
     """
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    q, scale = _scaled_query(q, core)
     if core.window is not None:
         masks.window(core.window, q.device)
     p = core.dropout if training else 0.0
     if core.impl == "sdpa" and core.softcap is None and core.score_residual is None:
         mask, is_causal = masks.build(core.causal, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
-                                              scale=core.scale).transpose(1, 2)
-    scale = core.scale if core.scale is not None else q.shape[-1] ** -0.5
+                                              scale=scale).transpose(1, 2)
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
@@ -143,14 +156,68 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     return out if carried is None else (out, carried)
 
 
+def alibi_slopes(heads: int, device: torch.device) -> Tensor:
+    """ALiBi's per-head slopes (Press et al., "Train Short, Test Long", arXiv:2108.12409), computed as BLOOM does.
+
+    A geometric sequence from 2^(-8/n) for the largest power of two n <= heads; the remaining heads
+    take every other term of the sequence for 2n.
+    """
+    n = 2 ** math.floor(math.log2(heads))
+    base = torch.full((), 2 ** (-(2 ** -(math.log2(n) - 3))), device=device, dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + n, device=device, dtype=torch.int32))
+    if n != heads:
+        extra = torch.full((), 2 ** (-(2 ** -(math.log2(2 * n) - 3))), device=device, dtype=torch.float32)
+        odd = torch.arange(1, 1 + 2 * min(n, heads - n), 2, device=device, dtype=torch.int32)
+        slopes = torch.cat([slopes, torch.pow(extra, odd)], dim=0)
+    return slopes
+
+
+def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[B, H, 1, K]``: slope × key position, positions counted over the kept keys of a ``[B, K]`` keep-mask."""
+    if isinstance(keep, Tensor) and keep.dim() == 2 and not keep.is_floating_point():
+        positions = ((keep.long().cumsum(dim=-1) - 1) * keep.long())[:, None, :]
+    else:  # no keep-mask: every key is real
+        positions = torch.arange(keys, device=device).expand(batch, 1, keys)
+    return (alibi_slopes(heads, device)[..., None] * positions).to(dtype).view(batch, heads, 1, keys)
+
+
+def _attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
+                  keep: object, groups: int) -> Tensor:
+    """Attention with ALiBi biases: the fast path adds them to the SDPA mask; the eager path is BLOOM's
+    ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it."""
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    if core.window is not None:
+        masks.window(core.window, q.device)
+    (b, h, s, hd), keys = q.shape, k.shape[2]
+    bias = alibi_bias(keep, b, h, keys, q.dtype, q.device)
+    scale = core.scale if core.scale is not None else hd ** -0.5
+    p = core.dropout if training else 0.0
+    if core.impl == "sdpa" and core.softcap is None:
+        masks._add(bias)
+        mask, _ = masks.build(core.causal, q.dtype, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale).transpose(1, 2)
+    scores = bias.reshape(b * h, 1, keys).baddbmm(batch1=q.reshape(b * h, s, hd),
+                                                   batch2=k.reshape(b * h, keys, hd).transpose(-1, -2),
+                                                   beta=1.0, alpha=scale).view(b, h, s, keys)
+    if core.softcap is not None:
+        scores = torch.tanh(scores / core.softcap) * core.softcap
+    mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
+    if mask is not None:
+        scores = scores + mask
+    probs = F.dropout(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), p=p, training=training)
+    context = torch.bmm(probs.view(b * h, s, keys), v.reshape(b * h, keys, hd))
+    return context.view(b, h, s, hd).transpose(1, 2).contiguous()
+
+
 class AttentionCore:
     """What happens between the projections: causality, window, scale, soft-cap, dropout, implementation."""
 
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
-                 softmax_f32: bool = True, score_residual: str | None = None) -> None:
+                 softmax_f32: bool = True, score_residual: str | None = None,
+                 scale_query: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
-        self.dropout, self.impl, self.softmax_f32 = dropout, impl, softmax_f32
+        self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
         self.score_residual = score_residual
 
     def __repr__(self) -> str:
@@ -161,7 +228,29 @@ class AttentionCore:
         return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 
-class _Projections(nn.Module):
+class _DottedLayers(nn.Module):
+    """Layers registered under dotted names (BERT's ``self.query``, ``output.dense``) live in nested containers.
+
+    A checkpoint that nests a branch's projections one level deeper than the branch loads strictly,
+    and a norm declared at ``<branch>.output.LayerNorm`` joins the same container.
+    """
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        *path, leaf = name.split(".")
+        owner: nn.Module = self
+        for part in path:
+            if part not in owner._modules:
+                nn.Module.add_module(owner, part, nn.Module())
+            owner = owner._modules[part]  # type: ignore[assignment]
+        nn.Module.add_module(owner, leaf, module)
+
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        if "." in name:
+            return self.get_submodule(name)
+        return super().__getattr__(name)
+
+
+class _Projections(_DottedLayers):
     """The attention projections, under the names and in the layout a checkpoint stores them.
 
     ``fused``: ``none`` (separate q, k, v), ``stacked`` (one matrix whose rows are all of q, then
@@ -302,13 +391,14 @@ class SelfAttention(_Projections):
         *,
         rope_style: str = "half",
         rotary_dim: int | None = None,
+        alibi: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
-                          rotary_dim=rotary_dim or self.head_dim)
+                          rotary_dim=rotary_dim or self.head_dim, alibi=alibi)
 
     def forward(
         self,
@@ -340,6 +430,9 @@ class SelfAttention(_Projections):
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
         q, k = self.sphere_qk(q, k)
+        if self.alibi:
+            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
+                                          self.heads // self.kv_heads))
         return self.out(_attend(q, k, v, masks, self.core, self.training,
                                      self.heads // self.kv_heads, scores))
 
@@ -422,28 +515,38 @@ class GatedMLP(nn.Module):
         return f"act={self.act_name}"
 
 
+def mask_positions(keep: Tensor) -> Tensor:
+    """Positions counted over the kept tokens of a ``[B, S]`` keep-mask, ``-1`` at padded ones (OPT's numbering)."""
+    return (torch.cumsum(keep, dim=1) * keep - 1).long()
+
+
 class Embedding(nn.Module):
     """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
 
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
     """
 
-    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None) -> None:
+    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None,
+                 offset: int = 0, mask_positions: bool = False, padding_idx: int | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
-        self.positions, self.scale = positions, scale
+        self.positions, self.scale, self.offset, self.mask_positions = positions, scale, offset, mask_positions
+        self.padding_idx = padding_idx
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
-            index = torch.arange(ids.shape[-1], device=ids.device)
+            keep = ctx.get("attention_mask")
+            if self.mask_positions and isinstance(keep, Tensor) and keep.dim() == 2:
+                return F.embedding(mask_positions(keep) + self.offset, self.weight)
+            index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)
             return F.embedding(index, self.weight).expand(*ids.shape, -1)
-        y = F.embedding(ids.long(), self.weight)
+        y = F.embedding(ids.long(), self.weight, self.padding_idx)
         if self.scale is not None:
             y = y * torch.tensor(self.scale, dtype=y.dtype)
         return y
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, positions={self.positions}, scale={self.scale}"
+        return f"{tuple(self.weight.shape)}, positions={self.positions}, offset={self.offset}, scale={self.scale}"
 
 
 class Head(nn.Module):

@@ -87,7 +87,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
-        score_residual=d.arg("score_residual"))
+        score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
@@ -97,7 +97,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
-                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))
+                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"), alibi=d.arg("alibi"))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)
@@ -129,7 +129,9 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
         return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
-                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"))
+                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
+                       offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
+                       padding_idx=_opt_int(s, d, "padding_idx"))
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -272,6 +272,26 @@ def _laplace(x: Tensor, mu: float = 0.707107, sigma: float = 0.282095) -> Tensor
     return 0.5 * (1.0 + torch.erf(x))
 
 
+class _BloomGelu(torch.autograd.Function):
+    """BLOOM's tanh GELU with its own written-out derivative (the backward its checkpoints were trained with)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        tanh_out = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        ff = 0.5 * x * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + tanh_out)
+        return ff * g
+
+
+def _gelu_bloom(x: Tensor) -> Tensor:
+    return _BloomGelu.apply(x)
+
+
 def _sqrtsoftplus(x: Tensor) -> Tensor:
     return F.softplus(x).sqrt()
 
@@ -299,6 +319,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "laplace": _laplace,
     "sqrtsoftplus": _sqrtsoftplus,
     "swish": F.silu,
+    "gelu_bloom": _gelu_bloom,
     "sigmoid": torch.sigmoid,
     "erf": torch.erf,
 }

@@ -122,8 +122,8 @@ class Builder:
             self.err("E0107", f"'{spec.name}' must be true or false", e.span)
             return None
         if spec.kind == "name":
-            if word is None or word in ("true", "false") or "." in word:
-                self.err("E0107", f"'{spec.name}' must be a parameter name (an identifier)", e.span)
+            if word is None or word in ("true", "false"):
+                self.err("E0107", f"'{spec.name}' must be a parameter name (an identifier, or a dotted path)", e.span)
                 return None
             return word
         if spec.kind in ("enum", "dtype"):

@@ -266,3 +266,4 @@ def block_text(config: Any, exact: bool = False) -> str:
     if model_type not in WRITERS:
         raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
     return WRITERS[model_type](_Config(raw), model_type, exact)
+from blockir.importers import hf_more  # noqa: E402,F401  (registers its writers into WRITERS)

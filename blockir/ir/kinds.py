@@ -16,7 +16,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
                # transformers' ACT2FN names without parameters, each computed exactly as there
                "gelu_new", "gelu_fast", "gelu_accurate", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
                "gelu_10", "quick_gelu", "relu2", "relu6", "leaky_relu", "hardswish", "mish", "laplace",
-               "sqrtsoftplus", "swish")
+               "sqrtsoftplus", "swish", "gelu_bloom")
 # elementwise functions that make gates; usable in equations, not as a branch's activation
 GATES = ("sigmoid", "erf")
 CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
@@ -26,7 +26,7 @@ MASKS = ("element", "row", "channel", "sample")
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (an identifier: a parameter's name)
+    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     positional: bool = False
@@ -122,6 +122,8 @@ _ATTENTION_CORE = (
     ArgSpec("score_residual", "enum", None, choices=("sum",),
             doc="RealFormer (arXiv:2012.11747): add the previous layer's scores [B, H, T, S] to this layer's "
                 "pre-softmax scores and return the running sum; called as y, s = attn(x, s_prev)"),
+    ArgSpec("scale_query", "bool", False, doc="scale the queries after their projection, then plain dot products "
+            "(OPT, BioGPT: the rounding their code has)"),
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
@@ -193,10 +195,13 @@ KINDS: dict[str, KindSpec] = {
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
             *_ATTENTION_LAYOUT,
             ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
-                    "output before the output projection (NormFormer); unset means none")),
+                    "output before the output projection (NormFormer); unset means none"),
+            ArgSpec("alibi", "bool", False, doc="ALiBi: add slope_h × (key position) to the scores, positions "
+                    "counted over the kept keys (BLOOM)")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
-                     "rotates nothing"),)),
+                     "rotates nothing"),
+             Implies("alibi", True, "scale_query", False, "ALiBi attention scales the scores, as BLOOM does"))),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
@@ -224,7 +229,13 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("vocab", "dim", positional=True, doc="rows of the table: the vocabulary, or the positions"),
             ArgSpec("width", "dim", positional=True),
             ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
-            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)")),
+            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)"),
+            ArgSpec("position_offset", "expr", Num(0), doc="with positions=true, look up rows offset..offset+S-1 "
+                    "(RoBERTa: pad_token_id + 1)"),
+            ArgSpec("mask_positions", "bool", False, doc="with positions=true, number the tokens the [B, S] "
+                    "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)"),
+            ArgSpec("padding_idx", "expr", None, doc="the row of the pad token, which gets no gradient "
+                    "(nn.Embedding's padding_idx)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
