@@ -109,3 +109,19 @@ def test_heads_against_a_width_given_only_at_compile_time() -> None:
         blockir.compile(program, "Layer", dims={"D": 64})
     assert [(d.code, d.message) for d in info.value.diagnostics] == [
         ("E0209", "heads=3 of 'attn' does not divide its width D = 64")]
+
+
+def test_an_argument_ruled_out_as_unset_keeps_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule whose implied value is "unset" leaves the argument out; it must not drop the declaration (and
+    with it, silently, the whole block)."""
+    import dataclasses
+
+    from blockir.ir.kinds import KINDS, Implies
+    spec = KINDS["self_attention"]
+    rule = Implies("alibi", True, "softcap", None, "ALiBi biases the raw scores")
+    monkeypatch.setitem(KINDS, "self_attention", dataclasses.replace(spec, implies=spec.implies + (rule,)))
+    program = blockir.parse(layer("norm: layernorm(D)", "attn: self_attention(heads=2, alibi=true)"), "t.block")
+    [decl] = [d for d in program.block("Layer").decls if d.name == "attn"]
+    assert decl.arg("alibi") is True and decl.arg("softcap") is None
+    assert messages(layer("norm: layernorm(D)", "attn: self_attention(heads=2, alibi=true, softcap=30.0)")) == [
+        "'softcap' contradicts alibi=true: ALiBi biases the raw scores"]

@@ -198,7 +198,8 @@ class Builder:
             if when != rule.given:
                 continue
             if rule.arg not in values:
-                values[rule.arg] = (rule.value, kind_span)
+                if rule.value is not None:  # an implied "unset" leaves the argument out, as its default does
+                    values[rule.arg] = (rule.value, kind_span)
             elif values[rule.arg][0] is not None and values[rule.arg][0] != rule.value:
                 shown = "true" if rule.given is True else "false" if rule.given is False else str(rule.given)
                 notes = [Note(f"{rule.when}={shown} given here", given[1])] if given is not None else []
@@ -387,6 +388,11 @@ class Builder:
         errors = [d for d in self.diags if d.is_error]
         if errors:
             raise BlockError(self.diags)
+        dropped = [b.name for b, built in zip(blocks_ast, blocks) if built is None]
+        if dropped:
+            # a block is only left out after a reported error; leaving one out silently would compile a program
+            # without it
+            raise RuntimeError(f"blocks {dropped} were not built, and no diagnostic says why")
         return Program(self.tree.filename, tuple(self.dims.values()), tuple(self.consts.values()),
                        tuple(b for b in blocks if b is not None))
 
