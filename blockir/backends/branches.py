@@ -37,20 +37,26 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Share each key/value head across ``groups`` consecutive query heads (GQA)."""
     if groups == 1:
         return x
-    return x.repeat_interleave(groups, dim=1)
+    # expand, then copy, as HF's repeat_kv: repeat_interleave holds the same values, yet the matmuls
+    # that read it do not round identically
+    return x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
 
 
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
-    interleaved: bool = False,
+    interleaved: bool = False, freqs_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
     Frequencies and angles are computed in fp32 and only the tables are cast,
     which is what the HF rotary module does, so both routes agree exactly.
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
+    ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
+    module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if freqs_dtype is not None:
+        inv_freq = inv_freq.to(freqs_dtype).float()
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = positions[None, :, None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
@@ -114,6 +120,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     attention) spells out HF's eager reference op for op, so it is bit-exact against it. ``groups``
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     """
+    if core.impl == "eager":  # HF's KV cache hands its eager op contiguous keys and values; matmuls round by layout
+        k, v = k.contiguous(), v.contiguous()
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     if core.window is not None:
         masks.window(core.window, q.device)
@@ -271,13 +279,16 @@ class SelfAttention(_Projections):
         *,
         rope_style: str = "half",
         rotary_dim: int | None = None,
+        rope_freqs: str = "f32",
+        rope_f32: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
-                          rotary_dim=rotary_dim or self.head_dim)
+                          rotary_dim=rotary_dim or self.head_dim, rope_freqs=rope_freqs,
+                          rope_f32=rope_f32)
 
     def forward(
         self,
@@ -302,11 +313,15 @@ class SelfAttention(_Projections):
         if self.rope:
             interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
-                position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, x.dtype,
-                                                   interleaved)
+                table = torch.float32 if self.rope_f32 else x.dtype
+                freqs = x.dtype if self.rope_freqs == "input" else None
+                position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
+                                                   interleaved, freqs)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
-            q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
+            # f32 tables rotate in f32; the rotated heads return to the projections' dtype
+            q = apply_rope(q, cos, sin, interleaved, rotary).to(q.dtype)
+            k = apply_rope(k, cos, sin, interleaved, rotary).to(k.dtype)
         return self.out(_attend(q, k, v, masks, self.core, self.training,
                                      self.heads // self.kv_heads))
 
@@ -391,18 +406,20 @@ class Embedding(nn.Module):
     """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
 
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
+    ``padding_idx`` names a row that receives no gradient, as ``nn.Embedding``'s does.
     """
 
-    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None) -> None:
+    def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None,
+                 padding_idx: int | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(rows, width) * 0.02)
-        self.positions, self.scale = positions, scale
+        self.positions, self.scale, self.padding_idx = positions, scale, padding_idx
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
             index = torch.arange(ids.shape[-1], device=ids.device)
             return F.embedding(index, self.weight).expand(*ids.shape, -1)
-        y = F.embedding(ids.long(), self.weight)
+        y = F.embedding(ids.long(), self.weight, self.padding_idx)
         if self.scale is not None:
             y = y * torch.tensor(self.scale, dtype=y.dtype)
         return y

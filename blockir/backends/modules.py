@@ -84,7 +84,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               qk_norm_cast=d.arg("qk_norm_cast"))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
-                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"))
+                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
+                  rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)
@@ -116,7 +117,8 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
         return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
-                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"))
+                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
+                       padding_idx=_opt_int(s, d, "padding_idx"))
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))

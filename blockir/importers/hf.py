@@ -77,6 +77,8 @@ def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | Non
         factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)))
         if factor != 1.0:
             opts.append(f"rotary_dim={int(hd * factor)}")
+        if exact:  # model.to(dtype) casts HF's inv_freq buffer too
+            opts.append("rope_freqs=input")
     p = c.get("attention_dropout", c.get("attn_pdrop", 0.0))
     if p:
         opts.append(f"dropout={_num(p)}")
@@ -103,10 +105,16 @@ def _window(c: _Config) -> list[str]:
     return [f"window={window}"] if sliding and window else []
 
 
+def _padding(c: _Config) -> list[str]:
+    """The classes that pass ``pad_token_id`` to ``nn.Embedding``: that row learns nothing."""
+    pad = c.get("pad_token_id")
+    return [f"padding_idx={pad}"] if pad is not None and 0 <= pad < c.need("vocab_size") else []
+
+
 def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[str] | None = None,
            scale: str | None = None, softcap: float | None = None) -> list[str]:
     tied = bool(c.get("tie_word_embeddings", False))
-    embed = ["V", "D"] + ([f"scale={scale}"] if scale else [])
+    embed = ["V", "D"] + ([f"scale={scale}"] if scale else []) + _padding(c)
     head = ["V"] + (["tied=true"] if tied else []) + ([f"softcap={_num(softcap)}"] if softcap else [])
     return [f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
             _decl(f"{base}.embed_tokens", "embedding", embed),
@@ -158,7 +166,7 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
 def _olmo2(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
     norm = _rms(c, cast="after_weight")
-    attn = _attn_opts(c, exact) + ["qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+    attn = _attn_opts(c, exact) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
                                    f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
@@ -227,7 +235,8 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
         attn = [a for a in attn if not a.startswith(("bias", "out_bias"))]
     mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
-    update = (["  y = x + attention(input_layernorm(x)) + mlp(post_attention_layernorm(x))"]
+    # HF's op order and summation order: the first fixes how autograd accumulates x's gradient
+    update = (["  a = attention(input_layernorm(x))", "  m = mlp(post_attention_layernorm(x))", "  y = m + a + x"]
               if c.get("use_parallel_residual", True) else
               ["  h = x + attention(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))"])
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",

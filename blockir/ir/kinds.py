@@ -161,7 +161,12 @@ KINDS: dict[str, KindSpec] = {
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
-            *_ATTENTION_LAYOUT),
+            *_ATTENTION_LAYOUT,
+            # unset keeps the printed contract of files written before these existed
+            ArgSpec("rope_freqs", "enum", None, choices=("f32", "input"),
+                    doc="input: inverse frequencies rounded to the input dtype first (an HF rotary buffer cast "
+                        "by model.to(dtype)); unset: f32"),
+            ArgSpec("rope_f32", "bool", None, doc="true: rotate with f32 tables, then cast back (OLMo 2)")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),)),
@@ -192,7 +197,8 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("vocab", "dim", positional=True, doc="rows of the table: the vocabulary, or the positions"),
             ArgSpec("width", "dim", positional=True),
             ArgSpec("positions", "bool", False, doc="look up positions 0..S-1 instead of the token ids (GPT-2's wpe)"),
-            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)")),
+            ArgSpec("scale", "expr", None, doc="multiply the rows by this, in the table's dtype (Gemma: D ** 0.5)"),
+            ArgSpec("padding_idx", "expr", None, doc="this row gets no gradient (nn.Embedding's padding_idx)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
