@@ -21,6 +21,15 @@ CONFIGS: dict[str, dict] = {
     "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
     "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
     "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25, use_parallel_residual=True),
+    # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
+    "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
+                                                                          rope_theta=10000.0)),
+    "llama-llama3": dict(COMMON, model_type="llama", num_key_value_heads=2, rope_parameters=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16, rope_theta=500000.0)),
+    "qwen2-yarn": dict(COMMON, model_type="qwen2", num_key_value_heads=4, rope_parameters=dict(rope_type="yarn", factor=4.0,
+                                                                        original_max_position_embeddings=16,
+                                                                        rope_theta=10000.0)),
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 

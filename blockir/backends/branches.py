@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blockir.backends.masks import MaskBuilder
-from blockir.backends import numerics
+from blockir.backends import numerics, rotary
 from blockir.backends.numerics import ACTIVATIONS
 from blockir.diagnostics import UNKNOWN_SPAN, Span
 
@@ -44,7 +44,7 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
-    interleaved: bool = False, freqs_dtype: torch.dtype | None = None,
+    interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: rotary.RopeScaling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -53,14 +53,19 @@ def rope_cos_sin(
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
     ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
     module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
+    ``scaling`` is a context-extension scheme (see ``rotary``).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    inv_freq = rotary.inv_freq(head_dim, theta, device, scaling)
     if freqs_dtype is not None:
         inv_freq = inv_freq.to(freqs_dtype).float()
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = positions[None, :, None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    factor = scaling.table_factor() if scaling is not None else 1.0
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -281,6 +286,7 @@ class SelfAttention(_Projections):
         rotary_dim: int | None = None,
         rope_freqs: str = "f32",
         rope_f32: bool = False,
+        rope_scaling: rotary.RopeScaling | None = None,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
@@ -288,7 +294,7 @@ class SelfAttention(_Projections):
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
                           rotary_dim=rotary_dim or self.head_dim, rope_freqs=rope_freqs,
-                          rope_f32=rope_f32)
+                          rope_f32=rope_f32, rope_scaling=rope_scaling)
 
     def forward(
         self,
@@ -316,7 +322,7 @@ class SelfAttention(_Projections):
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs)
+                                                   interleaved, freqs, self.rope_scaling)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             # f32 tables rotate in f32; the rotated heads return to the projections' dtype

@@ -9,7 +9,7 @@ from torch import nn
 
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
-from blockir.backends import branches, numerics
+from blockir.backends import branches, numerics, rotary
 from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
@@ -71,6 +71,17 @@ def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
     return float(s.value(v)) if v is not None else None
 
 
+def _rope_scaling(d: KindDecl, s: Sizes) -> rotary.RopeScaling | None:
+    kind = d.arg("rope_scaling")
+    if kind is None:
+        return None
+    given = {field: _opt_float(s, d, arg) for field, arg in (
+        ("low_freq", "rope_low_freq"), ("high_freq", "rope_high_freq"), ("beta_fast", "rope_beta_fast"),
+        ("beta_slow", "rope_beta_slow"), ("attention_factor", "rope_attention_factor"))}
+    return rotary.RopeScaling(kind, float(s.value(d.arg("rope_factor"))), _opt_int(s, d, "rope_original_max"),
+                              **{k: v for k, v in given.items() if v is not None})
+
+
 def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     core = dict(
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
@@ -85,7 +96,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
-                  rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")))
+                  rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
+                  rope_scaling=_rope_scaling(d, s))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)

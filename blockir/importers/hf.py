@@ -10,6 +10,14 @@ from typing import Any, Callable, Mapping
 
 from blockir.diagnostics import BlockError, Span, error
 
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
+# rope_parameters key -> the attention argument that states it
+ROPE_ARGS = {"factor": "rope_factor", "original_max_position_embeddings": "rope_original_max",
+             "low_freq_factor": "rope_low_freq", "high_freq_factor": "rope_high_freq", "beta_fast": "rope_beta_fast",
+             "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor"}
+READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+                                           "high_freq_factor"),
+         "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
 ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
         "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh"}
 
@@ -36,9 +44,14 @@ class _Config:
     def rope(self) -> dict[str, Any]:
         params = dict(self.get("rope_parameters") or self.get("rope_scaling") or {})
         kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: default (unscaled) RoPE")
+        if kind not in ROPE_SCALINGS:
+            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS))
+        if kind == "yarn" and params.get("truncate") is False:
+            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported")
+        if kind == "yarn" and params.get("mscale") and params.get("mscale_all_dim"):
+            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead")
         params.setdefault("rope_theta", self.get("rope_theta", 10000.0))
+        params["rope_type"] = kind
         return params
 
     def act(self, key: str = "hidden_act", default: str = "silu") -> str:
@@ -79,12 +92,26 @@ def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | Non
             opts.append(f"rotary_dim={int(hd * factor)}")
         if exact:  # model.to(dtype) casts HF's inv_freq buffer too
             opts.append("rope_freqs=input")
+        opts += _rope_scaling(c, rope)
     p = c.get("attention_dropout", c.get("attn_pdrop", 0.0))
     if p:
         opts.append(f"dropout={_num(p)}")
     if exact:
         opts.append("impl=eager")
     return opts
+
+
+def _rope_scaling(c: _Config, rope: dict[str, Any]) -> list[str]:
+    kind = rope["rope_type"]
+    if kind == "default":
+        return []
+    values = dict(rope)
+    if kind == "yarn" and values.get("factor") is None:  # HF derives it from the two context lengths
+        values["factor"] = c.need("max_position_embeddings") / values["original_max_position_embeddings"]
+    if kind in ("llama3", "yarn"):
+        values.setdefault("original_max_position_embeddings", c.get("max_position_embeddings"))
+    return [f"rope_scaling={kind}"] + [f"{ROPE_ARGS[k]}={_num(values[k])}" for k in READS[kind]
+                                       if values.get(k) is not None]
 
 
 def _decl(name: str, kind: str, args: list[str]) -> str:

@@ -91,6 +91,7 @@ def _offset(what: str) -> ArgSpec:
 
 
 ROPE_STYLES = ("half", "interleaved")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
 QKV_LAYOUTS = ("none", "stacked", "heads")
 QK_NORMS = ("none", "rmsnorm", "layernorm")
 ATTENTION_IMPLS = ("sdpa", "eager")
@@ -166,7 +167,17 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_freqs", "enum", None, choices=("f32", "input"),
                     doc="input: inverse frequencies rounded to the input dtype first (an HF rotary buffer cast "
                         "by model.to(dtype)); unset: f32"),
-            ArgSpec("rope_f32", "bool", None, doc="true: rotate with f32 tables, then cast back (OLMo 2)")),
+            ArgSpec("rope_f32", "bool", None, doc="true: rotate with f32 tables, then cast back (OLMo 2)"),
+            ArgSpec("rope_scaling", "enum", None, choices=ROPE_SCALINGS,
+                    doc="context extension: linear (position interpolation), llama3, yarn; unset: none"),
+            ArgSpec("rope_factor", "expr", None, doc="the extension factor of rope_scaling"),
+            ArgSpec("rope_original_max", "expr", None, doc="the context before extension (llama3, yarn)"),
+            ArgSpec("rope_low_freq", "expr", None, doc="llama3: low_freq_factor; unset: 1"),
+            ArgSpec("rope_high_freq", "expr", None, doc="llama3: high_freq_factor; unset: 4"),
+            ArgSpec("rope_beta_fast", "expr", None, doc="yarn: beta_fast; unset: 32"),
+            ArgSpec("rope_beta_slow", "expr", None, doc="yarn: beta_slow; unset: 1"),
+            ArgSpec("rope_attention_factor", "expr", None,
+                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),)),

@@ -55,9 +55,45 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
             return error("E0209", f"heads={heads} of '{decl.name}' does not divide its width {width[0]} = "
                          f"{width[1]}", decl.span, hint="pick a divisor of the width, or give head_dim=… explicitly")
         head_dim = width[1] // heads
+    scaling = _rope_scaling(decl)
+    if scaling is not None:
+        return scaling
     if decl.arg("rope") and head_dim is not None and head_dim % 2:
         return error("E0211", f"the rotary embedding of '{decl.name}' needs an even head_dim, got {head_dim}",
                      decl.span, hint="rotary embeddings rotate pairs of channels")
+    return None
+
+
+SCALING_ARGS = ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq", "rope_beta_fast",
+                "rope_beta_slow", "rope_attention_factor")
+SCALING_NEEDS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_original_max"),
+                 "yarn": ("rope_factor", "rope_original_max")}
+SCALING_TAKES = {"linear": ("rope_factor",),
+                 "llama3": ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq"),
+                 "yarn": ("rope_factor", "rope_original_max", "rope_beta_fast", "rope_beta_slow",
+                          "rope_attention_factor")}
+
+
+def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
+    """A scaling scheme with the parameters it reads, and no parameter it ignores."""
+    kind = decl.arg("rope_scaling")
+    given = [a for a in SCALING_ARGS if decl.arg(a) is not None]
+    if kind is None:
+        if given:
+            return error("E0801", f"'{decl.name}' sets {given[0]} but no rope_scaling", decl.span,
+                         hint="rope_scaling=linear|llama3|yarn chooses the scheme these parameters belong to")
+        return None
+    if not decl.arg("rope"):
+        return error("E0801", f"'{decl.name}' sets rope_scaling={kind} but rope=false", decl.span,
+                     hint="a scaling scheme rescales the rotary frequencies: add rope=true")
+    missing = [a for a in SCALING_NEEDS[kind] if a not in given]
+    if missing:
+        return error("E0801", f"rope_scaling={kind} of '{decl.name}' needs {', '.join(missing)}", decl.span,
+                     hint=f"{kind} reads: {', '.join(SCALING_TAKES[kind])}")
+    extra = [a for a in given if a not in SCALING_TAKES[kind]]
+    if extra:
+        return error("E0801", f"rope_scaling={kind} of '{decl.name}' does not read {extra[0]}", decl.span,
+                     hint=f"{kind} reads: {', '.join(SCALING_TAKES[kind])}")
     return None
 
 

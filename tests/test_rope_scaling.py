@@ -1,0 +1,108 @@
+"""RoPE context-extension schemes: frequencies against float64 formulas, the E0801 argument check, round trip."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import blockir
+from blockir.backends.rotary import RopeScaling, inv_freq
+from blockir.ir.printer import format_program
+
+DIM, THETA = 64, 10000.0
+
+
+def _base() -> list[float]:
+    return [THETA ** (-2 * i / DIM) for i in range(DIM // 2)]
+
+
+def _linear(factor: float) -> list[float]:
+    return [f / factor for f in _base()]
+
+
+def _llama3(factor: float, original: int, low: float, high: float) -> list[float]:
+    out = []
+    for f in _base():
+        wavelen = 2 * math.pi / f
+        if wavelen < original / high:
+            out.append(f)
+        elif wavelen > original / low:
+            out.append(f / factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return out
+
+
+def _yarn(factor: float, original: int, beta_fast: float, beta_slow: float) -> list[float]:
+    def dim_of(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times in the context
+        return DIM * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(THETA))
+
+    low, high = max(math.floor(dim_of(beta_fast)), 0), min(math.ceil(dim_of(beta_slow)), DIM - 1)
+    out = []
+    for i, f in enumerate(_base()):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: extrapolate (keep f), 1: interpolate (f / factor)
+        out.append(f / factor * ramp + f * (1 - ramp))
+    return out
+
+
+CASES = [
+    (RopeScaling("linear", 4.0), _linear(4.0)),
+    (RopeScaling("llama3", 8.0, 512, 1.0, 4.0), _llama3(8.0, 512, 1.0, 4.0)),
+    (RopeScaling("llama3", 32.0, 8192, 2.0, 8.0), _llama3(32.0, 8192, 2.0, 8.0)),
+    (RopeScaling("yarn", 4.0, 2048), _yarn(4.0, 2048, 32.0, 1.0)),
+    (RopeScaling("yarn", 16.0, 4096, beta_fast=16.0, beta_slow=2.0), _yarn(16.0, 4096, 16.0, 2.0)),
+]
+
+
+@pytest.mark.parametrize("scaling, want", CASES, ids=lambda v: getattr(v, "kind", ""))
+def test_frequencies_follow_the_published_formulas(scaling: RopeScaling, want: list[float]) -> None:
+    got = inv_freq(DIM, THETA, torch.device("cpu"), scaling)
+    want_t = torch.tensor(want, dtype=torch.float64)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want_t, rtol=2e-6, atol=0)
+    assert not torch.allclose(got.double(), torch.tensor(_base(), dtype=torch.float64), rtol=1e-3)
+
+
+def test_yarn_scales_the_tables_by_its_attention_factor() -> None:
+    assert RopeScaling("yarn", 4.0, 2048).table_factor() == 0.1 * math.log(4.0) + 1.0
+    assert RopeScaling("yarn", 4.0, 2048, attention_factor=1.25).table_factor() == 1.25
+    assert RopeScaling("llama3", 8.0, 512).table_factor() == 1.0
+
+
+HEAD = """dim B: batch
+dim S: seq
+dim D: model = 64
+block Layer(x: [B, S, D]) -> [B, S, D] {{
+  norm: rmsnorm(D)
+  attn: self_attention(heads=4, {args})
+  h = x + attn(norm(x))
+  return h
+}}
+"""
+
+
+@pytest.mark.parametrize("args, message", [
+    ("rope=true, rope_factor=2", "'attn' sets rope_factor but no rope_scaling"),
+    ("rope_scaling=linear, rope_factor=2", "'attn' sets rope_scaling=linear but rope=false"),
+    ("rope=true, rope_scaling=yarn, rope_factor=4", "rope_scaling=yarn of 'attn' needs rope_original_max"),
+    ("rope=true, rope_scaling=linear, rope_factor=2, rope_beta_fast=8",
+     "rope_scaling=linear of 'attn' does not read rope_beta_fast"),
+    ("rope=true, rope_scaling=llama3, rope_factor=8, rope_original_max=64, rope_attention_factor=1",
+     "rope_scaling=llama3 of 'attn' does not read rope_attention_factor"),
+])
+def test_e0801_arguments_that_do_not_fit(args: str, message: str) -> None:
+    found = [(d.code, d.message, d.span.line, d.span.column) for d in blockir.verify(blockir.parse(HEAD.format(args=args)))]
+    assert found == [("E0801", message, 6, 3)]
+
+
+def test_scaling_arguments_round_trip_and_compile() -> None:
+    args = "rope=true, rope_scaling=yarn, rope_factor=4, rope_original_max=16, rope_beta_fast=16, rope_freqs=input"
+    program = blockir.parse(HEAD.format(args=args))
+    assert blockir.verify(program) == []
+    printed = format_program(program)
+    assert "rope_freqs=input" in printed and "rope_scaling=yarn, rope_factor=4, rope_original_max=16" in printed
+    assert blockir.parse(printed) == program
+    module = blockir.compile(program, "Layer", seed=0)
+    assert module.attn.rope_scaling == RopeScaling("yarn", 4.0, 16, beta_fast=16.0)
