@@ -21,6 +21,19 @@ CONFIGS: dict[str, dict] = {
     "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
     "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
     "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25, use_parallel_residual=True),
+    "helium": dict(COMMON, model_type="helium", num_key_value_heads=2, head_dim=16, attention_bias=True,
+                   pad_token_id=3),
+    "granite": dict(COMMON, model_type="granite", num_key_value_heads=2, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+    "smollm3": dict(COMMON, model_type="smollm3", num_key_value_heads=2, pad_token_id=2),
+    "olmo": dict(COMMON, model_type="olmo", num_key_value_heads=2, pad_token_id=1),
+    "starcoder2": dict(COMMON, model_type="starcoder2", num_key_value_heads=2, sliding_window=4),
+    "stablelm": dict(COMMON, model_type="stablelm", num_key_value_heads=2, use_qkv_bias=True, pad_token_id=0),
+    "stablelm-parallel": dict(COMMON, model_type="stablelm", num_key_value_heads=4, use_parallel_residual=True, partial_rotary_factor=0.5),
+    "phi": dict(COMMON, model_type="phi", partial_rotary_factor=0.5, pad_token_id=1),
+    "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125, pad_token_id=0),
+    "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=16, sliding_window=3,
+                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
     # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
     "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
                                                                           rope_theta=10000.0)),
@@ -31,6 +44,7 @@ CONFIGS: dict[str, dict] = {
                                                                         original_max_position_embeddings=16,
                                                                         rope_theta=10000.0)),
 }
+EAGER_ONLY = {"gemma2"}  # HF refuses SDPA for soft-capped attention: eager is the reference
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
@@ -42,7 +56,7 @@ def _class_name(model_type: str) -> str:
 def _real(model_type: str, dtype: torch.dtype, attn: str) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.AutoConfig.for_model(**CONFIGS[model_type])
-    cfg._attn_implementation = attn
+    cfg._attn_implementation = "eager" if model_type in EAGER_ONLY else attn
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     return model
 
@@ -88,7 +102,15 @@ def test_fast_path_matches(model_type: str) -> None:
         assert torch.allclose(got_g[n], g, rtol=1e-4, atol=1e-6), (n, (got_g[n] - g).abs().max())
 
 
-EXACT = [pytest.param(t, dt, id=f"{t}-{name}") for t in sorted(CONFIGS)
+# Measured gaps, each with its cause. OLMo's parameter-free LayerNorm runs F.layer_norm on an f32 copy and
+# casts back, which the native bf16 kernel does not reproduce (logits off by 1.5e-3). Cohere's LayerNorm
+# subtracts the mean twice, so autograd sums the input's gradient in another order than one subtraction
+# (f32 gradients within ~1 ulp); in bf16 it also rotates q/k in f32 with bf16 tables (logits off by 2.4e-4).
+NOT_EXACT = {("olmo", "bf16"): "F.layer_norm on an f32 copy vs the bf16 kernel: logits differ by 1.5e-3",
+             ("cohere", "f32"): "the mean subtracted twice: gradients differ by ~1 ulp",
+             ("cohere", "bf16"): "f32 rotation with bf16 tables: logits differ by 2.4e-4"}
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=[pytest.mark.xfail(strict=True, reason=NOT_EXACT[t, name])]
+                      if (t, name) in NOT_EXACT else []) for t in sorted(CONFIGS)
          for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
 
 

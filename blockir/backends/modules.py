@@ -84,7 +84,7 @@ def _rope_scaling(d: KindDecl, s: Sizes) -> rotary.RopeScaling | None:
 
 def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     core = dict(
-        causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
+        causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window") or None,
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),

@@ -6,6 +6,7 @@ strictly; dims, norms, eps, placement and attention options come from the config
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from blockir.diagnostics import BlockError, Span, error
@@ -123,13 +124,23 @@ def _rms(c: _Config, key: str = "rms_norm_eps", offset: int = 0, cast: str = "be
 
 
 def _window(c: _Config) -> list[str]:
+    """The window of every layer; a per-layer mix is written as an expression in ``layer`` (0: no window)."""
     types = c.get("layer_types")
     window = c.get("sliding_window")
-    if types and any(t != types[0] for t in types):
-        raise _fail("layers of different attention types (sliding and full) are not supported yet",
-                    "every layer must use the same attention type")
-    sliding = (types[0] == "sliding_attention") if types else window is not None and c.get("use_sliding_window", True)
-    return [f"window={window}"] if sliding and window else []
+    if not window:
+        return []
+    if not types:
+        return [f"window={window}"] if c.get("use_sliding_window", True) else []
+    sliding = [t == "sliding_attention" for t in types]
+    if all(sliding):
+        return [f"window={window}"]
+    if not any(sliding):
+        return []
+    for first, sign in ((True, "+"), (False, "-")):
+        if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
+            return [f"window={window} * (1 {sign} (-1) ** layer) / 2"]
+    raise _fail("this mix of sliding and full attention layers is not supported",
+                "supported: all sliding, all full, or alternating layer by layer")
 
 
 def _padding(c: _Config) -> list[str]:
@@ -153,27 +164,58 @@ def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[s
             "}"]
 
 
-def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False) -> Callable[..., str]:
+def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
+                cast: str = "before_weight", out_bias: bool | None = None, rope_style: str = "half",
+                norm: Callable[[_Config], str] | None = None) -> Callable[..., str]:
+    """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, or (None) read from ``attention_bias``;
+    ``cast``: the RMSNorm cast order; ``norm``: another norm declaration for all three norms."""
     def write(c: _Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
-        bias = c.get("attention_bias", False) if qkv_bias is None else qkv_bias
+        bias = c.get("attention_bias", False)
+        if c.get("clip_qkv") is not None:
+            raise _fail("clip_qkv (clamping q, k and v) is not supported")
+        if not all(c.get("no_rope_layers") or [1]):
+            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE")
         attn = _attn_opts(c, exact) + _window(c)
-        if bias:
+        if rope_style != "half":
+            attn.append(f"rope_style={rope_style}")
+        if bias if qkv_bias is None else qkv_bias:
             attn.append("bias=true")
-        if qkv_bias is None and bias:
+        if (qkv_bias is None and bias) if out_bias is None else out_bias:
             attn.append("out_bias=true")
         if qk_norm:
             attn += ["qk_norm=rmsnorm", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
         mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        n = norm(c) if norm else _rms(c, cast=cast)
         lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+        attn_scale, res, emb, logits = _multipliers(c, model_type)
+        if attn_scale is not None:
+            attn.append(f"scale={_num(attn_scale)}")
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
-                  f"  input_layernorm: {_rms(c)}", _decl("self_attn", "self_attention", attn),
-                  f"  post_attention_layernorm: {_rms(c)}", _decl("mlp", "gated_mlp", mlp),
-                  "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+                  f"  input_layernorm: {n}", _decl("self_attn", "self_attention", attn),
+                  f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp", mlp),
+                  f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + mlp(post_attention_layernorm(h)){res}",
                   "  return y", "}", ""]
-        return "\n".join(lines + _model(cls, "model", layer, c, _rms(c))) + "\n"
+        model = _model(cls, "model", layer, c, n)
+        if emb or logits:
+            model[-2] = f"  return {logits}lm_head(model.norm(model.layers(model.embed_tokens(input_ids){emb})))"
+        return "\n".join(lines + model) + "\n"
     return write
 
+
+def _multipliers(c: _Config, model_type: str) -> tuple[float | None, str, str, str]:
+    """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
+    if model_type != "granite":
+        return None, "", "", ""
+    logits = float(c.get("logits_scaling", 1.0))
+    mantissa, _ = math.frexp(logits)
+    if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
+        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", "HF divides the logits by it; "
+                    "blockir multiplies by the reciprocal, which equals only for powers of two")
+    res = _num(c.get("residual_multiplier", 1.0))
+    emb = _num(c.get("embedding_multiplier", 1.0))
+    return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
+            "" if logits == 1 else f"{_num(1 / logits)} * ")
 
 def _gemma(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
@@ -188,6 +230,27 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
               "  return y", "}", ""]
     c.raw.setdefault("tie_word_embeddings", True)
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5")) + "\n"
+
+
+def _gemma2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Gemma2ForCausalLM", "Gemma2DecoderLayer"
+    norm = _rms(c, offset=1, cast="after_weight")
+    attn = _attn_opts(c, exact) + _window(c) + [f"scale={_num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+    if c.get("attn_logit_softcapping") is not None:
+        attn.append(f"softcap={_num(c.get('attn_logit_softcapping'))}")
+    if c.get("attention_bias", False):
+        attn += ["bias=true", "out_bias=true"]
+    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", f"  pre_feedforward_layernorm: {norm}",
+              _decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
+              "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
+              "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
+    c.raw.setdefault("tie_word_embeddings", True)
+    return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5",
+                                    softcap=c.get("final_logit_softcapping"))) + "\n"
 
 
 def _olmo2(c: _Config, model_type: str, exact: bool) -> str:
@@ -277,6 +340,87 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drop(p: float) -> Callable[[str], str]:
+    return (lambda e: f"dropout({e}, p={_num(p)})") if p else (lambda e: e)
+
+
+def _starcoder2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Starcoder2ForCausalLM", "Starcoder2DecoderLayer"
+    norm = f"layernorm(D, eps={_num(c.get('norm_epsilon', 1e-5))})"
+    bias = ["bias=true", "out_bias=true"] if c.get("use_bias", True) else []
+    attn = _attn_opts(c, exact) + _window(c) + bias
+    mlp = ["F", f"act={c.act(default='gelu_pytorch_tanh')}", "fc1=c_fc", "fc2=c_proj"] + \
+        ([] if c.get("use_bias", True) else ["bias=false"])
+    drop = _drop(c.get("residual_dropout", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", _decl("mlp", "mlp", mlp),
+              f"  h = x + {drop('self_attn(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}",
+              "  return y", "}", ""]
+    model = _model(cls, "model", layer, c, norm)
+    model[-2] = f"  return lm_head(model.norm(model.layers({_drop(c.get('embedding_dropout', 0.0))('model.embed_tokens(input_ids)')})))"
+    return "\n".join(lines + model) + "\n"
+
+
+def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "StableLmForCausalLM", "StableLmDecoderLayer"
+    if c.get("qk_layernorm", False):
+        raise _fail("StableLM's per-head q/k LayerNorms (qk_layernorm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
+    attn = _attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
+    drop = _drop(c.get("hidden_dropout", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"])]
+    if c.get("use_parallel_residual", False):  # one norm feeds both branches; HF runs attention first
+        lines += ["  n = input_layernorm(x)", "  a = self_attn(n)", f"  m = {drop('mlp(n)')}", "  y = x + a + m"]
+    else:
+        lines += [f"  post_attention_layernorm: {norm}", "  h = x + self_attn(input_layernorm(x))",
+                  f"  y = h + {drop('mlp(post_attention_layernorm(h))')}"]
+    lines += ["  return y", "}", ""]
+    return "\n".join(lines + _model(cls, "model", layer, c, norm)) + "\n"
+
+
+def _phi(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
+    if c.get("qk_layernorm", False):
+        raise _fail("Phi's q/k LayerNorms (qk_layernorm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
+    attn = _attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
+    drop = _drop(c.get("resid_pdrop", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "mlp", ["F", f"act={c.act(default='gelu_new')}"]),
+              "  n = input_layernorm(x)", f"  a = {drop('self_attn(n)')}", f"  m = {drop('mlp(n)')}", "  y = a + m + x",
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              _decl("model.embed_tokens", "embedding", ["V", "D"] + _padding(c)), f"  model.layers: {layer} * L",
+              f"  model.final_layernorm: {norm}",
+              _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
+              "  x = " + _drop(c.get("embd_pdrop", 0.0))("model.embed_tokens(input_ids)"),
+              "  return lm_head(model.final_layernorm(model.layers(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _cohere(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "CohereForCausalLM", "CohereDecoderLayer"
+    if c.get("use_qk_norm", False):
+        raise _fail("Cohere's q/k norms (use_qk_norm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true)"
+    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true"] + \
+        (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
+    c.raw.setdefault("tie_word_embeddings", True)
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
+              "  n = input_layernorm(x)", "  a = self_attn(n)", "  m = mlp(n)", "  y = x + a + m",
+              "  return y", "}", ""]
+    model = _model(cls, "model", layer, c, norm)
+    model[-2] = f"  return {_num(c.get('logit_scale', 0.0625))} * lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))"
+    return "\n".join(lines + model) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
     "llama": _llama_like("LlamaForCausalLM", "Llama"),
     "mistral": _llama_like("MistralForCausalLM", "Mistral", qkv_bias=False),
@@ -284,9 +428,19 @@ WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
     "qwen3": _llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True),
     "gemma": _gemma,
     "olmo2": _olmo2,
+    "gemma2": _gemma2,
     "phi3": _phi3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
+    "helium": _llama_like("HeliumForCausalLM", "Helium", cast="after_weight", out_bias=False,
+                          rope_style="interleaved"),
+    "granite": _llama_like("GraniteForCausalLM", "Granite"),
+    "smollm3": _llama_like("SmolLM3ForCausalLM", "SmolLM3"),
+    "starcoder2": _starcoder2,
+    "stablelm": _stablelm,
+    "phi": _phi,
+    "cohere": _cohere,
+    "olmo": _llama_like("OlmoForCausalLM", "Olmo", norm=lambda c: "layernorm(D, eps=1e-5, affine=false)"),
 }
 
 

@@ -161,7 +161,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
-            *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
+            *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window; 0: none"),
             *_ATTENTION_LAYOUT,
             # unset keeps the printed contract of files written before these existed
             ArgSpec("rope_freqs", "enum", None, choices=("f32", "input"),

@@ -55,6 +55,10 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
             return error("E0209", f"heads={heads} of '{decl.name}' does not divide its width {width[0]} = "
                          f"{width[1]}", decl.span, hint="pick a divisor of the width, or give head_dim=… explicitly")
         head_dim = width[1] // heads
+    window = value(decl.arg("window"), env) if decl.arg("window") is not None else None
+    if window is not None and (not float(window).is_integer() or window < 0):
+        return error("E0802", f"window of '{decl.name}' must be a non-negative integer, got {window}", decl.span,
+                     hint="a query sees this many keys, itself included; 0 means no window")
     scaling = _rope_scaling(decl)
     if scaling is not None:
         return scaling
@@ -103,7 +107,7 @@ def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int
     for decl in block.decls:
         if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
             continue
-        per_layer = any(uses_layer(decl.arg(n), block) for n in COUNTS if decl.arg(n) is not None)
+        per_layer = any(uses_layer(decl.arg(n), block) for n in (*COUNTS, "window") if decl.arg(n) is not None)
         for layer, n, env in contexts(base, block, counts, per_layer):
             found = _attention(block, decl, env)
             if found is not None:

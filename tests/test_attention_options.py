@@ -1,4 +1,4 @@
-"""RoPE context-extension schemes: frequencies against float64 formulas, the E0801 argument check, round trip."""
+"""Attention options: RoPE context extension against float64 formulas (E0801), per-layer windows (E0802)."""
 from __future__ import annotations
 
 import math
@@ -106,3 +106,44 @@ def test_scaling_arguments_round_trip_and_compile() -> None:
     assert blockir.parse(printed) == program
     module = blockir.compile(program, "Layer", seed=0)
     assert module.attn.rope_scaling == RopeScaling("yarn", 4.0, 16, beta_fast=16.0)
+
+
+STACK = """dim B: batch
+dim S: seq
+dim D: model = 16
+block Layer(x: [B, S, D]) -> [B, S, D] {{
+  norm: rmsnorm(D)
+  attn: self_attention(heads=2, rope=true, window={window})
+  h = x + attn(norm(x))
+  return h
+}}
+
+model Stack(x: [B, S, D]) -> [B, S, D] {{
+  layers: Layer * 3
+  norm: rmsnorm(D)
+  return norm(layers(x))
+}}
+"""
+
+
+def test_a_window_in_layer_alternates_sliding_and_full_layers() -> None:
+    program = blockir.parse(STACK.format(window="2 * (1 + (-1) ** layer) / 2"))
+    assert blockir.verify(program) == []
+    model = blockir.compile(program, "Stack", seed=0)
+    assert [layer.attn.core.window for layer in model.layers] == [2, None, 2]
+    full = blockir.compile(blockir.parse(STACK.format(window="0")), "Stack", seed=0)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    full.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.equal(model(x), full(x))
+        # window 0 is no window at all: the same as a window wider than the sequence
+        wide = blockir.compile(blockir.parse(STACK.format(window="5")), "Stack", seed=0)
+        wide.load_state_dict(model.state_dict())
+        assert torch.equal(full(x), wide(x))
+
+
+@pytest.mark.parametrize("window, got, note", [("1.5", "1.5", []), ("1 - layer", "-1", ["in layer 2 of 3"])])
+def test_e0802_window_not_a_non_negative_integer(window: str, got: str, note: list[str]) -> None:
+    (d,) = blockir.verify(blockir.parse(STACK.format(window=window)))
+    assert (d.code, d.message, d.span.line, [n.message for n in d.notes]) == (
+        "E0802", f"window of 'attn' must be a non-negative integer, got {got}", 6, note)
