@@ -34,6 +34,10 @@ CONFIGS: dict[str, dict] = {
     "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125, pad_token_id=0),
     "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=16, sliding_window=3,
                    query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    "ministral": dict(COMMON, model_type="ministral", num_key_value_heads=2, head_dim=16, sliding_window=4),
+    "seed_oss": dict(COMMON, model_type="seed_oss", num_key_value_heads=2, head_dim=16, attention_bias=True,
+                     attention_out_bias=False, pad_token_id=2),
+    "arcee": dict(COMMON, model_type="arcee", num_key_value_heads=2, pad_token_id=0),
     # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
     "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
                                                                           rope_theta=10000.0)),

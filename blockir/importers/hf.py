@@ -20,7 +20,8 @@ READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embe
                                            "high_freq_factor"),
          "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
 ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
-        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh"}
+        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh", "relu2": "relu2", "quick_gelu": "quick_gelu",
+        "gelu_accurate": "gelu_accurate", "mish": "mish"}
 
 
 def _fail(message: str, hint: str | None = None) -> BlockError:
@@ -165,10 +166,11 @@ def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[s
 
 
 def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
-                cast: str = "before_weight", out_bias: bool | None = None, rope_style: str = "half",
-                norm: Callable[[_Config], str] | None = None) -> Callable[..., str]:
-    """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, or (None) read from ``attention_bias``;
-    ``cast``: the RMSNorm cast order; ``norm``: another norm declaration for all three norms."""
+                cast: str = "before_weight", out_bias: bool | str | None = None, rope_style: str = "half",
+                norm: Callable[[_Config], str] | None = None, gated: bool = True) -> Callable[..., str]:
+    """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
+    (None) from ``attention_bias``; ``cast``: the RMSNorm cast order; ``norm``: another norm declaration for
+    all three norms; ``gated=False``: a plain ``up_proj``/``down_proj`` MLP."""
     def write(c: _Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
@@ -181,11 +183,15 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
             attn.append(f"rope_style={rope_style}")
         if bias if qkv_bias is None else qkv_bias:
             attn.append("bias=true")
-        if (qkv_bias is None and bias) if out_bias is None else out_bias:
+        if c.get(out_bias, False) if isinstance(out_bias, str) else \
+                (qkv_bias is None and bias) if out_bias is None else out_bias:
             attn.append("out_bias=true")
         if qk_norm:
             attn += ["qk_norm=rmsnorm", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
         mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        if not gated:
+            mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
+                   "fc2=down_proj"]
         n = norm(c) if norm else _rms(c, cast=cast)
         lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
         attn_scale, res, emb, logits = _multipliers(c, model_type)
@@ -193,7 +199,7 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
             attn.append(f"scale={_num(attn_scale)}")
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  input_layernorm: {n}", _decl("self_attn", "self_attention", attn),
-                  f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp", mlp),
+                  f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp" if gated else "mlp", mlp),
                   f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + mlp(post_attention_layernorm(h)){res}",
                   "  return y", "}", ""]
         model = _model(cls, "model", layer, c, n)
@@ -253,10 +259,13 @@ def _gemma2(c: _Config, model_type: str, exact: bool) -> str:
                                     softcap=c.get("final_logit_softcapping"))) + "\n"
 
 
-def _olmo2(c: _Config, model_type: str, exact: bool) -> str:
-    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+def _olmo2(cls: str, layer: str) -> Callable[..., str]:
+    return lambda c, model_type, exact: _olmo2_text(cls, layer, c, model_type, exact)
+
+
+def _olmo2_text(cls: str, layer: str, c: _Config, model_type: str, exact: bool) -> str:
     norm = _rms(c, cast="after_weight")
-    attn = _attn_opts(c, exact) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+    attn = _attn_opts(c, exact) + _window(c) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
                                    f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
@@ -427,7 +436,10 @@ WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
     "qwen2": _llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True),
     "qwen3": _llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True),
     "gemma": _gemma,
-    "olmo2": _olmo2,
+    "olmo2": _olmo2("Olmo2ForCausalLM", "Olmo2DecoderLayer"),
+    "ministral": _llama_like("MinistralForCausalLM", "Ministral", qkv_bias=False),
+    "seed_oss": _llama_like("SeedOssForCausalLM", "SeedOss", out_bias="attention_out_bias"),
+    "arcee": _llama_like("ArceeForCausalLM", "Arcee", gated=False),
     "gemma2": _gemma2,
     "phi3": _phi3,
     "gpt2": _gpt2,
