@@ -127,3 +127,26 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
     assert torch.equal(got, ref), (got.float() - ref.float()).abs().max()
     for n, g in ref_g.items():
         assert torch.equal(got_g[n], g), (n, (got_g[n].float() - g.float()).abs().max())
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(CONFIGS["granite"], logits_scaling=3.0), "logits_scaling=3 is not a power of two"),
+    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+     "this mix of sliding and full attention layers is not supported"),
+    (dict(CONFIGS["olmo"], clip_qkv=8.0), "clip_qkv (clamping q, k and v) is not supported"),
+    (dict(CONFIGS["smollm3"], no_rope_layers=[1, 0]), "layers without RoPE (no_rope_layers) are not supported"),
+    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="longrope", rope_theta=1e4)),
+     "RoPE scaling type 'longrope' is not supported"),
+])
+def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
+    with pytest.raises(blockir.BlockError) as info:
+        block_text(config)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message) == ("E0800", message)
+
+
+def test_alternating_layer_types_become_a_window_in_layer() -> None:
+    text = block_text(dict(CONFIGS["gemma2"], layer_types=["full_attention", "sliding_attention", "full_attention"]))
+    assert "window=3 * (1 - (-1) ** layer) / 2" in text
+    model = blockir.compile(blockir.parse(text), "Gemma2ForCausalLM", seed=0)
+    assert [layer.self_attn.core.window for layer in model.model.layers] == [None, 3, None]

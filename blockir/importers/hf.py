@@ -223,6 +223,7 @@ def _multipliers(c: _Config, model_type: str) -> tuple[float | None, str, str, s
     return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
             "" if logits == 1 else f"{_num(1 / logits)} * ")
 
+
 def _gemma(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
     norm = _rms(c, offset=1, cast="after_weight")
