@@ -147,3 +147,33 @@ def test_e0802_window_not_a_non_negative_integer(window: str, got: str, note: li
     (d,) = blockir.verify(blockir.parse(STACK.format(window=window)))
     assert (d.code, d.message, d.span.line, [n.message for n in d.notes]) == (
         "E0802", f"window of 'attn' must be a non-negative integer, got {got}", 6, note)
+
+
+EMBED = """dim B: batch
+dim S: seq
+dim D: model = 8
+dim V: vocab = 11
+model M(input_ids: [B, S]) -> [B, S, D] {{
+  e: embedding(V, D, padding_idx={row})
+  return e(input_ids)
+}}
+"""
+
+
+@pytest.mark.parametrize("row", ["11", "-12", "2.5"])
+def test_e0803_padding_idx_outside_the_table(row: str) -> None:
+    (d,) = blockir.verify(blockir.parse(EMBED.format(row=row)))
+    assert (d.code, d.message, d.span.line) == (
+        "E0803", f"padding_idx={row} of 'e' is not a row of its table of 11 rows", 6)
+
+
+@pytest.mark.parametrize("row", [3, -8])
+def test_the_padding_row_gets_no_gradient(row: int) -> None:
+    program = blockir.parse(EMBED.format(row=row))
+    assert blockir.verify(program) == []
+    model = blockir.compile(program, "M", seed=0)
+    ids = torch.tensor([[3, 1, 3, 7]])
+    model(ids).sum().backward()
+    want = torch.zeros(11, 8)
+    want[1] = want[7] = 1.0  # row 3 (-8 from the end) is looked up twice and learns nothing
+    assert torch.equal(model.e.weight.grad, want)

@@ -101,10 +101,24 @@ def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
     return None
 
 
+def _padding_row(decl: KindDecl, env: Env) -> Diagnostic | None:
+    """``padding_idx`` names a row of the table (negative: counted from the end, as nn.Embedding does)."""
+    row = value(decl.arg("padding_idx"), env) if decl.arg("padding_idx") is not None else None
+    rows = env.get(decl.arg("vocab"))
+    if row is None or (float(row).is_integer() and (not isinstance(rows, int) or -rows <= row < rows)):
+        return None
+    return error("E0803", f"padding_idx={row} of '{decl.name}' is not a row of its table"
+                 + (f" of {rows} rows" if isinstance(rows, int) else ""), decl.span,
+                 hint="the id of the padding token: an integer below the vocabulary size")
+
+
 def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...]) -> list[Diagnostic]:
     """Every attention declaration of ``block``, in each layer whose environment can change its sizes."""
     out = []
     for decl in block.decls:
+        if isinstance(decl, KindDecl) and decl.kind == "embedding":
+            found = _padding_row(decl, dict(base))
+            out += [found] if found is not None else []
         if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
             continue
         per_layer = any(uses_layer(decl.arg(n), block) for n in (*COUNTS, "window") if decl.arg(n) is not None)
