@@ -6,7 +6,8 @@ candidates so drift hits both, and reports blockir/HF time ratios; then the
 cost of the input check a compiled module runs on its inputs (the same module
 with and without it, and the check alone); then the compile time (parse +
 verify + lower with weights on the meta device) of LLaMA-style models with 1,
-10, 100 and 1000 layers.
+10, 100 and 1000 layers; last, whole imported models (`blockir import hf`, the SDPA fast path)
+against the HF model with its eager attention, on token ids with a padding mask.
 
     python benchmarks/overhead.py [--repeats 30]
 """
@@ -118,6 +119,58 @@ def input_check(repeats: int) -> list[str]:
             f"{mc / mp:.3f} | {statistics.median(alone) * 1e6:.2f} |"]
 
 
+MODELS = {  # small whole models: Python overhead and the mask path matter as much as the matmuls
+    "llama": dict(model_type="llama", num_key_value_heads=2),
+    "qwen2": dict(model_type="qwen2", num_key_value_heads=2),
+    "gemma": dict(model_type="gemma", num_key_value_heads=2, head_dim=64),
+    "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=4, n_head=4, n_positions=256),
+}
+
+
+def whole_models(repeats: int) -> list[str]:
+    import transformers
+
+    from blockir.importers.hf import block_text
+
+    rows = []
+    for name, extra in MODELS.items():
+        cfg = transformers.AutoConfig.for_model(**{**dict(vocab_size=1000, hidden_size=256, intermediate_size=688,
+                                                          num_hidden_layers=4, num_attention_heads=4), **extra})
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(0)
+        real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        program = blockir.parse(block_text(real.config.to_dict()), name)
+        model_name = next(line.split()[1].split("(")[0] for line in block_text(real.config.to_dict()).splitlines()
+                          if line.startswith("model "))
+        ours = blockir.compile(program, model_name, seed=0).eval()
+        ours.load_state_dict(real.state_dict(), strict=True)
+        ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(1))
+        keep = torch.ones(4, 128, dtype=torch.long)
+        keep[1, -16:] = 0
+        for mode in ("forward", "forward+backward"):
+            def run_real(mode=mode):
+                with torch.set_grad_enabled(mode != "forward"):
+                    y = real(input_ids=ids, attention_mask=keep, use_cache=False).logits
+                    if mode != "forward":
+                        y.sum().backward()
+
+            def run_ours(mode=mode):
+                with torch.set_grad_enabled(mode != "forward"):
+                    y = ours(ids, attention_mask=keep)
+                    if mode != "forward":
+                        y.sum().backward()
+
+            for fn in (run_real, run_ours):
+                timed(fn, 3)  # warm-up
+            t_real, t_ours = [], []
+            for _ in range(repeats):
+                t_real += timed(run_real, 1)
+                t_ours += timed(run_ours, 1)
+            mr, mo = statistics.median(t_real), statistics.median(t_ours)
+            rows.append(f"| {name} | {mode} | {mr * 1e3:.2f} | {mo * 1e3:.2f} | {mo / mr:.3f} |")
+    return rows
+
+
 def compile_times(depths: tuple[int, ...]) -> list[str]:
     rows = []
     for n in depths:
@@ -138,7 +191,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--depths", default="1,10,100,1000")
+    ap.add_argument("--models-only", action="store_true", help="only the whole imported models")
     args = ap.parse_args()
+    if args.models_only:
+        print("| model | mode | HF eager ms | blockir ms | blockir/HF |\n|---|---|---|---|---|")
+        for row in whole_models(args.repeats):
+            print(row)
+        return
     print(f"# blockir overhead — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     print("\n| shape | mode | HF ms | blockir ms | blockir/HF |\n|---|---|---|---|---|")
@@ -153,6 +212,10 @@ def main() -> None:
     print("\nCompile time (CPU time), LLaMA-style model at D=4096 (weights on the meta device):\n")
     print("| layers | parse ms | verify ms | lower ms | total ms per layer |\n|---|---|---|---|---|")
     for row in compile_times(tuple(int(d) for d in args.depths.split(","))):
+        print(row)
+    print("\nWhole imported models (4 layers, D=256, B=4, S=128 with right padding; HF with eager attention):\n")
+    print("| model | mode | HF eager ms | blockir ms | blockir/HF |\n|---|---|---|---|---|")
+    for row in whole_models(max(args.repeats // 3, 5)):
         print(row)
 
 

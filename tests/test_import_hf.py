@@ -21,7 +21,34 @@ CONFIGS: dict[str, dict] = {
     "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
     "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
     "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25, use_parallel_residual=True),
+    "helium": dict(COMMON, model_type="helium", num_key_value_heads=2, head_dim=16, attention_bias=True,
+                   pad_token_id=3),
+    "granite": dict(COMMON, model_type="granite", num_key_value_heads=2, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+    "smollm3": dict(COMMON, model_type="smollm3", num_key_value_heads=2, pad_token_id=2),
+    "olmo": dict(COMMON, model_type="olmo", num_key_value_heads=2, pad_token_id=1),
+    "starcoder2": dict(COMMON, model_type="starcoder2", num_key_value_heads=2, sliding_window=4),
+    "stablelm": dict(COMMON, model_type="stablelm", num_key_value_heads=2, use_qkv_bias=True, pad_token_id=0),
+    "stablelm-parallel": dict(COMMON, model_type="stablelm", num_key_value_heads=4, use_parallel_residual=True, partial_rotary_factor=0.5),
+    "phi": dict(COMMON, model_type="phi", partial_rotary_factor=0.5, pad_token_id=1),
+    "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125, pad_token_id=0),
+    "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=16, sliding_window=3,
+                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    "ministral": dict(COMMON, model_type="ministral", num_key_value_heads=2, head_dim=16, sliding_window=4),
+    "seed_oss": dict(COMMON, model_type="seed_oss", num_key_value_heads=2, head_dim=16, attention_bias=True,
+                     attention_out_bias=False, pad_token_id=2),
+    "arcee": dict(COMMON, model_type="arcee", num_key_value_heads=2, pad_token_id=0),
+    # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
+    "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
+                                                                          rope_theta=10000.0)),
+    "llama-llama3": dict(COMMON, model_type="llama", num_key_value_heads=2, rope_parameters=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16, rope_theta=500000.0)),
+    "qwen2-yarn": dict(COMMON, model_type="qwen2", num_key_value_heads=4, rope_parameters=dict(rope_type="yarn", factor=4.0,
+                                                                        original_max_position_embeddings=16,
+                                                                        rope_theta=10000.0)),
 }
+EAGER_ONLY = {"gemma2"}  # HF refuses SDPA for soft-capped attention: eager is the reference
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
@@ -33,7 +60,7 @@ def _class_name(model_type: str) -> str:
 def _real(model_type: str, dtype: torch.dtype, attn: str) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.AutoConfig.for_model(**CONFIGS[model_type])
-    cfg._attn_implementation = attn
+    cfg._attn_implementation = "eager" if model_type in EAGER_ONLY else attn
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     return model
 
@@ -53,7 +80,8 @@ def _pair(model_type: str, dtype: torch.dtype, exact: bool):
 
 def _inputs():
     torch.manual_seed(1)
-    ids = torch.randint(1, 97, (2, 7))
+    ids = torch.randint(0, 97, (2, 7))
+    ids[0, 1], ids[1, 2] = 0, 1  # pad ids in the text: nn.Embedding's padding_idx row gets no gradient
     keep = torch.ones(2, 7, dtype=torch.long)
     keep[1, -2:] = 0  # right padding: the padded keys are masked, the real positions stay comparable
     return ids, keep
@@ -67,11 +95,7 @@ def _run(model, ids, keep, real: bool):
     return out.detach(), grads
 
 
-FAST = [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason="OLMo2 logits match; its gradients do not yet"))
-        if t == "olmo2" else t for t in sorted(CONFIGS)]
-
-
-@pytest.mark.parametrize("model_type", FAST)
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
 def test_fast_path_matches(model_type: str) -> None:
     real, ours = _pair(model_type, torch.float32, exact=False)
     ids, keep = _inputs()
@@ -82,10 +106,16 @@ def test_fast_path_matches(model_type: str) -> None:
         assert torch.allclose(got_g[n], g, rtol=1e-4, atol=1e-6), (n, (got_g[n] - g).abs().max())
 
 
-EXACT_NOW = {("gemma", "f32"), ("llama", "f32"), ("mistral", "f32"), ("phi3", "f32"), ("qwen2", "f32"), ("qwen3", "f32"), ("gpt2", "bf16")}
-EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=() if (t, name) in EXACT_NOW else pytest.mark.xfail(
-    strict=True, reason="not yet bit-exact: bf16 norms/rotary order, sliding window, fused-head and Conv1D paths"))
-    for t in sorted(CONFIGS) for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
+# Measured gaps, each with its cause. OLMo's parameter-free LayerNorm runs F.layer_norm on an f32 copy and
+# casts back, which the native bf16 kernel does not reproduce (logits off by 1.5e-3). Cohere's LayerNorm
+# subtracts the mean twice, so autograd sums the input's gradient in another order than one subtraction
+# (f32 gradients within ~1 ulp); in bf16 it also rotates q/k in f32 with bf16 tables (logits off by 2.4e-4).
+NOT_EXACT = {("olmo", "bf16"): "F.layer_norm on an f32 copy vs the bf16 kernel: logits differ by 1.5e-3",
+             ("cohere", "f32"): "the mean subtracted twice: gradients differ by ~1 ulp",
+             ("cohere", "bf16"): "f32 rotation with bf16 tables: logits differ by 2.4e-4"}
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=[pytest.mark.xfail(strict=True, reason=NOT_EXACT[t, name])]
+                      if (t, name) in NOT_EXACT else []) for t in sorted(CONFIGS)
+         for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
 
 
 @pytest.mark.parametrize("model_type, dtype", EXACT)
@@ -97,3 +127,26 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
     assert torch.equal(got, ref), (got.float() - ref.float()).abs().max()
     for n, g in ref_g.items():
         assert torch.equal(got_g[n], g), (n, (got_g[n].float() - g.float()).abs().max())
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(CONFIGS["granite"], logits_scaling=3.0), "logits_scaling=3 is not a power of two"),
+    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+     "this mix of sliding and full attention layers is not supported"),
+    (dict(CONFIGS["olmo"], clip_qkv=8.0), "clip_qkv (clamping q, k and v) is not supported"),
+    (dict(CONFIGS["smollm3"], no_rope_layers=[1, 0]), "layers without RoPE (no_rope_layers) are not supported"),
+    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="longrope", rope_theta=1e4)),
+     "RoPE scaling type 'longrope' is not supported"),
+])
+def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
+    with pytest.raises(blockir.BlockError) as info:
+        block_text(config)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message) == ("E0800", message)
+
+
+def test_alternating_layer_types_become_a_window_in_layer() -> None:
+    text = block_text(dict(CONFIGS["gemma2"], layer_types=["full_attention", "sliding_attention", "full_attention"]))
+    assert "window=3 * (1 - (-1) ** layer) / 2" in text
+    model = blockir.compile(blockir.parse(text), "Gemma2ForCausalLM", seed=0)
+    assert [layer.self_attn.core.window for layer in model.model.layers] == [None, 3, None]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blockir.backends.masks import MaskBuilder
-from blockir.backends import numerics
+from blockir.backends import numerics, rotary
 from blockir.backends.numerics import ACTIVATIONS
 from blockir.diagnostics import UNKNOWN_SPAN, Span
 
@@ -42,24 +42,35 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     """
     if groups == 1:
         return x
-    return x.unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(1, 2)
+    # expand, then copy, as HF's repeat_kv: repeat_interleave holds the same values, yet the matmuls
+    # that read it do not round identically
+    return x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2)
 
 
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
-    interleaved: bool = False,
+    interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: rotary.RopeScaling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
     Frequencies and angles are computed in fp32 and only the tables are cast,
     which is what the HF rotary module does, so both routes agree exactly.
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
+    ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
+    module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
+    ``scaling`` is a context-extension scheme (see ``rotary``).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    inv_freq = rotary.inv_freq(head_dim, theta, device, scaling)
+    if freqs_dtype is not None:
+        inv_freq = inv_freq.to(freqs_dtype).float()
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = positions[None, :, None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    factor = scaling.table_factor() if scaling is not None else 1.0
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -128,6 +139,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
     before the mask, and the result is ``(output, scores)``: the running sum the next layer reads.
     """
+    if core.impl == "eager" and core.kv_cache:  # a KV cache hands the eager op contiguous keys and values, and
+        # matmuls round by layout
+        k, v = k.contiguous(), v.contiguous()
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     q, scale = _scaled_query(q, core)
     if core.window is not None:
@@ -215,10 +229,10 @@ class AttentionCore:
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
                  softmax_f32: bool = True, score_residual: str | None = None,
-                 scale_query: bool = False) -> None:
+                 scale_query: bool = False, kv_cache: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
-        self.score_residual = score_residual
+        self.score_residual, self.kv_cache = score_residual, kv_cache
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]
@@ -392,13 +406,17 @@ class SelfAttention(_Projections):
         rope_style: str = "half",
         rotary_dim: int | None = None,
         alibi: bool = False,
+        rope_freqs: str = "f32",
+        rope_f32: bool = False,
+        rope_scaling: rotary.RopeScaling | None = None,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
-                          rotary_dim=rotary_dim or self.head_dim, alibi=alibi)
+                          rotary_dim=rotary_dim or self.head_dim, rope_freqs=rope_freqs,
+                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi)
 
     def forward(
         self,
@@ -424,11 +442,15 @@ class SelfAttention(_Projections):
         if self.rope:
             interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
-                position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, x.dtype,
-                                                   interleaved)
+                table = torch.float32 if self.rope_f32 else x.dtype
+                freqs = x.dtype if self.rope_freqs == "input" else None
+                position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
+                                                   interleaved, freqs, self.rope_scaling)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
-            q, k = apply_rope(q, cos, sin, interleaved, rotary), apply_rope(k, cos, sin, interleaved, rotary)
+            # f32 tables rotate in f32; the rotated heads return to the projections' dtype
+            q = apply_rope(q, cos, sin, interleaved, rotary).to(q.dtype)
+            k = apply_rope(k, cos, sin, interleaved, rotary).to(k.dtype)
         q, k = self.sphere_qk(q, k)
         if self.alibi:
             return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
@@ -524,6 +546,7 @@ class Embedding(nn.Module):
     """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
 
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
+    ``padding_idx`` names a row that receives no gradient, as ``nn.Embedding``'s does.
     """
 
     def __init__(self, rows: int, width: int, positions: bool = False, scale: float | None = None,

@@ -9,7 +9,7 @@ from torch import nn
 
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
-from blockir.backends import batchnorm, branches, numerics
+from blockir.backends import batchnorm, branches, numerics, rotary
 from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, KindDecl
@@ -82,11 +82,23 @@ def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
     return float(s.value(v)) if v is not None else None
 
 
+def _rope_scaling(d: KindDecl, s: Sizes) -> rotary.RopeScaling | None:
+    kind = d.arg("rope_scaling")
+    if kind is None:
+        return None
+    given = {field: _opt_float(s, d, arg) for field, arg in (
+        ("low_freq", "rope_low_freq"), ("high_freq", "rope_high_freq"), ("beta_fast", "rope_beta_fast"),
+        ("beta_slow", "rope_beta_slow"), ("attention_factor", "rope_attention_factor"))}
+    return rotary.RopeScaling(kind, float(s.value(d.arg("rope_factor"))), _opt_int(s, d, "rope_original_max"),
+                              **{k: v for k, v in given.items() if v is not None})
+
+
 def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     core = dict(
-        causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window"),
+        causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window") or None,
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
+        kv_cache=bool(d.arg("kv_cache")),
         score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
@@ -97,7 +109,9 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
-                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"), alibi=d.arg("alibi"))
+                  rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
+                  rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
+                  rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)

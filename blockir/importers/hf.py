@@ -6,12 +6,22 @@ strictly; dims, norms, eps, placement and attention options come from the config
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from blockir.diagnostics import BlockError, Span, error
 
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
+# rope_parameters key -> the attention argument that states it
+ROPE_ARGS = {"factor": "rope_factor", "original_max_position_embeddings": "rope_original_max",
+             "low_freq_factor": "rope_low_freq", "high_freq_factor": "rope_high_freq", "beta_fast": "rope_beta_fast",
+             "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor"}
+READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+                                           "high_freq_factor"),
+         "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
 ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
-        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh"}
+        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh", "relu2": "relu2", "quick_gelu": "quick_gelu",
+        "gelu_accurate": "gelu_accurate", "mish": "mish"}
 
 
 def _fail(message: str, hint: str | None = None) -> BlockError:
@@ -36,9 +46,14 @@ class _Config:
     def rope(self) -> dict[str, Any]:
         params = dict(self.get("rope_parameters") or self.get("rope_scaling") or {})
         kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: default (unscaled) RoPE")
+        if kind not in ROPE_SCALINGS:
+            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS))
+        if kind == "yarn" and params.get("truncate") is False:
+            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported")
+        if kind == "yarn" and params.get("mscale") and params.get("mscale_all_dim"):
+            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead")
         params.setdefault("rope_theta", self.get("rope_theta", 10000.0))
+        params["rope_type"] = kind
         return params
 
     def act(self, key: str = "hidden_act", default: str = "silu") -> str:
@@ -77,12 +92,33 @@ def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | Non
         factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)))
         if factor != 1.0:
             opts.append(f"rotary_dim={int(hd * factor)}")
+        if exact:  # model.to(dtype) casts HF's inv_freq buffer too
+            opts.append("rope_freqs=input")
+        opts += _rope_scaling(c, rope)
     p = c.get("attention_dropout", c.get("attn_pdrop", 0.0))
     if p:
         opts.append(f"dropout={_num(p)}")
-    if exact:
-        opts.append("impl=eager")
-    return opts
+    return opts + exact_impl(c, cached=True) if exact else opts
+
+
+def exact_impl(c: _Config, cached: bool) -> list[str]:
+    """The exact mode's attention options: HF's eager op, reading keys and values from its KV cache where the
+    class caches them by default (a decoder with ``use_cache``), whose contiguous layout decides how the matmuls
+    round."""
+    return ["impl=eager"] + (["kv_cache=true"] if cached and c.get("use_cache", True) else [])
+
+
+def _rope_scaling(c: _Config, rope: dict[str, Any]) -> list[str]:
+    kind = rope["rope_type"]
+    if kind == "default":
+        return []
+    values = dict(rope)
+    if kind == "yarn" and values.get("factor") is None:  # HF derives it from the two context lengths
+        values["factor"] = c.need("max_position_embeddings") / values["original_max_position_embeddings"]
+    if kind in ("llama3", "yarn"):
+        values.setdefault("original_max_position_embeddings", c.get("max_position_embeddings"))
+    return [f"rope_scaling={kind}"] + [f"{ROPE_ARGS[k]}={_num(values[k])}" for k in READS[kind]
+                                       if values.get(k) is not None]
 
 
 def _decl(name: str, kind: str, args: list[str]) -> str:
@@ -94,19 +130,35 @@ def _rms(c: _Config, key: str = "rms_norm_eps", offset: int = 0, cast: str = "be
 
 
 def _window(c: _Config) -> list[str]:
+    """The window of every layer; a per-layer mix is written as an expression in ``layer`` (0: no window)."""
     types = c.get("layer_types")
     window = c.get("sliding_window")
-    if types and any(t != types[0] for t in types):
-        raise _fail("layers of different attention types (sliding and full) are not supported yet",
-                    "every layer must use the same attention type")
-    sliding = (types[0] == "sliding_attention") if types else window is not None and c.get("use_sliding_window", True)
-    return [f"window={window}"] if sliding and window else []
+    if not window:
+        return []
+    if not types:
+        return [f"window={window}"] if c.get("use_sliding_window", True) else []
+    sliding = [t == "sliding_attention" for t in types]
+    if all(sliding):
+        return [f"window={window}"]
+    if not any(sliding):
+        return []
+    for first, sign in ((True, "+"), (False, "-")):
+        if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
+            return [f"window={window} * (1 {sign} (-1) ** layer) / 2"]
+    raise _fail("this mix of sliding and full attention layers is not supported",
+                "supported: all sliding, all full, or alternating layer by layer")
+
+
+def _padding(c: _Config) -> list[str]:
+    """The classes that pass ``pad_token_id`` to ``nn.Embedding``: that row learns nothing."""
+    pad = c.get("pad_token_id")
+    return [f"padding_idx={pad}"] if pad is not None and 0 <= pad < c.need("vocab_size") else []
 
 
 def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[str] | None = None,
            scale: str | None = None, softcap: float | None = None) -> list[str]:
     tied = bool(c.get("tie_word_embeddings", False))
-    embed = ["V", "D"] + ([f"scale={scale}"] if scale else [])
+    embed = ["V", "D"] + ([f"scale={scale}"] if scale else []) + _padding(c)
     head = ["V"] + (["tied=true"] if tied else []) + ([f"softcap={_num(softcap)}"] if softcap else [])
     return [f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
             _decl(f"{base}.embed_tokens", "embedding", embed),
@@ -118,26 +170,63 @@ def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[s
             "}"]
 
 
-def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False) -> Callable[..., str]:
+def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
+                cast: str = "before_weight", out_bias: bool | str | None = None, rope_style: str = "half",
+                norm: Callable[[_Config], str] | None = None, gated: bool = True) -> Callable[..., str]:
+    """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
+    (None) from ``attention_bias``; ``cast``: the RMSNorm cast order; ``norm``: another norm declaration for
+    all three norms; ``gated=False``: a plain ``up_proj``/``down_proj`` MLP."""
     def write(c: _Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
-        bias = c.get("attention_bias", False) if qkv_bias is None else qkv_bias
+        bias = c.get("attention_bias", False)
+        if c.get("clip_qkv") is not None:
+            raise _fail("clip_qkv (clamping q, k and v) is not supported")
+        if not all(c.get("no_rope_layers") or [1]):
+            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE")
         attn = _attn_opts(c, exact) + _window(c)
-        if bias:
+        if rope_style != "half":
+            attn.append(f"rope_style={rope_style}")
+        if bias if qkv_bias is None else qkv_bias:
             attn.append("bias=true")
-        if qkv_bias is None and bias:
+        if c.get(out_bias, False) if isinstance(out_bias, str) else \
+                (qkv_bias is None and bias) if out_bias is None else out_bias:
             attn.append("out_bias=true")
         if qk_norm:
             attn += ["qk_norm=rmsnorm", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
         mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        if not gated:
+            mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
+                   "fc2=down_proj"]
+        n = norm(c) if norm else _rms(c, cast=cast)
         lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+        attn_scale, res, emb, logits = _multipliers(c, model_type)
+        if attn_scale is not None:
+            attn.append(f"scale={_num(attn_scale)}")
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
-                  f"  input_layernorm: {_rms(c)}", _decl("self_attn", "self_attention", attn),
-                  f"  post_attention_layernorm: {_rms(c)}", _decl("mlp", "gated_mlp", mlp),
-                  "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+                  f"  input_layernorm: {n}", _decl("self_attn", "self_attention", attn),
+                  f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp" if gated else "mlp", mlp),
+                  f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + mlp(post_attention_layernorm(h)){res}",
                   "  return y", "}", ""]
-        return "\n".join(lines + _model(cls, "model", layer, c, _rms(c))) + "\n"
+        model = _model(cls, "model", layer, c, n)
+        if emb or logits:
+            model[-2] = f"  return {logits}lm_head(model.norm(model.layers(model.embed_tokens(input_ids){emb})))"
+        return "\n".join(lines + model) + "\n"
     return write
+
+
+def _multipliers(c: _Config, model_type: str) -> tuple[float | None, str, str, str]:
+    """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
+    if model_type != "granite":
+        return None, "", "", ""
+    logits = float(c.get("logits_scaling", 1.0))
+    mantissa, _ = math.frexp(logits)
+    if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
+        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", "HF divides the logits by it; "
+                    "blockir multiplies by the reciprocal, which equals only for powers of two")
+    res = _num(c.get("residual_multiplier", 1.0))
+    emb = _num(c.get("embedding_multiplier", 1.0))
+    return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
+            "" if logits == 1 else f"{_num(1 / logits)} * ")
 
 
 def _gemma(c: _Config, model_type: str, exact: bool) -> str:
@@ -155,10 +244,34 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5")) + "\n"
 
 
-def _olmo2(c: _Config, model_type: str, exact: bool) -> str:
-    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+def _gemma2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Gemma2ForCausalLM", "Gemma2DecoderLayer"
+    norm = _rms(c, offset=1, cast="after_weight")
+    attn = _attn_opts(c, exact) + _window(c) + [f"scale={_num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+    if c.get("attn_logit_softcapping") is not None:
+        attn.append(f"softcap={_num(c.get('attn_logit_softcapping'))}")
+    if c.get("attention_bias", False):
+        attn += ["bias=true", "out_bias=true"]
+    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", f"  pre_feedforward_layernorm: {norm}",
+              _decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
+              "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
+              "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
+    c.raw.setdefault("tie_word_embeddings", True)
+    return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5",
+                                    softcap=c.get("final_logit_softcapping"))) + "\n"
+
+
+def _olmo2(cls: str, layer: str) -> Callable[..., str]:
+    return lambda c, model_type, exact: _olmo2_text(cls, layer, c, model_type, exact)
+
+
+def _olmo2_text(cls: str, layer: str, c: _Config, model_type: str, exact: bool) -> str:
     norm = _rms(c, cast="after_weight")
-    attn = _attn_opts(c, exact) + ["qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+    attn = _attn_opts(c, exact) + _window(c) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
                                    f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
@@ -227,7 +340,8 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
         attn = [a for a in attn if not a.startswith(("bias", "out_bias"))]
     mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
-    update = (["  y = x + attention(input_layernorm(x)) + mlp(post_attention_layernorm(x))"]
+    # HF's op order and summation order: the first fixes how autograd accumulates x's gradient
+    update = (["  a = attention(input_layernorm(x))", "  m = mlp(post_attention_layernorm(x))", "  y = m + a + x"]
               if c.get("use_parallel_residual", True) else
               ["  h = x + attention(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))"])
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
@@ -241,16 +355,110 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drop(p: float) -> Callable[[str], str]:
+    return (lambda e: f"dropout({e}, p={_num(p)})") if p else (lambda e: e)
+
+
+def _starcoder2(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Starcoder2ForCausalLM", "Starcoder2DecoderLayer"
+    norm = f"layernorm(D, eps={_num(c.get('norm_epsilon', 1e-5))})"
+    bias = ["bias=true", "out_bias=true"] if c.get("use_bias", True) else []
+    attn = _attn_opts(c, exact) + _window(c) + bias
+    mlp = ["F", f"act={c.act(default='gelu_pytorch_tanh')}", "fc1=c_fc", "fc2=c_proj"] + \
+        ([] if c.get("use_bias", True) else ["bias=false"])
+    drop = _drop(c.get("residual_dropout", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", _decl("mlp", "mlp", mlp),
+              f"  h = x + {drop('self_attn(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}",
+              "  return y", "}", ""]
+    model = _model(cls, "model", layer, c, norm)
+    model[-2] = f"  return lm_head(model.norm(model.layers({_drop(c.get('embedding_dropout', 0.0))('model.embed_tokens(input_ids)')})))"
+    return "\n".join(lines + model) + "\n"
+
+
+def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "StableLmForCausalLM", "StableLmDecoderLayer"
+    if c.get("qk_layernorm", False):
+        raise _fail("StableLM's per-head q/k LayerNorms (qk_layernorm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
+    attn = _attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
+    drop = _drop(c.get("hidden_dropout", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"])]
+    if c.get("use_parallel_residual", False):  # one norm feeds both branches; HF runs attention first
+        lines += ["  n = input_layernorm(x)", "  a = self_attn(n)", f"  m = {drop('mlp(n)')}", "  y = x + a + m"]
+    else:
+        lines += [f"  post_attention_layernorm: {norm}", "  h = x + self_attn(input_layernorm(x))",
+                  f"  y = h + {drop('mlp(post_attention_layernorm(h))')}"]
+    lines += ["  return y", "}", ""]
+    return "\n".join(lines + _model(cls, "model", layer, c, norm)) + "\n"
+
+
+def _phi(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
+    if c.get("qk_layernorm", False):
+        raise _fail("Phi's q/k LayerNorms (qk_layernorm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
+    attn = _attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
+    drop = _drop(c.get("resid_pdrop", 0.0))
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "mlp", ["F", f"act={c.act(default='gelu_new')}"]),
+              "  n = input_layernorm(x)", f"  a = {drop('self_attn(n)')}", f"  m = {drop('mlp(n)')}", "  y = a + m + x",
+              "  return y", "}", "",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, V] {{",
+              _decl("model.embed_tokens", "embedding", ["V", "D"] + _padding(c)), f"  model.layers: {layer} * L",
+              f"  model.final_layernorm: {norm}",
+              _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
+              "  x = " + _drop(c.get("embd_pdrop", 0.0))("model.embed_tokens(input_ids)"),
+              "  return lm_head(model.final_layernorm(model.layers(x)))", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _cohere(c: _Config, model_type: str, exact: bool) -> str:
+    cls, layer = "CohereForCausalLM", "CohereDecoderLayer"
+    if c.get("use_qk_norm", False):
+        raise _fail("Cohere's q/k norms (use_qk_norm) are not supported")
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true)"
+    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true"] + \
+        (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
+    c.raw.setdefault("tie_word_embeddings", True)
+    lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
+              _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
+              "  n = input_layernorm(x)", "  a = self_attn(n)", "  m = mlp(n)", "  y = x + a + m",
+              "  return y", "}", ""]
+    model = _model(cls, "model", layer, c, norm)
+    model[-2] = f"  return {_num(c.get('logit_scale', 0.0625))} * lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))"
+    return "\n".join(lines + model) + "\n"
+
+
 WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
     "llama": _llama_like("LlamaForCausalLM", "Llama"),
     "mistral": _llama_like("MistralForCausalLM", "Mistral", qkv_bias=False),
     "qwen2": _llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True),
     "qwen3": _llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True),
     "gemma": _gemma,
-    "olmo2": _olmo2,
+    "olmo2": _olmo2("Olmo2ForCausalLM", "Olmo2DecoderLayer"),
+    "ministral": _llama_like("MinistralForCausalLM", "Ministral", qkv_bias=False),
+    "seed_oss": _llama_like("SeedOssForCausalLM", "SeedOss", out_bias="attention_out_bias"),
+    "arcee": _llama_like("ArceeForCausalLM", "Arcee", gated=False),
+    "gemma2": _gemma2,
     "phi3": _phi3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
+    "helium": _llama_like("HeliumForCausalLM", "Helium", cast="after_weight", out_bias=False,
+                          rope_style="interleaved"),
+    "granite": _llama_like("GraniteForCausalLM", "Granite"),
+    "smollm3": _llama_like("SmolLM3ForCausalLM", "SmolLM3"),
+    "starcoder2": _starcoder2,
+    "stablelm": _stablelm,
+    "phi": _phi,
+    "cohere": _cohere,
+    "olmo": _llama_like("OlmoForCausalLM", "Olmo", norm=lambda c: "layernorm(D, eps=1e-5, affine=false)"),
 }
 
 

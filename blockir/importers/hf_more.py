@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from blockir.importers import hf
-from blockir.importers.hf import ACTS, _attn_opts, _Config, _decl, _fail, _num
+from blockir.importers.hf import ACTS, _attn_opts, _Config, _decl, _fail, _num, exact_impl
 
 ENCODERS = {"bert": ("BertModel", "BertLayer", "bert"), "roberta": ("RobertaModel", "RobertaLayer", "roberta"),
             "xlm-roberta": ("XLMRobertaModel", "XLMRobertaLayer", "roberta"),
@@ -44,7 +44,7 @@ def _attention(c: _Config, heads: int, exact: bool, **names: str) -> list[str]:
     p = c.get("attention_probs_dropout_prob", c.get("attention_dropout", 0.0))
     if p:
         opts.append(f"dropout={_num(p)}")
-    return opts + (["impl=eager"] if exact else [])
+    return opts + (exact_impl(c, cached=False) if exact else [])
 
 
 def _encoder(c: _Config, model_type: str, exact: bool) -> str:
@@ -124,7 +124,7 @@ def _causal_attention(c: _Config, exact: bool, bias: bool, *extra: str) -> list[
     opts = [f"heads={c.need('num_attention_heads')}", "scale_query=true", *extra]
     opts += ["bias=true", "out_bias=true"] if bias else []
     p = c.get("attention_dropout", 0.0)
-    return opts + ([f"dropout={_num(p)}"] if p else []) + (["impl=eager"] if exact else [])
+    return opts + ([f"dropout={_num(p)}"] if p else []) + (exact_impl(c, cached=True) if exact else [])
 
 
 def _post_or_pre(pre: bool, p: str, attn_norm: str, mlp_norm: str, mlp: str) -> list[str]:
@@ -188,7 +188,7 @@ def _bloom(c: _Config, model_type: str, exact: bool) -> str:
             "o=dense"]
     if c.get("attention_dropout", 0.0):
         attn.append(f"dropout={_num(c.get('attention_dropout'))}")
-    attn += ["impl=eager"] if exact else []
+    attn += exact_impl(c, cached=True) if exact else []
     norm = f"layernorm(D, eps={eps})"
     lines = _dims(cls, model_type, {"D": d, "F": 4 * d, "V": c.need("vocab_size")},
                   c.get("n_layer", c.get("num_hidden_layers")))
@@ -221,7 +221,7 @@ def _gpt_bigcode(c: _Config, model_type: str, exact: bool) -> str:
         attn.append("scale=1")
     if c.get("attn_pdrop", 0.1):
         attn.append(f"dropout={_num(c.get('attn_pdrop', 0.1))}")
-    attn += ["impl=eager"] if exact else []
+    attn += exact_impl(c, cached=True) if exact else []
     mlp = ["F", f"act={_act(c, 'activation_function', 'gelu_pytorch_tanh')}", "fc1=c_fc", "fc2=c_proj"]
     lines = _dims(cls, model_type, {"D": d, "F": c.get("n_inner") or 4 * d, "V": c.need("vocab_size"),
                                     "P": c.get("n_positions", 1024)}, c.get("n_layer", c.get("num_hidden_layers")))
@@ -247,7 +247,7 @@ def _biogpt(c: _Config, model_type: str, exact: bool) -> str:
     attn = [f"heads={c.need('num_attention_heads')}", "bias=true", "out_bias=true", "o=out_proj", "softmax_f32=false"]
     if c.get("attention_probs_dropout_prob", 0.1):
         attn.append(f"dropout={_num(c.get('attention_probs_dropout_prob', 0.1))}")
-    attn += ["impl=eager"] if exact else []
+    attn += exact_impl(c, cached=True) if exact else []
     act = f"{_act(c, 'hidden_act', 'gelu')}(fc1({{}}))"
     mlp = f"fc2(dropout({act}, p={_num(pa)}))" if pa else f"fc2({act})"
     scale = ", scale=D ** 0.5" if c.get("scale_embedding", True) else ""
@@ -327,7 +327,7 @@ def _gpt_neo(c: _Config, model_type: str, exact: bool) -> str:
         attn += [f"window={c.need('window_size')}"] if kind == "local" else []
         if c.get("attention_dropout", 0.0):
             attn.append(f"dropout={_num(c.get('attention_dropout'))}")
-        attn += ["impl=eager"] if exact else []
+        attn += exact_impl(c, cached=True) if exact else []
         lines += [f"block GPTNeoBlock_{kind}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  ln_1: layernorm(D, eps={eps})", _decl("attn.attention", "self_attention", attn),
                   f"  ln_2: layernorm(D, eps={eps})",

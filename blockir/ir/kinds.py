@@ -102,6 +102,7 @@ def _offset(what: str) -> ArgSpec:
 
 
 ROPE_STYLES = ("half", "interleaved")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
 QKV_LAYOUTS = ("none", "stacked", "heads")
 QK_NORMS = ("none", "rmsnorm", "layernorm", "l2norm")
 ATTENTION_IMPLS = ("sdpa", "eager")
@@ -118,6 +119,7 @@ _ATTENTION_CORE = (
     ArgSpec("dropout", "expr", Num(0.0), doc="dropout on the attention probabilities while training"),
     ArgSpec("impl", "enum", "sdpa", choices=ATTENTION_IMPLS,
             doc="sdpa: the fused kernel; eager: HF's eager reference op for op (bit-exact)"),
+    ArgSpec("kv_cache", "bool", None, doc="eager: keys and values are laid out as a KV cache holds them (contiguous), as an HF decoder's eager attention reads them when it caches; unset: as projected"),
     ArgSpec("softmax_f32", "bool", True, doc="eager softmax in f32 then cast (LLaMA); false: in the input dtype"),
     ArgSpec("score_residual", "enum", None, choices=("sum",),
             doc="RealFormer (arXiv:2012.11747): add the previous layer's scores [B, H, T, S] to this layer's "
@@ -192,12 +194,27 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
-            *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window"),
+            *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window; 0: none"),
             *_ATTENTION_LAYOUT,
             ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
                     "output before the output projection (NormFormer); unset means none"),
             ArgSpec("alibi", "bool", False, doc="ALiBi: add slope_h × (key position) to the scores, positions "
-                    "counted over the kept keys (BLOOM)")),
+                    "counted over the kept keys (BLOOM)"),
+            # unset keeps the printed contract of files written before these existed
+            ArgSpec("rope_freqs", "enum", None, choices=("f32", "input"),
+                    doc="input: inverse frequencies rounded to the input dtype first (an HF rotary buffer cast "
+                        "by model.to(dtype)); unset: f32"),
+            ArgSpec("rope_f32", "bool", None, doc="true: rotate with f32 tables, then cast back (OLMo 2)"),
+            ArgSpec("rope_scaling", "enum", None, choices=ROPE_SCALINGS,
+                    doc="context extension: linear (position interpolation), llama3, yarn; unset: none"),
+            ArgSpec("rope_factor", "expr", None, doc="the extension factor of rope_scaling"),
+            ArgSpec("rope_original_max", "expr", None, doc="the context before extension (llama3, yarn)"),
+            ArgSpec("rope_low_freq", "expr", None, doc="llama3: low_freq_factor; unset: 1"),
+            ArgSpec("rope_high_freq", "expr", None, doc="llama3: high_freq_factor; unset: 4"),
+            ArgSpec("rope_beta_fast", "expr", None, doc="yarn: beta_fast; unset: 32"),
+            ArgSpec("rope_beta_slow", "expr", None, doc="yarn: beta_slow; unset: 1"),
+            ArgSpec("rope_attention_factor", "expr", None,
+                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),

@@ -55,19 +55,73 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
             return error("E0209", f"heads={heads} of '{decl.name}' does not divide its width {width[0]} = "
                          f"{width[1]}", decl.span, hint="pick a divisor of the width, or give head_dim=… explicitly")
         head_dim = width[1] // heads
+    window = value(decl.arg("window"), env) if decl.arg("window") is not None else None
+    if window is not None and (not float(window).is_integer() or window < 0):
+        return error("E0802", f"window of '{decl.name}' must be a non-negative integer, got {window}", decl.span,
+                     hint="a query sees this many keys, itself included; 0 means no window")
+    scaling = _rope_scaling(decl)
+    if scaling is not None:
+        return scaling
     if decl.arg("rope") and head_dim is not None and head_dim % 2:
         return error("E0211", f"the rotary embedding of '{decl.name}' needs an even head_dim, got {head_dim}",
                      decl.span, hint="rotary embeddings rotate pairs of channels")
     return None
 
 
+SCALING_ARGS = ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq", "rope_beta_fast",
+                "rope_beta_slow", "rope_attention_factor")
+SCALING_NEEDS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_original_max"),
+                 "yarn": ("rope_factor", "rope_original_max")}
+SCALING_TAKES = {"linear": ("rope_factor",),
+                 "llama3": ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq"),
+                 "yarn": ("rope_factor", "rope_original_max", "rope_beta_fast", "rope_beta_slow",
+                          "rope_attention_factor")}
+
+
+def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
+    """A scaling scheme with the parameters it reads, and no parameter it ignores."""
+    kind = decl.arg("rope_scaling")
+    given = [a for a in SCALING_ARGS if decl.arg(a) is not None]
+    if kind is None:
+        if given:
+            return error("E0801", f"'{decl.name}' sets {given[0]} but no rope_scaling", decl.span,
+                         hint="rope_scaling=linear|llama3|yarn chooses the scheme these parameters belong to")
+        return None
+    if not decl.arg("rope"):
+        return error("E0801", f"'{decl.name}' sets rope_scaling={kind} but rope=false", decl.span,
+                     hint="a scaling scheme rescales the rotary frequencies: add rope=true")
+    missing = [a for a in SCALING_NEEDS[kind] if a not in given]
+    if missing:
+        return error("E0801", f"rope_scaling={kind} of '{decl.name}' needs {', '.join(missing)}", decl.span,
+                     hint=f"{kind} reads: {', '.join(SCALING_TAKES[kind])}")
+    extra = [a for a in given if a not in SCALING_TAKES[kind]]
+    if extra:
+        return error("E0801", f"rope_scaling={kind} of '{decl.name}' does not read {extra[0]}", decl.span,
+                     hint=f"{kind} reads: {', '.join(SCALING_TAKES[kind])}")
+    return None
+
+
+def _padding_row(decl: KindDecl, env: Env) -> Diagnostic | None:
+    """``padding_idx`` names a row of the table (negative: counted from the end, as nn.Embedding does)."""
+    row = value(decl.arg("padding_idx"), env) if decl.arg("padding_idx") is not None else None
+    rows = env.get(decl.arg("vocab"))
+    if row is None or (float(row).is_integer() and (not isinstance(rows, int) or -rows <= row < rows)):
+        return None
+    return error("E0803", f"padding_idx={row} of '{decl.name}' is not a row of its table"
+                 + (f" of {rows} rows" if isinstance(rows, int) else ""), decl.span,
+                 hint="the id of the padding token: an integer below the vocabulary size")
+
+
 def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...]) -> list[Diagnostic]:
     """Every attention declaration of ``block``, in each layer whose environment can change its sizes."""
     out = []
     for decl in block.decls:
+        if isinstance(decl, KindDecl) and decl.kind == "embedding":
+            found = _padding_row(decl, dict(base))
+            out += [found] if found is not None else []
         if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
             continue
-        per_layer = any(uses_layer(decl.arg(n), block) for n in COUNTS if decl.arg(n) is not None)
+        per_layer = any(uses_layer(decl.arg(n), block) for n in (*COUNTS, "window") if decl.arg(n) is not None)
         for layer, n, env in contexts(base, block, counts, per_layer):
             found = _attention(block, decl, env)
             if found is not None:

@@ -1,0 +1,82 @@
+"""RoPE inverse frequencies, unscaled and under the context-extension schemes checkpoints ship with.
+
+Each scheme is computed in fp32 in the order HF transformers' ``modeling_rope_utils`` uses, so the
+tables of an imported model equal the host model's bit for bit:
+
+* ``linear``: position interpolation, every frequency divided by ``factor``
+  ("Extending Context Window of Large Language Models via Positional Interpolation", arXiv:2306.15595).
+* ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth ramp between
+  (Llama 3.1's scheme; "The Llama 3 Herd of Models", arXiv:2407.21783).
+* ``yarn``: per-dimension blend of interpolated and original frequencies with the cos/sin tables
+  scaled by an attention factor ("YaRN: Efficient Context Window Extension of Large Language
+  Models", arXiv:2309.00071).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+SCALINGS = ("linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scheme and its parameters; unset ones take the defaults of the published configs."""
+
+    kind: str
+    factor: float
+    original_max: int | None = None  # the pre-extension context (llama3, yarn)
+    low_freq: float = 1.0  # llama3
+    high_freq: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn; unset: 0.1 ln(factor) + 1
+
+    def table_factor(self) -> float:
+        """What the cos/sin tables are multiplied by (one for every scheme but YaRN)."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0
+
+
+def inv_freq(dim: int, theta: float, device: torch.device, scaling: RopeScaling | None = None) -> Tensor:
+    """The ``dim // 2`` inverse frequencies of ``dim`` rotated coordinates, in fp32."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    base = 1.0 / (theta ** exponents)
+    if scaling is None:
+        return base
+    if scaling.kind == "linear":
+        return base / scaling.factor
+    if scaling.kind == "llama3":
+        return _llama3(base, scaling)
+    return _yarn(dim, theta, exponents, scaling)
+
+
+def _llama3(freqs: Tensor, s: RopeScaling) -> Tensor:
+    old = s.original_max
+    low_wavelen, high_wavelen = old / s.low_freq, old / s.high_freq
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / s.factor, freqs)
+    smooth = (old / wavelen - s.low_freq) / (s.high_freq - s.low_freq)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(dim: int, theta: float, exponents: Tensor, s: RopeScaling) -> Tensor:
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(s.original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(s.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(s.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    pos_freqs = theta ** exponents
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp.to(pos_freqs.device)
+    return (1.0 / (s.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
