@@ -75,3 +75,18 @@ def test_run_reports_method_parameters_in_json() -> None:
     methods = json.loads(out.getvalue())["methods"]
     assert [m["parameter"] for m in methods] == [f"layers.{i}.resweight" for i in range(12)]
     assert all(m["kind"] == "gate" and m["grad_norm"] is not None and m["saturated"] is None for m in methods)
+
+
+@pytest.mark.parametrize("example, panels", [
+    ("prepbn", 4),  # loss, rho, cos, and PRepBN's gamma(t) against step
+    ("ngpt", 5),  # ... the eigen-rate gates by depth, and the distance from the sphere against step
+])
+def test_plot_draws_a_panel_per_kind_of_method_measure(tmp_path, example: str, panels: int) -> None:
+    """Every panel is 3.3 inches tall at 110 dpi, so the image height counts the panels drawn."""
+    import matplotlib.image as matplotlib_image
+    out = tmp_path / "run.png"
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        code = main(["run", str(ROOT / "examples" / f"{example}.block"), "--steps", "2", "--dims", "B=2,S=8",
+                     "--plot", str(out)])
+    assert code == 0
+    assert matplotlib_image.imread(out).shape[0] == round(3.3 * 110 * panels)

@@ -1,4 +1,5 @@
-"""Run plots: loss against step, and the update ratio and alignment against depth (matplotlib is optional)."""
+"""Run plots: loss against step, the update ratio and alignment against depth, and the measures of the
+methods a block uses (matplotlib is optional)."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -17,9 +18,11 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 
 def _plot_methods(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore[no-untyped-def]
-    """Gate values and DyT alpha by depth (solid), DyT saturation (dashed), at the last evaluation."""
+    """By depth, at the last evaluation: gate values and DyT alpha (solid), DyT saturation (dashed), and the
+    RMS and attention entropy of carried score states (dotted)."""
     for label, r in reports.items():
-        methods = r.snapshots[-1].methods if r.snapshots else ()
+        last = r.snapshots[-1] if r.snapshots else None
+        methods = last.methods if last else ()
         for kind in ("gate", "dyt"):
             ms = [m for m in methods if m.kind == kind]
             if ms:
@@ -28,8 +31,37 @@ def _plot_methods(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore
         dyt = [m for m in methods if m.kind == "dyt" and m.saturated is not None]
         if dyt:
             ax.plot(range(len(dyt)), [m.saturated for m in dyt], "x--", label=f"{label} DyT saturated (|alpha x| > 2)")
-    ax.set_ylabel("method parameters")
-    ax.set_xlabel("gate / DyT site (depth)")
+        scores = last.scores if last else ()
+        if scores:
+            ax.plot(range(len(scores)), [s.rms for s in scores], "s:", label=f"{label} score state RMS")
+            ax.plot(range(len(scores)), [s.entropy for s in scores], "d:", label=f"{label} attention entropy (nats)")
+    ax.set_ylabel("method measures")
+    ax.set_xlabel("gate / DyT site / score state (depth)")
+
+
+def _plot_states(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore[no-untyped-def]
+    """Against step: nGPT's distance from the unit sphere (hidden rows, projected matrices) and each PRepBN's
+    LayerNorm share gamma(t)."""
+    for label, r in reports.items():
+        steps = [s.step for s in r.snapshots]
+        if any(s.sphere is not None for s in r.snapshots):
+            for i, what in enumerate(("max |‖h‖ − 1| (hidden rows)", "max |‖w‖ − 1| (projected)")):
+                ax.plot(steps, [s.sphere[i] if s.sphere is not None else float("nan") for s in r.snapshots], "o-",
+                        label=f"{label} {what}")
+        names = [n.name for n in (r.snapshots[-1].norms if r.snapshots else ()) if n.gamma is not None]
+        for name in names:
+            gamma = [next((n.gamma for n in s.norms if n.name == name), float("nan")) for s in r.snapshots]
+            ax.plot(steps, gamma, "^--", label=f"{label} {name} gamma(t)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("method state")
+
+
+def _panels(reports: Mapping[str, RunReport]) -> tuple[bool, bool]:
+    """Whether the runs have measures by depth (gates, DyT, scores) and states over steps (sphere, gamma)."""
+    lasts = [r.snapshots[-1] for r in reports.values() if r.snapshots]
+    depth = any(s.methods or s.scores for s in lasts)
+    steps = any(s.sphere is not None or any(n.gamma is not None for n in s.norms) for s in lasts)
+    return depth, steps
 
 
 def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> None:
@@ -39,8 +71,9 @@ def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> No
     so the drift of the update ratio during training is visible by depth.
     """
     plt = _pyplot()
-    methods = any(r.snapshots and r.snapshots[-1].methods for r in reports.values())
-    fig, axes = plt.subplots(4 if methods else 3, 1, figsize=(9, 13 if methods else 10))
+    by_depth, over_steps = _panels(reports)
+    rows = 3 + by_depth + over_steps
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 3.3 * rows))
     loss, rho, cos = axes[:3]
     for label, r in reports.items():
         steps = range(r.first_step + 1, r.first_step + len(r.losses) + 1)
@@ -55,8 +88,10 @@ def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> No
             tag = f"{label} step {snap.step}" if last else None
             rho.plot(depth, [s.rho[0] for s in snap.sites], label=tag, **style)
             cos.plot(depth, [s.cos[0] for s in snap.sites], label=tag, **style)
-    if methods:
+    if by_depth:
         _plot_methods(axes[3], reports)
+    if over_steps:
+        _plot_states(axes[-1], reports)
     loss.set_xlabel("step")
     loss.set_ylabel("loss (nats/byte)")
     rho.set_ylabel("rho p50 = RMS(u)/RMS(x)")

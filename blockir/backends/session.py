@@ -19,6 +19,7 @@ from torch import nn
 from blockir.analyses.hypersphere import on_sphere
 from blockir.analyses.sites import residual_sites
 from blockir.analyses.sizes import Sizes
+from blockir.backends.calibrate import NormState, norm_states
 from blockir.backends.compile import compile as compile_block
 from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
 from blockir.backends.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
@@ -53,7 +54,8 @@ class Snapshot:
     sites: tuple[SiteStats, ...]
     sphere: tuple[float, float] | None = None  # nGPT: max |‖h‖ − 1| over hidden rows, and over projected vectors
     methods: tuple[MethodStats, ...] = ()  # branch gates and DyT applications, when the model has any
-    scores: tuple[ScoreStats, ...] = ()
+    scores: tuple[ScoreStats, ...] = ()  # RealFormer: each carried score state
+    norms: tuple[NormState, ...] = ()  # batch-coupled norms: PRepBN's step and gamma, running-stat age
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class Trainer:
         finally:
             self.model.train()
         return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere, tuple(methods),
-                        tuple(scores))
+                        tuple(scores), tuple(norm_states(self.model.core)))
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]

@@ -109,7 +109,6 @@ def sphere_json(sphere: tuple[float, float] | None) -> dict[str, float] | None:
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
         from blockir.backends import checkpoint
-        from blockir.backends.calibrate import norm_states
         from blockir.backends.corpus import load_corpus
         from blockir.backends.session import RunConfig, Trainer, train
         if args.steps < 0:
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved step {trainer.step_count} to {args.save}")
         final = report.snapshots[-1]
-        norms = norm_states(trainer.model.core)
+        norms = final.norms
         if args.format == "json":
             print_json({"block": block.name, "data": corpus.source, "first_step": report.first_step,
                         "losses": list(report.losses), "val_loss": final.val_loss,
