@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterator, NamedTuple
 
 from blockir.analyses.sizes import Sizes
-from blockir.analyses.structure import wrapper
+from blockir.analyses.structure import Sublayer, wrapper
 from blockir.analyses.summaries import score_family
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
@@ -35,20 +35,12 @@ class ScoreSite(NamedTuple):
 Scope = tuple[Block, Sizes, str]  # a called block, its sizes for that call, and its value-path prefix
 
 
-def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[Site | ScoreSite | Scope]:
-    """The block's own sites and the scopes of the blocks it calls, in program order."""
-    roots = {id(sub.root): sub for sub in wrapper(block).sublayers if sub.shortcut is not None}
+def _ops(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[tuple[Block, str, Op] | Scope]:
+    """The block's ops with their prefix, and in place of each block instance the scopes of its calls."""
     for op in block.ops:
-        family = score_family(block, op)
-        if family is not None and isinstance(op, CallOp) and op.more:
-            yield ScoreSite(prefix + op.more[0], family == "causal self-attention")
-        sub = roots.get(id(op))
-        if sub is not None:
-            total = sub.root.residual if isinstance(sub.root, FusedAddNormOp) else sub.root.result
-            yield Site(prefix + total, prefix + sub.shortcut, tuple(prefix + v for v in sub.updates))
-            continue
         d = block.decl_map.get(getattr(op, "decl", None) or "")
         if not isinstance(d, InstanceDecl):
+            yield block, prefix, op
             continue
         inner = program.block(d.block)
         if d.count is None:
@@ -59,16 +51,32 @@ def _items(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterato
             yield inner, scope.for_block(inner, i, n), f"{prefix}{d.name}.{i}."
 
 
-def _walk(program: Program, block: Block, sizes: Sizes) -> Iterator[Site | ScoreSite]:
-    stack = [_items(program, block, sizes.for_block(block), "")]
+def executed_ops(program: Program, block: Block, sizes: Sizes) -> Iterator[tuple[Block, str, Op]]:
+    """Every op a call of ``block`` runs, in execution order, with the block that holds it and its value-path
+    prefix (``layers.3.``): sub-blocks and stacks are entered where they are called."""
+    stack = [_ops(program, block, sizes.for_block(block), "")]
     while stack:
         item = next(stack[-1], None)
         if item is None:
             stack.pop()
-        elif isinstance(item, (Site, ScoreSite)):
-            yield item
+        elif isinstance(item[1], Sizes):
+            stack.append(_ops(program, *item))  # type: ignore[arg-type]
         else:
-            stack.append(_items(program, *item))
+            yield item  # type: ignore[misc]
+
+
+def _walk(program: Program, block: Block, sizes: Sizes) -> Iterator[Site | ScoreSite]:
+    roots: dict[int, dict[int, Sublayer]] = {}  # per block: its sublayers by the op that closes them
+    for inner, prefix, op in executed_ops(program, block, sizes):
+        family = score_family(inner, op)
+        if family is not None and isinstance(op, CallOp) and op.more:
+            yield ScoreSite(prefix + op.more[0], family == "causal self-attention")
+        if id(inner) not in roots:
+            roots[id(inner)] = {id(sub.root): sub for sub in wrapper(inner).sublayers if sub.shortcut is not None}
+        sub = roots[id(inner)].get(id(op))
+        if sub is not None:
+            total = sub.root.residual if isinstance(sub.root, FusedAddNormOp) else sub.root.result
+            yield Site(prefix + total, prefix + sub.shortcut, tuple(prefix + v for v in sub.updates))
 
 
 def residual_sites(program: Program, block: Block, sizes: Sizes) -> list[Site]:
@@ -87,36 +95,11 @@ class MethodSite(NamedTuple):
     value: str | None  # dyt: the value path of the norm's input; gates: None
 
 
-def _ops(program: Program, block: Block, scope: Sizes, prefix: str) -> Iterator[tuple[Block, str, Op] | Scope]:
-    """The block's ops with their prefix, and in their place the scopes of the blocks it calls."""
-    for op in block.ops:
-        d = block.decl_map.get(getattr(op, "decl", None) or "")
-        if not isinstance(d, InstanceDecl):
-            yield block, prefix, op
-            continue
-        inner = program.block(d.block)
-        if d.count is None:
-            yield inner, scope.for_block(inner), f"{prefix}{d.name}."
-            continue
-        n = scope.count(d.count, f"the layer count of '{d.name}'", d.span)
-        for i in range(n):
-            yield inner, scope.for_block(inner, i, n), f"{prefix}{d.name}.{i}."
-
-
 def method_sites(program: Program, block: Block, sizes: Sizes) -> list[MethodSite]:
     """Learned branch gates and DyT applications reachable from ``block``, in execution order."""
     out: list[MethodSite] = []
     seen: set[str] = set()
-    stack = [_ops(program, block, sizes.for_block(block), "")]
-    while stack:
-        item = next(stack[-1], None)
-        if item is None:
-            stack.pop()
-            continue
-        if isinstance(item[1], Sizes):
-            stack.append(_ops(program, *item))  # type: ignore[arg-type]
-            continue
-        inner, prefix, op = item  # type: ignore[misc]
+    for inner, prefix, op in executed_ops(program, block, sizes):
         decl = inner.decl_map.get(getattr(op, "decl", None) or getattr(op, "param", None) or "")
         if isinstance(op, ScaleOp) and op.param is not None and prefix + op.param not in seen \
                 and any(op in b.scales for s in wrapper(inner).sublayers for b in s.branches):
