@@ -115,8 +115,8 @@ def test_a_difference_keeps_its_operands_placement() -> None:
 
 @pytest.mark.parametrize("placed, code, message", [
     ("tp=replicate", "E0601", "operands of '-' are placed differently: 'x' is tp=shard(S), 'f(…)' is replicated"),
-    ("tp=partial", "E0602", "'f(…)' is a pending sum over tp subtracted from 'x' (tp=shard(S)): every rank would "
-                            "apply the other operand, and reducing afterwards counts it once per rank"),
+    ("tp=partial", "E0602", ("'f(…)' is a pending sum over tp subtracted from 'x' (tp=shard(S)): every rank would "
+                             "apply the other operand, and reducing afterwards counts it once per rank")),
 ])
 def test_a_difference_of_differently_placed_values_is_refused(placed: str, code: str, message: str) -> None:
     prog = blockir.parse(DIFF.replace("PLACED", placed), "diff.block")
