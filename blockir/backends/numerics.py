@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import sys
-from contextvars import ContextVar
 from typing import Callable
 
 import torch
@@ -222,12 +221,12 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     from coordinates rather than drawn from a stateful generator, recomputing
     the forward with the same key replays the same mask, and a 0-d tensor
     key stays inside a traced graph. Inside a data-parallel forward
-    (``BATCH_SLICE``) the coordinates are those of the global batch.
+    (``BatchSlice``) the coordinates are those of the global batch.
     """
     mask_shape = dropout_mask_shape(tuple(x.shape), broadcast)
     if not training or p == 0.0:
         return x
-    index, count = BATCH_SLICE.get()
+    index, count = BatchSlice.current
     if _is_dtensor(x):
         return _sharded_dropout(x, p, mask_shape, key, index, count)
     if count == 1:
@@ -239,9 +238,12 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
-# (index, count): this process runs slice ``index`` of ``count`` equal slices of the global batch (axis 0),
-# as a data-parallel rank does; set by the data-parallel wrapper for the duration of its forward
-BATCH_SLICE: ContextVar[tuple[int, int]] = ContextVar("blockir_batch_slice", default=(0, 1))
+class BatchSlice:
+    """The slice of the global batch (axis 0) this process runs: ``(index, count)``, slice ``index`` of
+    ``count`` equal ones, as a data-parallel rank does. The data-parallel wrapper sets it for the duration
+    of its forward; a plain class attribute, which a compiled graph reads (and guards on) like a constant."""
+
+    current: tuple[int, int] = (0, 1)
 
 
 def _global_batch(shape: tuple[int, ...], count: int) -> tuple[int, ...]:

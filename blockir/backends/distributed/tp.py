@@ -17,7 +17,7 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
-from blockir.backends.numerics import BATCH_SLICE
+from blockir.backends.numerics import BatchSlice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
 
@@ -136,10 +136,18 @@ def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
 def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
     """While the module runs, dropout masks are keyed by global batch rows: this rank's slice is offset by
     its data-parallel index, so the ranks together draw the masks of one process on the whole batch."""
-    tokens = []
+    outer: list[tuple[int, int]] = []
     where = (dp.get_local_rank(), dp.size())
-    module.register_forward_pre_hook(lambda m, args: tokens.append(BATCH_SLICE.set(where)))
-    module.register_forward_hook(lambda m, args, out: BATCH_SLICE.reset(tokens.pop()))
+
+    def enter(m: nn.Module, args: object) -> None:
+        outer.append(BatchSlice.current)
+        BatchSlice.current = where
+
+    def leave(m: nn.Module, args: object, out: object) -> None:
+        BatchSlice.current = outer.pop()
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
 
 
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
