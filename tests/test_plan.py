@@ -152,6 +152,11 @@ def test_head_parameters_are_placed() -> None:
     ngpt = blockir.load(ROOT / "examples" / "ngpt.block")
     plan = derive_plan(ngpt, ngpt.block("NGPT"), Sizes.of(ngpt, {"B": 2, "S": 8}), "sequence", 2)
     assert plan.params["layers.0.attn.qk_scale"] == "shard(0)"
+    # one key/value head over two ranks: each rank computes it, but its gain belongs to query head 0 alone
+    mqa = blockir.parse((ROOT / "examples" / "ngpt.block").read_text().replace("qk_scale=true)", "qk_scale=true, "
+                                                                                "kv_heads=1)"), "ngpt.block")
+    with pytest.raises(blockir.BlockError, match="cannot place 'layers.0.attn.qk_scale', 'layers.1.attn.qk_scale'"):
+        derive_plan(mqa, mqa.block("NGPT"), Sizes.of(mqa, {"B": 2, "S": 8}), "sequence", 2)
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true, qk_norm=layernorm, qk_norm_axis=head, "

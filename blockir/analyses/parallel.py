@@ -204,22 +204,23 @@ class _Planner:
         if d.arg("out_bias" if attention else "bias"):
             self._param(f"{row}.bias", "replicate")
         if attention:
-            self.head_params(d, path, names)
+            self.head_params(d, path, names, shared_kv)
         self._gathered(layer, path)
         self._collective(layer, Collective(row, REDUCE[self.layout], self.elements))
 
-    def head_params(self, d: KindDecl, path: str, names: dict[str, str]) -> None:
+    def head_params(self, d: KindDecl, path: str, names: dict[str, str], shared_kv: bool) -> None:
         """Per-head parameters of an attention branch. A q/k norm over each head's features is one gain all
         heads share: every rank applies it to its own heads, so its gradient is a pending sum over tp. A norm
         over the whole width spans heads on other ranks and is left unplaced. nGPT's s_qk has one entry
-        per query feature and splits with its heads."""
+        per query feature and splits with its heads; a key head takes its group's first query gain, which
+        a rank computing a replicated key/value head need not hold, so then it is left unplaced too."""
         if d.arg("qk_norm") in ("rmsnorm", "layernorm") and d.arg("qk_norm_axis") == "head":
             for role in ("q_norm", "k_norm"):
                 self.plan.modules.append(ModuleStyle(f"{path}.{names[role]}", "head_norm", d.kind))
                 self._param(f"{path}.{names[role]}.weight", "replicate (gradient summed over tp)")
                 if d.arg("qk_norm") == "layernorm":
                     self._param(f"{path}.{names[role]}.bias", "replicate (gradient summed over tp)")
-        if d.arg("qk_scale"):
+        if d.arg("qk_scale") and not shared_kv:
             self._param(f"{path}.qk_scale", "shard(0)")
 
 
