@@ -19,15 +19,16 @@ from dist_harness import compare
 LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
 MODELS = {"llama": (LLAMA, "LlamaModel"), "gpt2": (FAMILIES, "GPT2Model"),
-          "neox": (FAMILIES, "GPTNeoXModel"), "bert": (FAMILIES, "BertEncoder")}
+          "neox": (FAMILIES, "GPTNeoXModel"), "bert": (FAMILIES, "BertEncoder"), "heads": (FAMILIES, "HeadParamsModel")}
 LAYOUTS = ("replicated", "sequence", "hidden")
 # where the residual stream reaches each layer
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
-# (model, layout, mode, dp) run over two ranks; LLaMA has no dropout, so its training run would repeat eval
-WORLD2 = [("llama", layout, "eval", 1) for layout in LAYOUTS] + \
+# (model, layout, mode, dp) run over two ranks; LLaMA and the per-head model have no dropout, so training would repeat eval
+WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout in LAYOUTS] + \
     [(model, layout, mode, 1) for model in ("gpt2", "neox", "bert") for layout in LAYOUTS for mode in ("eval", "train")]
 # over four ranks: FSDP2 over dp with the plan over tp on a 2×2 mesh, and LLaMA's 2 key/value heads over tp=4
-WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", "eval", 2)] + \
+# GPT-2 trains with dropout there too: each dp rank keys its masks by its rows of the global batch
+WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", mode, 2) for mode in ("eval", "train")] + \
     [("llama", layout, "eval", 1) for layout in ("sequence", "hidden")]
 
 
@@ -82,15 +83,15 @@ def test_tensor_parallel_matches_one_process(world2: dict, case: tuple[Any, ...]
     assert par["inputs"][layer] == STREAM[layout]
     # every layer issued exactly the collectives, and payloads, the plan predicts for it
     assert len(par["comms"]) == 2
-    if (case[0], layout) == ("bert", "hidden"):
-        # Post-LN with LayerNorm run as one kernel: the engine gathers the row for the norm, and the norm's output
-        # is the stream, which stays replicated; only the first layer's attention still gathers its input
-        stream = 2 * 8 * 64
-        assert par["comms"] == {"layers.0": {("all-gather", stream): 3, ("reduce-scatter", stream): 2},
-                                "layers.1": {("all-gather", stream): 2, ("reduce-scatter", stream): 2}}
-        assert par["planned"]["layers.1"] == par["comms"]["layers.1"]
-    else:
-        assert par["comms"] == par["planned"]
+    if case[0] == "heads":
+        # q/k norm gains replicated with their gradients summed, nGPT's s_qk split with the query heads
+        assert params["layers.0.self_attn.q_norm.weight"] == params["layers.1.self_attn.k_norm.weight"] == "R"
+        assert params["layers.0.self_attn.qk_scale"] == "S(0)"
+    # Post-LN included: under hidden sharding every LayerNorm reduces its row sums, so the stream stays
+    # feature-sharded through the norm that produces it
+    assert par["comms"] == par["planned"]
+    if layout == "hidden":
+        assert all(par["inputs"][k] == "S(2)" for k in par["inputs"] if k.rsplit(".", 1)[-1].isdigit())
 
 
 @pytest.mark.parametrize("model", ["gpt2", "neox", "bert"])
@@ -102,7 +103,7 @@ def test_training_runs_really_drop(world2: dict, model: str) -> None:
         assert _rel(train["y"], evaluated["y"]) > 1e-2
 
 
-@pytest.mark.parametrize("case", WORLD4[:4], ids=lambda c: "-".join(map(str, c[:2])))
+@pytest.mark.parametrize("case", WORLD4[:5], ids=lambda c: "-".join(map(str, c[:3])))
 def test_fsdp_and_tp_on_a_2x2_mesh(world4: dict, case: tuple[Any, ...]) -> None:
     """FSDP2 over dp and the derived plan over tp: each dp rank runs half the batch."""
     ref, par = world4[case]
@@ -114,7 +115,14 @@ def test_fsdp_and_tp_on_a_2x2_mesh(world4: dict, case: tuple[Any, ...]) -> None:
     assert params[next(k for k in params if k.endswith(("down_proj.weight", "fc2.weight")))] == "S(0),S(1)"
 
 
-@pytest.mark.parametrize("case", WORLD4[4:], ids=lambda c: c[1])
+def test_data_parallel_training_draws_the_whole_batchs_masks(world4: dict) -> None:
+    """The (dp, tp) training run above matched one process on the whole batch; it really dropped."""
+    train, _ = world4[("gpt2", "hidden", "train", 2)]
+    evaluated, _ = world4[("gpt2", "hidden", "eval", 2)]
+    assert _rel(train["y"], evaluated["y"]) > 1e-2
+
+
+@pytest.mark.parametrize("case", WORLD4[5:], ids=lambda c: c[1])
 def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tuple[Any, ...]) -> None:
     """Two key/value heads over four ranks: each rank keeps the whole k/v weight and computes its head."""
     ref, par = world4[case]

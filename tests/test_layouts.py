@@ -97,3 +97,27 @@ block Layer(x: [B, S, D]) -> [B, S, D] {{
     diags = blockir.verify(prog)
     assert [d.code for d in diags] == codes
     assert [(d.span.line, d.span.column) for d in diags] == [(9, 3)] * len(codes)
+
+
+DIFF = HEAD + """block Layer(x: [B, S, D; tp=shard(S)]) -> [B, S, D; tp=shard(S)] {
+  f: extern(x: [B, S, D; tp=shard(S)]) -> [B, S, D; PLACED]
+  d = x - f(x)
+  return d
+}
+"""
+
+
+def test_a_difference_keeps_its_operands_placement() -> None:
+    prog = blockir.parse(DIFF.replace("PLACED", "tp=shard(S)"), "diff.block")
+    assert blockir.verify(prog) == []
+    assert describe_layout(layouts(prog, prog.block("Layer")).of("d")) == "tp=shard(S)"
+
+
+@pytest.mark.parametrize("placed, code, message", [
+    ("tp=replicate", "E0601", "operands of '-' are placed differently: 'x' is tp=shard(S), 'f(…)' is replicated"),
+    ("tp=partial", "E0602", ("'f(…)' is a pending sum over tp subtracted from 'x' (tp=shard(S)): every rank would "
+                             "apply the other operand, and reducing afterwards counts it once per rank")),
+])
+def test_a_difference_of_differently_placed_values_is_refused(placed: str, code: str, message: str) -> None:
+    prog = blockir.parse(DIFF.replace("PLACED", placed), "diff.block")
+    assert [(d.code, d.message, d.span.line, d.span.column) for d in blockir.verify(prog)] == [(code, message, 8, 7)]

@@ -85,11 +85,10 @@ def test_normformer_graph_without_head_scales_is_an_error() -> None:
                                "(head_scale=true)"
 
 
-def test_tensor_parallel_plan_refuses_head_scales() -> None:
+def test_tensor_parallel_plan_splits_head_scales_with_their_heads() -> None:
     from blockir.analyses.parallel import derive_plan
     from blockir.analyses.sizes import Sizes
     prog = blockir.load(EXAMPLE)
-    with pytest.raises(blockir.BlockError) as info:
-        derive_plan(prog, prog.block("NormFormerLayer"), Sizes.of(prog, {"B": 2, "S": 4}), "sequence", 2)
-    assert info.value.diagnostics[0].code == "E0730"
-    assert "head_scale=true" in info.value.diagnostics[0].message
+    plan = derive_plan(prog, prog.block("NormFormerLayer"), Sizes.of(prog, {"B": 2, "S": 4}), "sequence", 2)
+    assert plan.params["self_attn.head_scale"] == "shard(0)"
+    assert plan.params["self_attn.q_proj.weight"] == "shard(0)"

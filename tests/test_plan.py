@@ -6,12 +6,15 @@ import io
 import json
 from contextlib import redirect_stderr, redirect_stdout
 
+import pytest
+
 import blockir
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.cli import main
 from blockir.commands.plan import CLOSED_FORM
 from conftest import ROOT
+from test_docs import fences
 
 LLAMA = str(ROOT / "examples" / "llama.block")
 
@@ -99,15 +102,104 @@ def test_key_value_heads_neither_split_nor_shared_are_a_located_error() -> None:
 
 
 def test_hidden_norms_all_reduce_one_sum_per_row_reduction() -> None:
-    """RMSNorm reduces Σx² per row, a written-out LayerNorm Σx and Σx²: the all-reduce carries that many elements
-    per row. A LayerNorm run as one kernel gathers its row instead, in place of the gather at its branch."""
+    """RMSNorm reduces Σx² per row, a LayerNorm Σx and Σx² (written out or run as one kernel on one device):
+    the all-reduce carries that many elements per row."""
     rows = 2 * 8
     families = (ROOT / "tests" / "distributed" / "families.block").read_text()
     two_pass = families.replace("ln_1: layernorm(D, eps=1e-5, bias=true)", "ln_1: layernorm(D, eps=1e-5, bias=true, two_pass=true)")
     for prog, name, norm, expected in (
             (blockir.load(LLAMA), "LlamaModel", "layers.0.input_layernorm", [("all-reduce", rows)]),
             (blockir.parse(two_pass, "families.block"), "GPT2Model", "h.0.ln_1", [("all-reduce", 2 * rows)]),
-            (blockir.parse(families, "families.block"), "GPT2Model", "h.0.ln_1", [])):
+            (blockir.parse(families, "families.block"), "GPT2Model", "h.0.ln_1", [("all-reduce", 2 * rows)])):
         plan = derive_plan(prog, prog.block(name), Sizes.of(prog, {"B": 2, "S": 8}), "hidden", 2)
         layer = norm.rsplit(".", 1)[0]
         assert [(c.op, c.elements) for c in plan.collectives[layer] if c.site == norm] == expected, norm
+
+
+def _plans(program: blockir.ir.program.Program, world: int, dims: dict[str, int]) -> list[tuple[str, str, set, set]]:
+    """(block, layout, plan's keys, state_dict keys) for every block of ``program`` under every layout."""
+    from blockir.analyses.keys import param_keys
+    out = []
+    for block in program.blocks:
+        keys = {k.name for k in param_keys(program, block.name, dims).keys}
+        for layout in ("replicated", "sequence", "hidden"):
+            plan = derive_plan(program, block, Sizes.of(program, dims), layout, world)
+            out.append((block.name, layout, set(plan.params), keys))
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.block")), ids=lambda p: p.stem)
+def test_the_plan_places_every_key_of_every_example(path) -> None:
+    for block, layout, placed, keys in _plans(blockir.load(path), 2, {"B": 2, "S": 8}):
+        assert placed == keys, (block, layout, placed ^ keys)
+
+
+def test_the_plan_places_every_key_of_the_docs_snippets_with_a_mesh() -> None:
+    checked = 0
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for fence in fences(doc.read_text()):
+            if fence.lang != "block" or ": mesh" not in fence.body:
+                continue
+            program = blockir.parse(fence.body, f"{doc.name}:{fence.line}")
+            for block, layout, placed, keys in _plans(program, 1, {"B": 2, "S": 8}):
+                assert placed == keys, (doc.name, fence.line, block, layout, placed ^ keys)
+                checked += 1
+    assert checked >= 30
+
+
+def test_head_parameters_are_placed() -> None:
+    """q/k norms per head are one gain every rank applies to its own heads; nGPT's s_qk splits with them."""
+    ngpt = blockir.load(ROOT / "examples" / "ngpt.block")
+    plan = derive_plan(ngpt, ngpt.block("NGPT"), Sizes.of(ngpt, {"B": 2, "S": 8}), "sequence", 2)
+    assert plan.params["layers.0.attn.qk_scale"] == "shard(0)"
+    # one key/value head over two ranks: each rank computes it, but its gain belongs to query head 0 alone
+    mqa = blockir.parse((ROOT / "examples" / "ngpt.block").read_text().replace("qk_scale=true)", "qk_scale=true, "
+                                                                                "kv_heads=1)"), "ngpt.block")
+    with pytest.raises(blockir.BlockError, match="cannot place 'layers.0.attn.qk_scale', 'layers.1.attn.qk_scale'"):
+        derive_plan(mqa, mqa.block("NGPT"), Sizes.of(mqa, {"B": 2, "S": 8}), "sequence", 2)
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true, qk_norm=layernorm, qk_norm_axis=head, "
+        "q_norm=ln_q)")
+    prog = blockir.parse(text, "families.block")
+    plan = derive_plan(prog, prog.block("GPT2Model"), Sizes.of(prog, {"B": 2, "S": 8}), "hidden", 2)
+    summed = "replicate (gradient summed over tp)"
+    assert {k: v for k, v in plan.params.items() if k.startswith(("h.0.attn.ln_q.", "h.0.attn.k_norm."))} == {
+        "h.0.attn.ln_q.weight": summed, "h.0.attn.ln_q.bias": summed,
+        "h.0.attn.k_norm.weight": summed, "h.0.attn.k_norm.bias": summed}
+
+
+@pytest.mark.parametrize("change, unplaced", [
+    ("fused=stacked, bias=true, out_bias=true)",
+     "'h.0.attn.qkv_proj.weight', 'h.0.attn.qkv_proj.bias', 'h.0.attn.o_proj.weight', 'h.0.attn.o_proj.bias' and 4 more"),
+    ("bias=true, out_bias=true, qk_norm=rmsnorm, qk_norm_axis=width)",
+     "'h.0.attn.q_norm.weight', 'h.0.attn.k_norm.weight', 'h.1.attn.q_norm.weight', 'h.1.attn.k_norm.weight'"),
+])
+def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: str) -> None:
+    """A fused q/k/v matrix cannot be cut into whole heads by columns, a q/k norm over the whole width needs the
+    moments of heads on other ranks: the plan names what it cannot place instead of leaving it out."""
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        "attn: self_attention(heads=H, causal=true, " + change)
+    prog = blockir.parse(text, "families.block")
+    with pytest.raises(blockir.BlockError) as info:
+        derive_plan(prog, prog.block("GPT2Model"), Sizes.of(prog, {"B": 2, "S": 8}), "sequence", 2)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.line, d.span.column) == ("E0607", 16, 3)
+    assert d.message == (f"the sequence tensor-parallel plan over 2 ranks cannot place {unplaced}: self_attention "
+                         "'attn' has no sharding that keeps whole heads or units on each rank")
+
+
+def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
+    """A file that declares a mesh and a fused q/k/v still shows its manifest; the block's entry carries the
+    plan's refusal where the placements would be."""
+    from blockir.analyses.manifest import program_manifest
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        "attn: self_attention(heads=H, causal=true, fused=stacked, bias=true, out_bias=true)").replace(
+        "dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
+    prog = blockir.parse(text, "families.block")
+    entry = program_manifest(prog)["parallel_layout"]["blocks"]["GPT2Model"]
+    assert "params" not in entry
+    assert entry["plan_refused"].startswith("E0607: the ")
+    assert "'h.0.attn.qkv_proj.weight'" in entry["plan_refused"]

@@ -225,11 +225,15 @@ def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = Non
     if name not in program.block_map:
         raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})",
                                 Span(program.filename, 1, 1))])
-    block = program.block(name)
+    return key_table(program, program.block(name), Sizes.of(program, dims))
+
+
+def key_table(program: Program, block: Block, sizes: Sizes) -> KeyTable:
+    """``param_keys`` of ``block`` under program-level ``sizes`` the caller already holds."""
     keys: list[Key] = []
     unknown: list[str] = []
-    _collect(program, block, Sizes.of(program, dims).for_block(block), "", keys, unknown)
-    return KeyTable(name, tuple(keys), tuple(unknown))
+    _collect(program, block, sizes.for_block(block), "", keys, unknown)
+    return KeyTable(block.name, tuple(keys), tuple(unknown))
 
 
 # --- reconciliation ----------------------------------------------------------------

@@ -3,7 +3,8 @@
 A file states placements only at block boundaries (parameters, results,
 extern signatures); this analysis carries them through each block. Norms,
 scales, casts, activations and dropout keep their operand's placement
-(norms and elementwise ops act row by row or element by element). A
+(norms and elementwise ops act row by row or element by element); a sum
+``a + b`` or difference ``a - b`` keeps its left operand's. A
 built-in branch or linear returns the placement of its input: its derived
 plan splits the inner projections and reduces (or reduce-scatters) the
 outer one back to the stream's layout before the result leaves it. An
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from blockir.analyses.cache import per_object
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, InstanceDecl, Param
-from blockir.ir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp
+from blockir.ir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp, SubOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Placement, Role
 
@@ -127,7 +128,8 @@ class _Analyser:
             elif isinstance(op, FusedAddNormOp):
                 for r in op.results:
                     out.values[r] = out.of(op.shortcut)
-            elif isinstance(op, AddOp):
+            elif isinstance(op, (AddOp, SubOp)):
+                # elementwise over the logical tensor: the verifier holds both operands to one placement
                 out.values[op.result] = out.of(op.lhs)
             elif op.operands:
                 out.values[op.result] = out.of(op.operands[0])

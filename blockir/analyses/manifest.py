@@ -23,6 +23,7 @@ from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
+from blockir.diagnostics import BlockError
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
@@ -184,8 +185,13 @@ def parallel_layout(program: Program, blocks: list[Block], base: Env) -> dict[st
         stream = _stream_layout(program, ctx.inputs[0], axes[0]) if len(axes) == 1 and b.params else None
         if stream is not None:
             world = base.get(axes[0])
-            plan = derive_plan(program, b, Sizes.of(program), stream, int(world) if world else 1)
-            entry |= {"stream": stream, "params": dict(plan.params)}
+            try:
+                plan = derive_plan(program, b, Sizes.of(program), stream, int(world) if world else 1)
+            except BlockError as exc:  # the manifest describes the file; a plan that does not apply is a fact of it
+                first = exc.diagnostics[0]
+                entry |= {"stream": stream, "plan_refused": f"{first.code}: {first.message}"}
+            else:
+                entry |= {"stream": stream, "params": dict(plan.params)}
         out["blocks"][b.name] = entry
     return out
 

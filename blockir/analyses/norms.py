@@ -59,17 +59,10 @@ class NormFamily:
     _layout: Callable[[KindDecl, Shape], list[tuple[str, Shape]]] | None = None  # replaces the rule below
     _buffers: Callable[[KindDecl, Shape], list[tuple[str, Shape]]] = lambda d, shape: []
     batch_coupled: bool = False  # moments over rows: a padding policy and running state matter
-    _one_kernel: Callable[[KindDecl], bool] = lambda d: False
 
     def buffers(self, decl: KindDecl, shape: Shape) -> list[tuple[str, Shape]]:
         """(key suffix, shape) of every buffer the state dict carries besides the parameters."""
         return self._buffers(decl, shape)
-
-    def one_kernel(self, decl: KindDecl) -> bool:
-        """Whether the backends run the norm as one ATen kernel over the whole row (nn.LayerNorm's): an engine
-        whose rows are split by features cannot split that kernel, so it gathers the row instead of reducing
-        the row's sums."""
-        return self._one_kernel(decl)
 
     def fuses(self, decl: KindDecl) -> bool:
         """Whether the fused add+norm kernels reproduce this declaration exactly."""
@@ -140,8 +133,7 @@ def _bn_buffers(decl: KindDecl, shape: Shape, prefix: str = "") -> list[tuple[st
 
 FAMILIES: dict[str, NormFamily] = {f.name: f for f in (
     NormFamily("layernorm", "LayerNorm", 2, (2, 2), True, lambda d: bool(d.arg("affine")),
-               lambda d: bool(d.arg("bias")), "per_channel",
-               _one_kernel=lambda d: d.arg("accum") == "f32" and not d.arg("two_pass")),
+               lambda d: bool(d.arg("bias")), "per_channel"),
     # an unset affine means the usual per-channel weight; only an affine fold writes affine=false
     NormFamily("rmsnorm", "RMSNorm", 1, (1, 1), True, lambda d: d.arg("affine") is not False,
                lambda d: False, "per_channel", _fused_offset=True),

@@ -13,10 +13,13 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
   under hidden sharding the row moments come from one all-reduce of the row's
-  partial sums (Σx² for RMSNorm, Σx and Σx² for a LayerNorm written out),
-  while a LayerNorm run as one kernel gathers the row, in place of the gather
-  at the branch that reads it;
+  partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm), so the stream
+  stays feature-sharded through a norm, Post-LN's included;
 * linears, scales, externs: replicated, gathered in and sliced out.
+
+Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
+key no style can place (a fused q/k/v matrix, a q/k norm over the whole
+width) is an error naming it (E0607), never a silent omission.
 
 The plan also counts the collectives of one forward per layer with their
 payload, which the cost report turns into bytes on the wire.
@@ -25,17 +28,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockir.analyses.keys import key_table
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block, Program
 
 LAYOUTS = ("replicated", "sequence", "hidden")
-COLUMN = {"self_attention": ("q_proj", "k_proj", "v_proj"), "cross_attention": ("q_proj", "k_proj", "v_proj"),
-          "mlp": ("fc1",), "gated_mlp": ("gate_proj", "up_proj")}
-KV = ("k_proj", "v_proj")
-ROW = {"self_attention": "o_proj", "cross_attention": "o_proj", "mlp": "fc2", "gated_mlp": "down_proj"}
+# roles (ir/kinds.py LAYER_NAMES) of the column-parallel projections of each branch and of its row-parallel one
+COLUMN = {"self_attention": ("q", "k", "v"), "cross_attention": ("q", "k", "v"), "mlp": ("fc1",),
+          "gated_mlp": ("gate", "up")}
+KV = ("k", "v")
+ROW = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp": "down"}
 # where the stream lives, as a placement of a [B, S, D] tensor
 STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)"}
 # collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
@@ -49,7 +55,7 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | rowwise | branch | norm | replicate | extern
+    style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern
     kind: str
 
 
@@ -142,58 +148,102 @@ class _Planner:
             grads = {"sequence": "replicate (gradient summed over tp)"}
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
-            if self.layout == "hidden" and not family(d).one_kernel(d):
+            for name, _ in family(d).buffers(d, ()):
+                self._param(f"{path}.{name}", "replicate")
+            if self.layout == "hidden":
                 # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
                 rows = self.elements // sizes.dim(d.arg("axes")[-1])
                 self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
-            # a one-kernel norm gathers its rows instead: the branch reading them then has full rows and gathers
-            # nothing, so per layer the all-gathers already counted at the branches stand for both
             return
         if d.kind in COLUMN:
-            shared_kv = False
-            if d.kind.endswith("attention"):
-                heads = int(sizes.value(d.arg("heads")))
-                kv = d.arg("kv_heads")
-                _divisible(d, "heads", heads, self.world)
-                shared_kv = _kv_replicated(d, int(sizes.value(kv)) if kv is not None else heads, self.world)
-                if d.arg("head_scale"):
-                    # each rank holds whole heads, so the scales would have to split with them
-                    raise _fail(d.span, f"{d.kind} '{d.name}' scales its heads (head_scale=true), which the "
-                                "tensor-parallel lowering does not split between ranks",
-                                "run this block without tensor parallelism, or data-parallel only")
-            else:
-                _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
-            self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
-            bias = d.arg("bias")
-            for name in COLUMN[d.kind]:
-                if shared_kv and name in KV:
-                    self.plan.modules.append(ModuleStyle(f"{path}.{name}", "kv_replicated", "linear"))
-                    placement = "replicate (each rank computes the key/value head of its query heads)"
-                else:
-                    self.plan.modules.append(ModuleStyle(f"{path}.{name}", "colwise", "linear"))
-                    placement = "shard(0)"
-                self._param(f"{path}.{name}.weight", placement)
-                if bias:
-                    self._param(f"{path}.{name}.bias", placement)
-            row = ROW[d.kind]
-            self.plan.modules.append(ModuleStyle(f"{path}.{row}", "rowwise", "linear"))
-            self._param(f"{path}.{row}.weight", "shard(1)")
-            if d.arg("out_bias" if d.kind.endswith("attention") else "bias"):
-                self._param(f"{path}.{row}.bias", "replicate")
-            self._gathered(layer, path)
-            self._collective(layer, Collective(f"{path}.{row}", REDUCE[self.layout], self.elements))
+            self.branch(d, path, layer, sizes)
             return
         self.plan.modules.append(ModuleStyle(path, "replicate", d.kind))
-        if d.kind == "linear":
+        if d.kind in ("linear", "head"):
             self._param(f"{path}.weight", "replicate")
             if d.arg("bias"):
                 self._param(f"{path}.bias", "replicate")
-        elif d.category == "scale":
+        elif d.kind == "embedding":
+            self._param(f"{path}.weight", "replicate")
+        elif d.category in ("scale", "shift"):
             self._param(path, "replicate")
+
+    def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+        """A built-in branch: its inner projections split by output columns, its outer one by input rows.
+
+        A projection the column split cannot cut into whole heads or units (one fused matrix, or GPT-2's
+        transposed Conv1D weight) is left unplaced, and the exhaustiveness check names it."""
+        names = layer_names(d.kind, dict(d.args))
+        attention = d.kind.endswith("attention")
+        shared_kv = False
+        if attention:
+            heads = int(sizes.value(d.arg("heads")))
+            kv = d.arg("kv_heads")
+            _divisible(d, "heads", heads, self.world)
+            shared_kv = _kv_replicated(d, int(sizes.value(kv)) if kv is not None else heads, self.world)
+        else:
+            _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
+        self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
+        if d.arg("conv1d") or d.arg("fused") not in (None, False, "none"):
+            return
+        bias = d.arg("bias")
+        for role in COLUMN[d.kind]:
+            sub = f"{path}.{names[role]}"
+            if shared_kv and role in KV:
+                self.plan.modules.append(ModuleStyle(sub, "kv_replicated", "linear"))
+                placement = "replicate (each rank computes the key/value head of its query heads)"
+            else:
+                self.plan.modules.append(ModuleStyle(sub, "colwise", "linear"))
+                placement = "shard(0)"
+            self._param(f"{sub}.weight", placement)
+            if bias:
+                self._param(f"{sub}.bias", placement)
+        row = f"{path}.{names[ROW[d.kind]]}"
+        self.plan.modules.append(ModuleStyle(row, "rowwise", "linear"))
+        self._param(f"{row}.weight", "shard(1)")
+        if d.arg("out_bias" if attention else "bias"):
+            self._param(f"{row}.bias", "replicate")
+        if attention:
+            self.head_params(d, path, names, shared_kv)
+        self._gathered(layer, path)
+        self._collective(layer, Collective(row, REDUCE[self.layout], self.elements))
+
+    def head_params(self, d: KindDecl, path: str, names: dict[str, str], shared_kv: bool) -> None:
+        """Per-head parameters of an attention branch. A q/k norm over each head's features is one gain all
+        heads share: every rank applies it to its own heads, so its gradient is a pending sum over tp. A norm
+        over the whole width spans heads on other ranks and is left unplaced. nGPT's s_qk has one entry
+        per query feature and splits with its heads; a key head takes its group's first query gain, which
+        a rank computing a replicated key/value head need not hold, so then it is left unplaced too."""
+        if d.arg("qk_norm") in ("rmsnorm", "layernorm") and d.arg("qk_norm_axis") == "head":
+            for role in ("q_norm", "k_norm"):
+                self.plan.modules.append(ModuleStyle(f"{path}.{names[role]}", "head_norm", d.kind))
+                self._param(f"{path}.{names[role]}.weight", "replicate (gradient summed over tp)")
+                if d.arg("qk_norm") == "layernorm":
+                    self._param(f"{path}.{names[role]}.bias", "replicate (gradient summed over tp)")
+        if d.arg("qk_scale") and not shared_kv:
+            self._param(f"{path}.qk_scale", "shard(0)")
+        if d.arg("head_scale"):  # NormFormer's scale of each query head's output
+            self._param(f"{path}.head_scale", "shard(0)")
 
 
 def _norm_params(d: KindDecl) -> tuple[str, ...]:
     return tuple(name for name, _ in family(d).keys(d, ()))
+
+
+def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPlan) -> None:
+    """Every state_dict key the block owns has a placement: a key the plan cannot place is an error, never
+    a silent omission (extern keys are bound from Python, so the plan only gives their inputs full rows)."""
+    table = key_table(program, block, sizes)
+    missing = [k for k in table.keys if k.name not in plan.params]
+    if missing:
+        first = missing[0]
+        owner = program.block(first.block).decl_map[first.decl]
+        shown = ", ".join(f"'{k.name}'" for k in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise BlockError([error(
+            "E0607", f"the {plan.layout} tensor-parallel plan over {plan.world} ranks cannot place {shown}: "
+            f"{owner.kind} '{owner.name}' has no sharding that keeps whole heads or units on each rank", owner.span,
+            hint="split the projections (fused=none, no conv1d) and normalize q/k per head (qk_norm_axis=head), "
+                 "or run this block without tensor parallelism")])
 
 
 def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int) -> ParallelPlan:
@@ -218,4 +268,5 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     planner = _Planner(program, sizes, layout, world, elements)
     planner.plan.per_token = per_token
     planner.block(block, "", "")
+    _check_placed(program, block, sizes, planner.plan)
     return planner.plan

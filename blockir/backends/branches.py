@@ -362,15 +362,16 @@ class _Projections(_DottedLayers):
             q, k = getattr(self, self.names["q_norm"])(q), getattr(self, self.names["k_norm"])(k)
         if self.qk_scale is None:
             return q, k
-        s = (self.qk_scale * self.width ** 0.5).view(self.heads, 1, self.head_dim)
-        return q * s, k * s[::self.heads // self.kv_heads]
+        # the heads present: a tensor-parallel rank holds some of them, and the shard of s_qk they read
+        s = (numerics.meeting(self.qk_scale, q) * self.width ** 0.5).view(-1, 1, self.head_dim)
+        return q * s, k * s[::s.shape[0] // k.shape[-3]]
 
     def out(self, y: Any) -> Any:
         """``y`` [B, S, H, hd] through the per-head scales, if any, then the output projection; a score-carrying
         attention passes its scores through beside it."""
         if isinstance(y, tuple):
             return self.out(y[0]), y[1]
-        scales = self._parameters.get("head_scale")
+        scales = numerics.meeting(self._parameters.get("head_scale"), y)
         if scales is not None:
             y = y * scales.to(y.dtype)[:, None]
         return getattr(self, self.names["o"])(y.flatten(-2))

@@ -54,6 +54,8 @@ def layer_norm(
     """
     if weight is not None:
         weight = offset_weight(weight, offset)
+    if _is_dtensor(x) and any(p.is_shard(x.ndim - 1) for p in x.placements):  # type: ignore[attr-defined]
+        return _feature_sharded_layer_norm(x, weight, bias, eps, accum)
     if not two_pass and accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     work = x.to(accum)
@@ -65,6 +67,51 @@ def layer_norm(
     if bias is not None:
         y = y + bias.to(accum)
     return y.to(x.dtype)
+
+
+class _RowSums(torch.autograd.Function):
+    """All-reduce of each rank's partial row sums. Every rank's sums feed the same whole-row moments, so the
+    gradient of one rank's sums is the sum of all ranks' gradients: an all-reduce backward as well."""
+
+    @staticmethod
+    def forward(ctx, sums: Tensor, group: str) -> Tensor:  # type: ignore[override]
+        ctx.group = group
+        return _all_reduce(sums, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _all_reduce(grad.contiguous(), ctx.group), None
+
+
+def _all_reduce(t: Tensor, group: str) -> Tensor:
+    ops = torch.ops._c10d_functional
+    return ops.wait_tensor(ops.all_reduce(t, "sum", group))
+
+
+def _feature_sharded_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                                accum: torch.dtype) -> Tensor:
+    """LayerNorm of rows whose features are split over ranks, the output split the same way.
+
+    Each rank sums its slice of every row, Σx and Σx², and one all-reduce of those two numbers per row gives
+    the row's mean and biased variance (E[x²] − mean²); the affine parameters are sliced to the rank's
+    features. The whole row is never gathered, so a Post-LN stream stays feature-sharded. The single pass
+    replaces ``two_pass`` here: its answer differs from the one-device kernel by rounding only.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    mesh, placements = x.device_mesh, x.placements  # type: ignore[attr-defined]
+    axis = next(i for i, p in enumerate(placements) if p.is_shard(x.ndim - 1))
+    local = x.to_local().to(accum)  # type: ignore[attr-defined]
+    sums = torch.stack((local.sum(-1), local.pow(2).sum(-1)), dim=-1)
+    sums = _RowSums.apply(sums, mesh.get_group(axis).group_name)
+    mean = sums[..., :1] / x.shape[-1]
+    variance = (sums[..., 1:] / x.shape[-1] - mean * mean).clamp_min(0)
+    y = (local - mean) * torch.rsqrt(variance + eps)
+    own = [Shard(0) if i == axis else Replicate() for i in range(mesh.ndim)]
+    for p, combine in ((weight, torch.mul), (bias, torch.add)):
+        if p is not None:
+            part = p.redistribute(mesh, own).to_local()  # type: ignore[attr-defined]
+            y = combine(y, part.to(accum))
+    return DTensor.from_local(y.to(x.dtype), mesh, placements, run_check=False, shape=x.shape, stride=x.stride())
 
 
 def _rms_normalize(work: Tensor, eps: float) -> Tensor:
@@ -173,16 +220,34 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
     unchanged; dropped values are exactly zero. Because the mask is hashed
     from coordinates rather than drawn from a stateful generator, recomputing
     the forward with the same key replays the same mask, and a 0-d tensor
-    key stays inside a traced graph.
+    key stays inside a traced graph. Inside a data-parallel forward
+    (``BatchSlice``) the coordinates are those of the global batch.
     """
     mask_shape = dropout_mask_shape(tuple(x.shape), broadcast)
     if not training or p == 0.0:
         return x
+    index, count = BatchSlice.current
     if _is_dtensor(x):
-        return _sharded_dropout(x, p, mask_shape, key)
-    rows = math.prod(mask_shape[:-1])
-    keep = keep_mask(key, p, rows=rows, cols=mask_shape[-1], device=x.device).reshape(mask_shape)
+        return _sharded_dropout(x, p, mask_shape, key, index, count)
+    if count == 1:
+        rows = math.prod(mask_shape[:-1])
+        keep = keep_mask(key, p, rows=rows, cols=mask_shape[-1], device=x.device).reshape(mask_shape)
+    else:
+        start = (index * mask_shape[0],) + (0,) * (len(mask_shape) - 1)
+        keep = keep_block(key, p, _global_batch(mask_shape, count), start, mask_shape, device=x.device)  # type: ignore[arg-type]
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+class BatchSlice:
+    """The slice of the global batch (axis 0) this process runs: ``(index, count)``, slice ``index`` of
+    ``count`` equal ones, as a data-parallel rank does. The data-parallel wrapper sets it for the duration
+    of its forward; a plain class attribute, which a compiled graph reads (and guards on) like a constant."""
+
+    current: tuple[int, int] = (0, 1)
+
+
+def _global_batch(shape: tuple[int, ...], count: int) -> tuple[int, ...]:
+    return (shape[0] * count,) + shape[1:]
 
 
 def _is_dtensor(x: Tensor) -> bool:
@@ -191,21 +256,36 @@ def _is_dtensor(x: Tensor) -> bool:
     return module is not None and isinstance(x, module.DTensor)
 
 
-def _sharded_dropout(x: Tensor, p: float, mask_shape: tuple[int, ...], key: int | Tensor | None) -> Tensor:
+def meeting(param: Tensor | None, x: Tensor) -> Tensor | None:
+    """``param`` as it meets ``x``: a distributed parameter applied to a rank's own plain tensor (a q/k norm
+    or gain inside an attention branch that holds some of the heads) is used through its local part. A
+    replicated one then gets a pending-sum gradient, since each rank applies it to other data; a sharded
+    one keeps its shard's gradient."""
+    if param is None or not _is_dtensor(param) or _is_dtensor(x):
+        return param
+    from torch.distributed.tensor import Partial
+    grads = [Partial() if p.is_replicate() else p for p in param.placements]  # type: ignore[attr-defined]
+    return param.to_local(grad_placements=grads)  # type: ignore[attr-defined]
+
+
+def _sharded_dropout(x: Tensor, p: float, mask_shape: tuple[int, ...], key: int | Tensor | None,
+                     index: int, count: int) -> Tensor:
     """Dropout of a distributed tensor: each rank draws the decisions of the logical coordinates it holds.
 
     Rows split over ranks (sequence parallelism) or features split (hidden sharding) then get exactly the
     mask of the unsharded run; a replicated or pending-sum operand draws the whole mask on every rank,
-    which for a pending sum is the mask of the sum, since dropout with a fixed mask is linear.
+    which for a pending sum is the mask of the sum, since dropout with a fixed mask is linear. Slice
+    ``index`` of ``count`` of the batch is offset into the global batch, as in ``dropout``.
     """
     from torch.distributed.tensor import DTensor, Partial, Replicate
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     placements = [Replicate() if isinstance(pl, Partial) else pl for pl in x.placements]
     local_shape, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, placements)
     start = tuple(0 if m == 1 else o for m, o in zip(mask_shape, offset))
+    start = (start[0] + index * mask_shape[0],) + start[1:]
     size = tuple(1 if m == 1 else n for m, n in zip(mask_shape, local_shape))
     local = x.to_local()
-    keep = keep_block(key, p, mask_shape, start, size, device=local.device)  # type: ignore[arg-type]
+    keep = keep_block(key, p, _global_batch(mask_shape, count), start, size, device=local.device)  # type: ignore[arg-type]
     out = torch.where(keep, local * (1.0 / (1.0 - p)), 0.0)
     return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
 
@@ -362,8 +442,8 @@ class LayerNorm(_NormParams):
         self._register("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.param("weight"), self.param("bias"), self.eps, self.accum, self.offset,
-                          self.two_pass)
+        return layer_norm(x, meeting(self.param("weight"), x), meeting(self.param("bias"), x), self.eps, self.accum,
+                          self.offset, self.two_pass)
 
     def extra_repr(self) -> str:
         affine, bias = self.param("weight") is not None, self.param("bias") is not None
@@ -393,7 +473,7 @@ class RMSNorm(_NormParams):
         self._register("weight", weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.param("weight"), self.eps, self.offset, self.cast, self.accum)
+        return rms_norm(x, meeting(self.param("weight"), x), self.eps, self.offset, self.cast, self.accum)
 
     def extra_repr(self) -> str:
         return f"{self.width}, eps={self.eps}, offset={self.offset}, cast={self.cast}, accum={self.accum}"

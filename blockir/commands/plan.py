@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             for c in cs:
                 print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
         forms = ", ".join(f"{n} {op}" for op, n in CLOSED_FORM[args.layout].items())
-        print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: the all-reduces carry each norm's row sums, Σx² or Σx and Σx²)")
+        print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: one all-reduce per norm of its row sums, Σx² or Σx and Σx²)")
         return EXIT_OK
     return with_program(args, show)
 

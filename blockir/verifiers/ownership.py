@@ -32,7 +32,7 @@ from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Num
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import AddOp, FusedAddNormOp
+from blockir.ir.ops import AddOp, FusedAddNormOp, SubOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -48,7 +48,7 @@ COLLECTIVE = {
 def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
     block, out = ctx.block, []
     for op in block.ops:
-        if isinstance(op, AddOp):
+        if isinstance(op, (AddOp, SubOp)):
             lhs, rhs = op.lhs, op.rhs
         elif isinstance(op, FusedAddNormOp):
             lhs, rhs = op.shortcut, op.branch
@@ -61,9 +61,15 @@ def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
             else (None, None)
         if pending is not None:
             meshes = ", ".join(partial(ctx.of(pending)))
+            if isinstance(op, SubOp):
+                joined = f"subtracted from {describe(block, other)}" if pending == op.rhs else \
+                    f"that {describe(block, other)} is subtracted from"
+                what = "apply the other operand"
+            else:
+                joined, what = f"added to {describe(block, other)}", "add the shortcut"
             out.append(error(
-                "E0602", f"{describe(block, pending)} is a pending sum over {meshes} added to {describe(block, other)} "
-                f"({describe_layout(ctx.of(other))}): every rank would add the shortcut, and reducing afterwards "
+                "E0602", f"{describe(block, pending)} is a pending sum over {meshes} {joined} "
+                f"({describe_layout(ctx.of(other))}): every rank would {what}, and reducing afterwards "
                 "counts it once per rank", op.span,
                 notes=[Note(f"{describe(block, pending)} is {describe_layout(ctx.of(pending))}",
                             block.producers[pending].span)],
@@ -71,7 +77,8 @@ def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
                      "for a sharded stream), so the shortcut is added once"))
             continue
         out.append(error(
-            "E0601", f"operands of '+' are placed differently: {describe(block, lhs)} is {describe_layout(a)}, "
+            "E0601", f"operands of '{'-' if isinstance(op, SubOp) else '+'}' are placed differently: "
+            f"{describe(block, lhs)} is {describe_layout(a)}, "
             f"{describe(block, rhs)} is {describe_layout(b)}", op.span,
             hint="a residual add needs the same ownership map on both sides, not only the same local shape"))
     return out

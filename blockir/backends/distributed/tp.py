@@ -17,6 +17,7 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
+from blockir.backends.numerics import BatchSlice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
 
@@ -99,6 +100,19 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module) -> dict[st
     return out
 
 
+def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """Per-head parameters of attention branches, in every layout: a q/k norm's gain is replicated (each rank
+    applies it to its own heads, so its gradient is a pending sum); nGPT's s_qk and NormFormer's head scales are split
+    with the query heads."""
+    placed = {m.path: [Replicate()] for m in plan.modules if m.style == "head_norm"}
+    placed |= {key.rpartition(".")[0]: [Shard(0)] for key in plan.params if key.endswith((".qk_scale", ".head_scale"))}
+    for path, placements in placed.items():
+        for name, p in list(module.get_submodule(path).named_parameters(recurse=False)):
+            if name in ("weight", "bias", "qk_scale", "head_scale") and not isinstance(p.data, DTensor):
+                module.get_submodule(path).register_parameter(
+                    name, nn.Parameter(distribute_tensor(p.data, mesh, placements), requires_grad=p.requires_grad))
+
+
 def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:
     """Parameters no style owns become replicated DTensors, so they meet DTensor activations."""
     for name, param in list(module.named_parameters()):
@@ -120,14 +134,32 @@ def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
     fully_shard(module, mesh=mesh)
 
 
+def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
+    """While the module runs, dropout masks are keyed by global batch rows: this rank's slice is offset by
+    its data-parallel index, so the ranks together draw the masks of one process on the whole batch."""
+    outer: list[tuple[int, int]] = []
+    where = (dp.get_local_rank(), dp.size())
+
+    def enter(m: nn.Module, args: object) -> None:
+        outer.append(BatchSlice.current)
+        BatchSlice.current = where
+
+    def leave(m: nn.Module, args: object, out: object) -> None:
+        BatchSlice.current = outer.pop()
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
+
+
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
                 layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
     runs over ``tp`` and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
-    parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch, and gradients are
-    averaged over ``dp``.
+    parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch (equal, consecutive slices
+    of axis 0, in ``dp`` rank order), gradients are averaged over ``dp``, and dropout masks are those of the
+    whole batch on one process.
 
     ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
     parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
@@ -154,6 +186,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     if styles:
         parallelize_module(module, mesh, styles)
     _share_kv(module, plan, mesh.size())
+    _head_params(module, mesh, plan)
     if not isinstance(stream, Replicate):
         _replicate_rest(module, mesh, plan, set(styles))
         parallelize_module(module, mesh, PrepareModuleInputOutput(
@@ -161,5 +194,6 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
             output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
     if dp is not None:
         _fully_shard(module, dp, plan)
+        _batch_slice(module, dp)
     module.blockir_plan = plan
     return module
