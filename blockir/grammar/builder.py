@@ -198,7 +198,8 @@ class Builder:
             if when != rule.given:
                 continue
             if rule.arg not in values:
-                values[rule.arg] = (rule.value, kind_span)
+                if rule.value is not None:  # an unset argument already means "none"
+                    values[rule.arg] = (rule.value, kind_span)
             elif values[rule.arg][0] is not None and values[rule.arg][0] != rule.value:
                 shown = "true" if rule.given is True else "false" if rule.given is False else str(rule.given)
                 notes = [Note(f"{rule.when}={shown} given here", given[1])] if given is not None else []
