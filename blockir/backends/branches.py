@@ -114,7 +114,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     attention) spells out HF's eager reference op for op, so it is bit-exact against it. ``groups``
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
-    before the mask, and the result is ``(output, scores)``: the running sum the next layer reads.
+    before the mask, and the result is ``(output, scores)``: the running sum (or mean) the next layer reads.
     """
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     if core.window is not None:
@@ -129,8 +129,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
     carried = None
-    if core.score_residual is not None:
+    if core.score_residual == "sum":
         scores = carried = scores + prev
+    elif core.score_residual == "mean":
+        n = core.score_count
+        scores = carried = ((n - 1) * prev + scores) / n
     mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
@@ -148,16 +151,18 @@ class AttentionCore:
 
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
-                 softmax_f32: bool = True, score_residual: str | None = None) -> None:
+                 softmax_f32: bool = True, score_residual: str | None = None, score_count: int = 1) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32 = dropout, impl, softmax_f32
-        self.score_residual = score_residual
+        # the running mean's l: how many layers' scores the state averages once this one's are in
+        self.score_residual, self.score_count = score_residual, score_count
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]
         parts += [f"{k}={v}" for k, v in (("window", self.window), ("scale", self.scale),
                                           ("softcap", self.softcap), ("score_residual", self.score_residual))
                   if v is not None]
+        parts += [f"score_count={self.score_count}"] if self.score_residual == "mean" else []
         return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 
