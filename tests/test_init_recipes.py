@@ -226,6 +226,15 @@ def test_deepscalelm_init_statistics_are_applied_by_compile() -> None:
     assert torch.count_nonzero(sd["mlp.fc1.bias"]) == 0 and torch.count_nonzero(sd["mlp.fc2.bias"]) == 0
 
 
+def test_deepscalelm_example_initialises_itself() -> None:
+    sd = blockir.compile(blockir.load(ROOT / "examples" / "deepscalelm.block"), "DeepScaleLMDecoder", seed=0,
+                         dtype=torch.float64).state_dict()
+    for key, var in (("self_attn.v_proj.weight", 1 / 64), ("mlp.fc1.weight", 2 / 64), ("mlp.fc2.weight", 1 / 256)):
+        w = torch.stack([sd[f"layers.{i}.{key}"] for i in range(12)])
+        assert w.var().item() == pytest.approx(var, rel=0.02), key
+    assert all(torch.count_nonzero(sd[f"layers.{i}.mlp.fc1.bias"]) == 0 for i in range(12))
+
+
 def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
     result = deepscalelm.apply(_program(ATTENTION), "Layer")
     m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)

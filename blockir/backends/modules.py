@@ -45,7 +45,6 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
 }
 
 
-
 class Activation(nn.Module):
     """A declared activation; holds no state."""
 
