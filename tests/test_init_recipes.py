@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import blockir
+from blockir.ir.printer import format_program
 from blockir.rewrites.recipes import RecipeError, deepscalelm, fixup
 from conftest import ROOT
 
@@ -90,20 +91,30 @@ def test_fixup_update_is_its_equation(backend: str) -> None:
     _check(m, ref)
 
 
-def test_fixup_init_zeroes_last_layers_and_rescales_the_rest() -> None:
+def _without_init(program: blockir.Program) -> blockir.Program:
+    """``program`` with every branch's per-role init arguments dropped: the default initialisation."""
+    text = format_program(program)
+    for arg in (", init_scale=fixup_rescale", ", init_zero=true", ", init_std=fan_in"):
+        text = text.replace(arg, "")
+    return blockir.parse(text, "base.block")
+
+
+@pytest.mark.parametrize("backend", ["fx", "fused"])
+def test_fixup_init_is_applied_by_compile(backend: str) -> None:
+    """o_proj and fc2 start at zero, v_proj and fc1 at L^(-1/2) times their default, q/k untouched."""
     result = fixup.apply(_program(ATTENTION), "Layer")
-    assert result.init.branches == 24 and result.init.factor == 24 ** -0.5
-    base = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
-    m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
-    result.init(m)
+    assert result.init is None
+    base = blockir.compile(_without_init(result.program), "Decoder", seed=0, dtype=torch.float64)
+    m = blockir.compile(result.program, "Decoder", backend=backend, seed=0, dtype=torch.float64)
     before, after = base.state_dict(), m.state_dict()
+    assert before.keys() == after.keys()
     for i in range(12):
         layer = f"layers.{i}"
         for key in ("self_attn.o_proj.weight", "mlp.fc2.weight", "mlp.fc2.bias"):
             assert torch.count_nonzero(after[f"{layer}.{key}"]) == 0, key
-        for key in ("self_attn.v_proj.weight", "mlp.fc1.weight"):
-            torch.testing.assert_close(after[f"{layer}.{key}"], before[f"{layer}.{key}"] * 24 ** -0.5,
-                                       rtol=1e-15, atol=0)
+            assert torch.count_nonzero(before[f"{layer}.{key}"]) > 0, key
+        for key in ("self_attn.v_proj.weight", "mlp.fc1.weight"):  # modules are built in float32, then cast
+            assert torch.equal(after[f"{layer}.{key}"], (before[f"{layer}.{key}"].float() * 24 ** -0.5).double()), key
         for key in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.fc1.bias"):
             assert torch.equal(after[f"{layer}.{key}"], before[f"{layer}.{key}"]), key
         assert after[f"{layer}.fixup_scale1"].item() == 1.0 and after[f"{layer}.fixup_bias2b"].item() == 0.0
@@ -111,10 +122,52 @@ def test_fixup_init_zeroes_last_layers_and_rescales_the_rest() -> None:
     assert torch.equal(m(x), x)  # every branch starts at zero: the stack is the identity
 
 
+def test_fixup_rescale_follows_the_stack_depth_or_a_given_one() -> None:
+    program = fixup.apply(_program(ATTENTION.replace("Layer * 12", "Layer * 8")), "Layer").program
+    m = blockir.compile(program, "Decoder", seed=0, dtype=torch.float64)
+    base = blockir.compile(_without_init(program), "Decoder", seed=0, dtype=torch.float64)
+    assert torch.equal(m.state_dict()["layers.7.mlp.fc1.weight"],
+                       (base.state_dict()["layers.7.mlp.fc1.weight"].float() * 16 ** -0.5).double())
+    fixed = fixup.apply(_program(ATTENTION), "Layer", depth=3).program
+    assert "const fixup_rescale = (2 * 3) ** (-0.5)" in format_program(fixed)
+
+
+def test_fixup_example_initialises_itself() -> None:
+    m = blockir.compile(blockir.load(ROOT / "examples" / "fixup.block"), "FixupDecoder", seed=0)
+    sd = m.state_dict()
+    assert all(torch.count_nonzero(sd[f"layers.{i}.{k}"]) == 0 for i in range(12)
+               for k in ("self_attn.o_proj.weight", "mlp.fc2.weight", "mlp.fc2.bias"))
+
+
 def test_fixup_refuses_a_fused_qkv() -> None:
     text = ATTENTION.replace("causal=true)", "causal=true, fused=stacked)")
     with pytest.raises(RecipeError, match="fused=none"):
         fixup.apply(_program(text), "Layer")
+
+
+def test_init_scale_contradicts_a_fused_qkv() -> None:
+    text = ATTENTION.replace("causal=true)", "causal=true, fused=heads, init_scale=0.5)")
+    with pytest.raises(blockir.BlockError) as exc:
+        _program(text)
+    assert [(d.code, d.span.line, d.span.column) for d in exc.value.diagnostics] == [("E0119", 10, 75)]
+
+
+def test_gated_mlp_roles_of_each_init_argument() -> None:
+    """init_std draws gate/up at 2/fan_in and down at 1/fan_in; init_scale then scales gate and up; init_zero zeroes
+    down."""
+    text = SOURCE.format(first="ffn: gated_mlp(F, init_std=fan_in, init_scale=0.5, init_zero=true)", call="ffn")
+    base = blockir.compile(_program(SOURCE.format(first="ffn: gated_mlp(F, init_std=fan_in)", call="ffn")), "Layer",
+                           seed=0, dtype=torch.float64).state_dict()
+    sd = blockir.compile(_program(text), "Layer", seed=0, dtype=torch.float64).state_dict()
+    for key in ("ffn.gate_proj.weight", "ffn.up_proj.weight"):
+        assert torch.equal(sd[key], (base[key].float() * 0.5).double()), key
+    assert torch.count_nonzero(sd["ffn.down_proj.weight"]) == 0 and torch.count_nonzero(base["ffn.down_proj.weight"])
+    wide = SOURCE.replace("model = 16", "model = 512").replace("hidden = 32", "hidden = 1024")
+    sd = blockir.compile(_program(wide.format(first="ffn: gated_mlp(F, init_std=fan_in)", call="ffn")), "Layer",
+                         seed=0, dtype=torch.float64).state_dict()
+    for key, var in (("ffn.gate_proj.weight", 2 / 512), ("ffn.up_proj.weight", 2 / 512),
+                     ("ffn.down_proj.weight", 1 / 1024)):
+        assert sd[key].var().item() == pytest.approx(var, rel=0.02), key
 
 
 def test_fixup_example_is_the_recipe_output() -> None:
@@ -124,6 +177,15 @@ def test_fixup_example_is_the_recipe_output() -> None:
     result = fixup.apply(_program(text), "FixupLayer")
     assert result.program.block("FixupLayer").decls == example.block("FixupLayer").decls
     assert blockir.verify(result.program) == []
+
+
+def test_deepscalelm_example_is_the_recipe_output() -> None:
+    example = blockir.load(ROOT / "examples" / "deepscalelm.block")
+    text = ATTENTION.replace("Layer", "DeepScaleLMLayer").replace("Decoder", "DeepScaleLMDecoder") \
+        .replace("dim D: model = 16", "dim D: model = 64").replace("dim F: hidden = 32", "dim F: hidden = 4 * D") \
+        .replace(", accum=f64", "")
+    result = deepscalelm.apply(_program(text), "DeepScaleLMLayer")
+    assert result.program.block("DeepScaleLMLayer").decls == example.block("DeepScaleLMLayer").decls
 
 
 # ------------------------------------------------------------------------------------------ DeepScaleLM
@@ -148,13 +210,12 @@ def test_deepscalelm_update_is_its_equation(backend: str) -> None:
     _check(m, ref)
 
 
-def test_deepscalelm_init_statistics() -> None:
+def test_deepscalelm_init_statistics_are_applied_by_compile() -> None:
     text = ATTENTION.replace("dim D: model = 16", "dim D: model = 256").replace("dim F: hidden = 32",
                                                                                 "dim F: hidden = 512")
     result = deepscalelm.apply(_program(text), "Layer")
-    torch.manual_seed(0)
+    assert result.init is None
     m = blockir.compile(result.program, "Layer", seed=0, dtype=torch.float64)
-    result.init(m)
     sd = m.state_dict()
     for key, fan_in, gain in (("self_attn.q_proj.weight", 256, 1), ("self_attn.v_proj.weight", 256, 1),
                               ("self_attn.o_proj.weight", 256, 1), ("mlp.fc1.weight", 256, 2),
@@ -165,11 +226,19 @@ def test_deepscalelm_init_statistics() -> None:
     assert torch.count_nonzero(sd["mlp.fc1.bias"]) == 0 and torch.count_nonzero(sd["mlp.fc2.bias"]) == 0
 
 
+def test_deepscalelm_example_initialises_itself() -> None:
+    sd = blockir.compile(blockir.load(ROOT / "examples" / "deepscalelm.block"), "DeepScaleLMDecoder", seed=0,
+                         dtype=torch.float64).state_dict()
+    for key, var in (("self_attn.v_proj.weight", 1 / 64), ("mlp.fc1.weight", 2 / 64), ("mlp.fc2.weight", 1 / 256)):
+        w = torch.stack([sd[f"layers.{i}.{key}"] for i in range(12)])
+        assert w.var().item() == pytest.approx(var, rel=0.02), key
+    assert all(torch.count_nonzero(sd[f"layers.{i}.mlp.fc1.bias"]) == 0 for i in range(12))
+
+
 def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
     result = deepscalelm.apply(_program(ATTENTION), "Layer")
     m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
-    result.init(m)
-    program, state = result.init.fold(m)
+    program, state = deepscalelm.fold(result.program, "Layer", m)
     assert "branch_scale *" not in "".join(op.text() for op in program.block("Layer").ops)
     folded = blockir.compile(program, "Decoder", seed=1, dtype=torch.float64)
     folded.load_state_dict(state, strict=True)
@@ -182,7 +251,7 @@ def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
 def test_deepscalelm_scales_that_do_not_keep_unit_variance_are_an_error() -> None:
     text = (ROOT / "examples" / "deepscalelm.block").read_text().replace("(1 - 2 / 12) ** 0.5", "0.95")
     diags = blockir.verify(blockir.parse(text, "d.block"))
-    assert [(d.code, d.span.line) for d in diags] == [("E0441", 24), ("E0441", 25)]
+    assert [(d.code, d.span.line) for d in diags] == [("E0441", 25), ("E0441", 26)]
     assert diags[0].message == ("DeepScaleLM scales lambda = 0.95 and beta = 0.408248 give lambda^2 + beta^2 = "
                                 "1.06917, not 1: the update does not keep unit variance")
 

@@ -286,6 +286,7 @@ class BlockInfo:
     name: str
     params: tuple[T, ...]
     result: T
+    carried: T | None = None  # a second result, threaded into the second input by a stack
 
 
 @dataclass
@@ -416,6 +417,9 @@ class BlockGen:
         for rule in spec.implies:  # an argument its neighbour rules out takes the only value it may have
             when = chosen.get(rule.when, {True: "true", False: "false"}.get(spec.arg(rule.when).default))
             if when == str(rule.given).lower() and rule.arg in chosen:
+                if rule.value is None:  # the argument can only stay unset
+                    del chosen[rule.arg]
+                    continue
                 chosen[rule.arg] = str(rule.value.value if hasattr(rule.value, "value") else rule.value).lower()
         positional, keywords = [], []
         for a in spec.args:
@@ -461,11 +465,15 @@ class BlockGen:
         return self.declare(("extern", t), make)
 
     def instance(self, t: T) -> tuple[str, BlockInfo] | None:
-        candidates = [b for b in self.prog.blocks if b.result == t and all(self.can_make(p) for p in b.params)]
+        candidates = [b for b in self.prog.blocks if b.result == t and b.carried is None
+                      and all(self.can_make(p) for p in b.params)]
         if not candidates:
             return None
         b = self.r.pick(candidates)
-        stack = b.params[0] == b.result and self.r.coin(0.6)
+        return self.instance_of(b)
+
+    def instance_of(self, b: BlockInfo) -> tuple[str, BlockInfo]:
+        stack = b.params[0] == b.result and (b.carried is None or b.params[1] == b.carried) and self.r.coin(0.6)
 
         def make() -> tuple[str, BlockInfo]:
             if not stack:
@@ -480,6 +488,8 @@ class BlockGen:
 
     # --- expressions ---------------------------------------------------------
     def leaf(self, t: T) -> tuple[str, int]:
+        if t.dtype is None and not t.joined and self.r.coin(0.1) and self.function(("zeros",)) is not None:
+            return f"zeros({type_text(self.r, t)})", 5
         if t in self.values:
             return self.r.pick(self.values[t]), 5
         # a universe type nothing has produced yet: convert the first input
@@ -507,7 +517,7 @@ class BlockGen:
             forms = ["add", "add", "act", "dropout", "dropout", "scale"]
             if not t.joined:
                 forms += ["norm", "norm", "branch", "branch", "linear", "extern", "scalar", "vector", "act_decl",
-                          "instance", "instance", "cross", "bias", "gate", "product", "complement"]
+                          "instance", "instance", "cross", "bias", "gate", "product", "complement", "sub", "step"]
             if t.dtype is not None:
                 forms.append("cast")
         built = self.form(r.pick(forms), t, depth - 1) or self.form("add", t, depth - 1)
@@ -545,6 +555,14 @@ class BlockGen:
         if form == "product":  # a gate applied to a value, or any elementwise product
             (left, lp), (right, rp) = self.tensor(t, sub), self.tensor(t, sub)
             return f"{left if lp >= 2 else f'({left})'}{sp}*{sp}{right if rp >= 3 else f'({right})'}", 2
+        if form == "sub":
+            (left, _), (right, rp) = self.tensor(t, sub), self.tensor(t, sub)
+            return f"{left}{sp}-{sp}{right if rp > 1 else f'({right})'}", OTHER_SUM
+        if form == "step":  # nGPT's interpolation x + alpha * (target - x), alpha a learned vector
+            state, _ = self.leaf(t)
+            alpha = self.declare(("vector", t.last), lambda: (self.kind_args("vector", t, {"axis": t.last}), None))[0]
+            target = self.tensor(t, sub)[0]
+            return f"{state}{sp}+{sp}{alpha}{sp}*{sp}({target}{sp}-{sp}{state})", 1
         if form == "complement":
             operand, op = self.tensor(t, sub)
             return f"1{sp}-{sp}{operand if op >= 2 else f'({operand})'}", OTHER_SUM
@@ -589,6 +607,22 @@ class BlockGen:
         raise AssertionError(form)
 
     # --- statements ----------------------------------------------------------
+    def carried_call(self, depth: int) -> str | None:
+        """``y, s = layers(x, s0)``: a call of a block with a carried second result, its start often zeros."""
+        r = self.r
+        candidates = [b for b in self.prog.blocks if b.carried is not None and all(self.can_make(p) for p in b.params)]
+        if not candidates:
+            return None
+        name, b = self.instance_of(r.pick(candidates))
+        args = [self.tensor(p, depth - 1)[0] for p in b.params]
+        if b.params[1].dtype is None and self.function(("zeros",)) is not None and r.coin(0.6):
+            args[1] = f"zeros({type_text(r, b.params[1])})"
+        targets = [self.value_name(), self.value_name()]
+        for target, t in zip(targets, (b.result, b.carried)):
+            self.values.setdefault(t, []).append(target)
+            self.expected[target] = t
+        return f"{targets[0]}{r.odd(', ', ',')}{targets[1]}{r.odd(' = ', '=')}{name}({', '.join(args)})"
+
     def equation(self, depth: int, form: str | None = None) -> str:
         r = self.r
         target = self.value_name()
@@ -658,7 +692,8 @@ class ProgramGen:
 
     def block(self, main: T, knobs: Knobs, gen: Generated) -> str:
         r = self.r
-        keyword = r.pick(["block", "model"])
+        carried = r.coin(0.3)
+        keyword = "block" if carried else r.pick(["block", "model"])
         # a block named like a built-in kind would capture that kind's declarations
         name = self.r.name()
         while name in self.taken or name in KINDS:
@@ -667,10 +702,13 @@ class ProgramGen:
         # most blocks share the program's state type, so that later blocks can run earlier ones
         t0 = main if r.coin(0.7) else T(self.row_axes() + (r.pick(self.by_role["model"]),),
                                          r.pick([None, None, *DTYPES]))
-        extra = [T(self.row_axes() + (r.pick(self.lasts),), r.pick([None, *DTYPES])) for _ in range(r.int(0, 2))]
+        # a carried stream: a second input (with the state's rows) its second result continues; a stack threads it
+        carried = T(t0.rows + (r.pick(self.lasts),), r.pick([None, None, *DTYPES])) if carried else None
+        extra = [T(self.row_axes() + (r.pick(self.lasts),), r.pick([None, *DTYPES])) for _ in range(r.int(0, 2))
+                 if not carried]
         # a block's own names may repeat block names, never the file's dims and constants
         taken = {n for n in self.taken if n not in {b.name for b in self.blocks} and n != name}
-        params = [(fresh(r, taken), t) for t in (t0, *extra)]
+        params = [(fresh(r, taken), t) for t in (t0, *([carried] if carried else []), *extra)]
 
         envs = [dict(self.file_env, layer=layer, num_layers=n) for layer, n in LAYER_ENVS]
         consts = []
@@ -685,8 +723,12 @@ class ProgramGen:
         result = t0 if r.coin(0.75) else r.pick(body.universe)
         # a model usually runs a stack of an earlier block first
         equations = [body.equation(knobs.depth, "instance")] if self.blocks and r.coin(0.6) else []
+        call = body.carried_call(knobs.depth) if r.coin(0.7) else None
+        equations += [call] if call else []
         equations += [body.equation(knobs.depth) for _ in range(r.int(1, knobs.equations))]
         ret_text, _ = body.tensor(result, r.int(0, knobs.depth))
+        if carried:
+            ret_text += f"{r.odd(', ', ',')}{body.tensor(carried, r.int(0, knobs.depth))[0]}"
         for _ in range(r.int(0, 2)):  # unused declarations are legal (a warning)
             kind = r.pick(sorted(KINDS))
             t = r.pick(body.universe)
@@ -699,8 +741,9 @@ class ProgramGen:
         sig = ", ".join(f"{n}{r.odd(': ', ':')}{type_text(r, t)}" for n, t in params) + r.odd("", ",")
         gen.values[name] = body.expected
         gen.results[name] = result
-        self.blocks.append(BlockInfo(name, (t0, *extra), result))
-        head = f"{keyword} {name}({sig}) -> {type_text(r, result)} {{"
+        self.blocks.append(BlockInfo(name, tuple(t for _, t in params), result, carried))
+        results = type_text(r, result) if not carried else f"({type_text(r, result)}, {type_text(r, carried)})"
+        head = f"{keyword} {name}({sig}) -> {results} {{"
         return head + "".join(r.sep() + "  " + s for s in statements) + r.sep() + "}"
 
     def interleave(self, consts: list[str], equations: list[str], decls: list[str], ret: str,

@@ -32,7 +32,8 @@ def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tens
     return (x - mean) / torch.sqrt(var + 1e-5) * w + b
 
 
-def _oracle(x: torch.Tensor, p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _oracle(x: torch.Tensor, p: dict[str, torch.Tensor], mean: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stack's output and last score state; ``mean``: R_l = ((l - 1) R_{l-1} + A_l) / l instead of the sum."""
     b, s, d = x.shape
     hd = d // HEADS
     prev = torch.zeros(b, HEADS, s, s, dtype=x.dtype)
@@ -44,7 +45,8 @@ def _oracle(x: torch.Tensor, p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     for i in range(LAYERS):
         w = {k.split(".", 2)[2]: v for k, v in p.items() if k.startswith(f"layers.{i}.")}
         q, k, v = (heads(x @ w[f"attn.{n}_proj.weight"].T) for n in "qkv")
-        prev = q @ k.transpose(-1, -2) / math.sqrt(hd) + prev
+        raw = q @ k.transpose(-1, -2) / math.sqrt(hd)
+        prev = (i * prev + raw) / (i + 1) if mean else raw + prev
         probs = torch.softmax(prev.masked_fill(later, float("-inf")), dim=-1)
         a = (probs @ v).transpose(1, 2).reshape(b, s, d) @ w["attn.o_proj.weight"].T
         h = _layer_norm(x + a, w["ln_1.weight"], w["ln_1.bias"])
@@ -53,9 +55,12 @@ def _oracle(x: torch.Tensor, p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     return x, prev
 
 
+@pytest.mark.parametrize("policy", ["sum", "mean"])
 @pytest.mark.parametrize("backend", ["fx", "fused"])
-def test_realformer_stack_matches_the_paper_forward_and_gradients_float64(backend: str) -> None:
-    m = blockir.compile(FLOAT64, "RealFormer", backend=backend, dims=DIMS, dtype=torch.float64, seed=0)
+def test_realformer_stack_matches_the_paper_forward_and_gradients_float64(backend: str, policy: str) -> None:
+    program = FLOAT64 if policy == "sum" else blockir.parse(
+        FLOAT64_TEXT.replace("score_residual=sum", "score_residual=mean"), str(EXAMPLE))
+    m = blockir.compile(program, "RealFormer", backend=backend, dims=DIMS, dtype=torch.float64, seed=0)
     torch.manual_seed(0)
     x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
     names = [n for n, _ in m.named_parameters()]
@@ -63,7 +68,7 @@ def test_realformer_stack_matches_the_paper_forward_and_gradients_float64(backen
     y, values = blockir.trace(m, x)
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in zip(names, params)}
     x_ref = x.detach().clone().requires_grad_(True)
-    y_ref, s_ref = _oracle(x_ref, leaves)
+    y_ref, s_ref = _oracle(x_ref, leaves, mean=policy == "mean")
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(values["layers.3.s_next"], s_ref, rtol=1e-10, atol=1e-10)
     g = torch.randn_like(y)
@@ -85,6 +90,21 @@ def test_score_state_is_the_running_sum_of_every_layers_raw_scores() -> None:
         q = (values[f"layers.{i}.x"] @ layer.attn.q_proj.weight.T).view(1, 5, HEADS, 4).transpose(1, 2)
         k = (values[f"layers.{i}.x"] @ layer.attn.k_proj.weight.T).view(1, 5, HEADS, 4).transpose(1, 2)
         torch.testing.assert_close(step, q @ k.transpose(-1, -2) / 2.0, rtol=1e-10, atol=1e-10)
+
+
+def test_running_mean_state_is_the_mean_of_every_layers_raw_scores() -> None:
+    text = FLOAT64_TEXT.replace("score_residual=sum", "score_residual=mean")
+    m = blockir.compile(blockir.parse(text, str(EXAMPLE)), "RealFormer", dims=DIMS, dtype=torch.float64, seed=1)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    _, values = blockir.trace(m, x)
+    raws = []
+    for i in range(LAYERS):
+        layer = m.layers[i]
+        q = (values[f"layers.{i}.x"] @ layer.attn.q_proj.weight.T).view(1, 5, HEADS, 4).transpose(1, 2)
+        k = (values[f"layers.{i}.x"] @ layer.attn.k_proj.weight.T).view(1, 5, HEADS, 4).transpose(1, 2)
+        raws.append(q @ k.transpose(-1, -2) / 2.0)
+        torch.testing.assert_close(values[f"layers.{i}.s_next"], sum(raws) / (i + 1), rtol=1e-10, atol=1e-10)
+    assert "score_count=4" in repr(m.layers[3].attn.core)
 
 
 def test_score_telemetry_measures_rms_and_entropy_of_the_allowed_keys() -> None:

@@ -260,6 +260,32 @@ def test_tfixup_removes_every_norm_and_scales_v_o_and_mlp() -> None:
     assert std(stacked(encoder, "self_attn.v_proj.weight", 6)) == pytest.approx(square * 0.67 * 6 ** -0.25, rel=0.05)
 
 
+def test_tfixup_states_its_contract_and_a_copied_exponent_breaks_it() -> None:
+    p = example("encoder_decoder")
+    p = tfixup.apply(tfixup.apply(p, "EncoderLayer").program, "DecoderLayer").program
+    assert blockir.verify(p) == []
+    text = format_program(p)
+    assert text.count("const tfixup = 1") == 2
+    # the decoder given the encoder's scale: the copied exponent of the wrong side
+    wrong = text.replace("const gain = (9 * num_layers) ** (-0.25)", "const gain = 0.67 * num_layers ** (-0.25)")
+    diags = blockir.verify(blockir.parse(wrong, "wrong.block"))
+    assert {d.code for d in diags} == {"E0445"} and len(diags) == 3  # self-attention, cross-attention, MLP
+    assert diags[0].message == ("init_gain of 'self_attn' is 0.428092 in a 6-layer stack, but T-Fixup's scale is "
+                                "0.368894 (decoder)")
+
+
+def test_run_refuses_warmup_for_a_tfixup_program(tmp_path) -> None:
+    p = tfixup.apply(program(4), "PreLNLayer").program
+    path = tmp_path / "tfixup.block"
+    path.write_text(format_program(p))
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = main(["run", str(path), "--steps", "1", "--warmup", "5"])
+    assert code == 1
+    assert "error[E0756]: 'PreLNLayer' states tfixup = 1, and T-Fixup trains without learning-rate warmup, but " \
+           "the run asks for --warmup 5" in err.getvalue()
+
+
 # --- Admin ------------------------------------------------------------------------------------------------
 
 def test_admin_omega_is_the_profiled_cumulative_variance() -> None:

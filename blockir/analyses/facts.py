@@ -22,6 +22,10 @@ verifiers check the graph against every stated fact:
                        a scalar multiplier and scalar biases on every branch.
 ``deepscalelm``        1: every update is ``lambda * x + beta * F(x)`` with
                        lambda^2 + beta^2 = 1 (arXiv:2403.09635).
+``tfixup``             1: the block follows T-Fixup (Huang et al., 2020): no
+                       norm, and every built-in branch initialised with the
+                       gain of its side (0.67 N^(-1/4) encoder, (9N)^(-1/4)
+                       decoder) for the stack's N layers.
 ``training``           1: the block is trained (an ``@inplace`` add must also
                        be legal in training); 0: it is only evaluated (no
                        dropout may remain active).
@@ -35,7 +39,7 @@ from blockir.analyses.sizes import value
 from blockir.ir.program import Block, Const
 
 FACTS = ("norm_first", "parallel_residual", "final_norm", "residual_from_norm", "training", "normformer", "fixup",
-         "deepscalelm")
+         "deepscalelm", "tfixup")
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     attention) spells out HF's eager reference op for op, so it is bit-exact against it. ``groups``
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
-    before the mask, and the result is ``(output, scores)``: the running sum the next layer reads.
+    before the mask, and the result is ``(output, scores)``: the running sum (or mean) the next layer reads.
     """
     if core.impl == "eager" and core.kv_cache:  # a KV cache hands the eager op contiguous keys and values, and
         # matmuls round by layout
@@ -156,8 +156,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
     carried = None
-    if core.score_residual is not None:
+    if core.score_residual == "sum":
         scores = carried = scores + prev
+    elif core.score_residual == "mean":
+        n = core.score_count
+        scores = carried = ((n - 1) * prev + scores) / n
     mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
@@ -228,17 +231,19 @@ class AttentionCore:
 
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
-                 softmax_f32: bool = True, score_residual: str | None = None,
+                 softmax_f32: bool = True, score_residual: str | None = None, score_count: int = 1,
                  scale_query: bool = False, kv_cache: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
-        self.score_residual, self.kv_cache = score_residual, kv_cache
+        # the running mean's l: how many layers' scores the state averages once this one's are in
+        self.score_residual, self.score_count, self.kv_cache = score_residual, score_count, kv_cache
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]
         parts += [f"{k}={v}" for k, v in (("window", self.window), ("scale", self.scale),
                                           ("softcap", self.softcap), ("score_residual", self.score_residual))
                   if v is not None]
+        parts += [f"score_count={self.score_count}"] if self.score_residual == "mean" else []
         return ", ".join(parts + ([f"dropout={self.dropout}"] if self.dropout else []))
 
 

@@ -1,6 +1,7 @@
 """Declarations → torch modules and parameters, named so state_dict keys equal the declared names."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -12,6 +13,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.backends import batchnorm, branches, numerics, rotary
 from blockir.backends.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
+from blockir.ir import init_roles
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block
@@ -42,11 +44,6 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
         numerics.ACCUM[d.arg("accum")], f"prepbn '{d.name}'", d.span),
 }
 
-# roles of the matrices that DeepNorm-style init gains scale; query and key projections keep gain 1
-GAINED = {"self_attention": ("v", "o"), "cross_attention": ("v", "o"),
-          "mlp": ("fc1", "fc2"), "gated_mlp": ("gate", "up", "down")}
-UNGAINED = {"self_attention": ("q", "k"), "cross_attention": ("q", "k")}
-
 
 class Activation(nn.Module):
     """A declared activation; holds no state."""
@@ -67,14 +64,50 @@ def _opt_int(s: Sizes, d: KindDecl, name: str) -> int | None:
     return int(s.value(v)) if v is not None else None
 
 
-def _apply_gain(module: nn.Module, kind: str, gain: float) -> None:
-    names: dict[str, str] = getattr(module, "names")
-    with torch.no_grad():
-        for roles, g in ((UNGAINED.get(kind, ()), 1.0), (GAINED[kind], gain)):
-            for role in roles:
-                layer = getattr(module, names[role], None)
-                if layer is not None:  # a fused layout has no separate q/k/v or gate/up matrices
-                    nn.init.xavier_normal_(layer.weight, gain=g)
+@dataclass(frozen=True)
+class BranchInit:
+    """The per-role init a branch declaration states (``init_std``, ``init_gain``, ``init_scale``, ``init_zero``)."""
+
+    kind: str
+    fan_in: bool
+    gain: float | None
+    scale: float | None
+    zero: bool
+
+    @classmethod
+    def of(cls, d: KindDecl, s: Sizes) -> BranchInit | None:
+        gain, scale = _opt_float(s, d, "init_gain"), _opt_float(s, d, "init_scale")
+        fan_in, zero = d.arg("init_std") == "fan_in", bool(d.arg("init_zero"))
+        return cls(d.kind, fan_in, gain, scale, zero) if fan_in or zero or gain is not None or scale is not None \
+            else None
+
+    def __call__(self, module: nn.Module) -> None:
+        names: dict[str, str] = getattr(module, "names")
+
+        def layers(roles: tuple[str, ...]) -> list[nn.Linear]:
+            # a fused layout has no separate q/k/v or gate/up matrices
+            return [m for r in roles if (m := getattr(module, names.get(r, ""), None)) is not None]
+        with torch.no_grad():
+            if self.fan_in:
+                rectified = {id(m) for m in layers(init_roles.RECTIFIED.get(self.kind, ()))}
+                for m in module.children():
+                    if isinstance(m, nn.Linear):
+                        m.weight.normal_(0.0, ((2.0 if id(m) in rectified else 1.0) / m.weight.shape[1]) ** 0.5)
+                        if m.bias is not None:
+                            m.bias.zero_()
+            if self.gain is not None:
+                for roles, g in ((init_roles.UNGAINED.get(self.kind, ()), 1.0), (init_roles.GAINED[self.kind],
+                                                                                  self.gain)):
+                    for m in layers(roles):
+                        nn.init.xavier_normal_(m.weight, gain=g)
+            if self.scale is not None:
+                for m in layers(init_roles.EARLIER[self.kind]):
+                    m.weight.mul_(self.scale)
+            if self.zero:
+                for m in layers((init_roles.LAST[self.kind],)):
+                    m.weight.zero_()
+                    if m.bias is not None:
+                        m.bias.zero_()
 
 
 def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
@@ -100,6 +133,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
         kv_cache=bool(d.arg("kv_cache")),
         score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
+    if d.arg("score_count") is not None:
+        core["score_count"] = int(s.value(d.arg("score_count")))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),
                               name=f"{d.kind} '{d.name}'", span=d.span, fused=d.arg("fused"), conv1d=d.arg("conv1d"),
@@ -158,16 +193,15 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
         return partial(Activation, d.arg("fn"))
     if width is None:
         raise BlockError([error("E0703", f"'{d.name}' is declared but never applied, so its width is unknown", d.span)])
-    build = _branch(d, width, s)
-    if d.arg("init_gain") is None:
+    build, init = _branch(d, width, s), BranchInit.of(d, s)
+    if init is None:
         return build
-    kind, gain = d.kind, float(s.value(d.arg("init_gain")))
 
-    def gained() -> nn.Module:
+    def initialised() -> nn.Module:
         module = build()
-        _apply_gain(module, kind, gain)
+        init(module)
         return module
-    return gained
+    return initialised
 
 
 def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module | nn.Parameter:

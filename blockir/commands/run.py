@@ -12,6 +12,10 @@ from typing import Any, Callable
 
 from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, log, print_json,
                          with_callees, with_program)
+from blockir.analyses.facts import stated
+from blockir.analyses.sizes import block_env, program_env
+from blockir.api import read_source
+from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl
 from blockir.ir.program import Block, Program
 
@@ -106,6 +110,19 @@ def sphere_json(sphere: tuple[float, float] | None) -> dict[str, float] | None:
     return None if sphere is None else {"hidden_row_norm_error": sphere[0], "parameter_norm_error": sphere[1]}
 
 
+def warmup_free(program: Program, warmup: int) -> None:
+    """T-Fixup trains without learning-rate warmup: a program stating it refuses a warmup schedule."""
+    base = program_env(program)
+    for b in program.blocks:
+        fact = stated(b, block_env(base, b)).get("tfixup")
+        if warmup > 0 and fact is not None and fact.value == 1:
+            raise BlockError([error("E0756", f"'{b.name}' states tfixup = 1, and T-Fixup trains without learning-rate "
+                                    f"warmup, but the run asks for --warmup {warmup}", fact.const.span,
+                                    hint="run with --warmup 0 (the default): T-Fixup's initialisation is what "
+                                         "replaces the warmup")],
+                             {program.filename: read_source(program.filename)})
+
+
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
         from blockir.backends import checkpoint
@@ -113,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         from blockir.backends.session import RunConfig, Trainer, train
         if args.steps < 0:
             raise UsageError(f"--steps must be at least 0, got {args.steps}")
+        warmup_free(program, args.warmup)
         set_threads(args.threads)
         externs = name_stand_ins(program, block)
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,

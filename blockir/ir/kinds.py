@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from blockir.ir.consts import Num
+from blockir.ir.consts import LAYER, Bin, Name, Num
 
 REQUIRED = object()
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
@@ -75,6 +75,22 @@ def _eps(default: float) -> ArgSpec:
 
 _GAIN = ArgSpec("init_gain", "expr", None,
                 doc="Xavier init with this gain on value/output and MLP matrices (DeepNorm beta); q/k keep gain 1")
+# per-role init of a built-in branch (roles: blockir/ir/init_roles.py), applied as init_std, init_gain, init_scale,
+# init_zero
+_INIT = (_GAIN,
+         ArgSpec("init_std", "enum", None, choices=("fan_in",),
+                 doc="fan_in: every matrix from N(0, 1/fan_in), an MLP's input matrices from N(0, 2/fan_in), biases "
+                     "0 (DeepScaleLM)"),
+         ArgSpec("init_scale", "expr", None,
+                 doc="multiplies the initial weights of the layers before the last on the update path (v; fc1; "
+                     "gate and up) (Fixup's L^(-1/(2m-2)))"),
+         ArgSpec("init_zero", "bool", None,
+                 doc="true: the last layer on the update path (o; fc2; down) starts at zero, weight and bias (Fixup)"))
+_COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER), Num(1)),
+                    "a running mean over a stack's layers has held layer + 1 layers' scores after this one"),
+            Implies("score_residual", "sum", "score_count", None, "only the running mean counts layers"))
+_UNFUSED_V = tuple(Implies("fused", layout, "init_scale", None, "init_scale rescales the value projection alone; a "
+                           f"fused={layout} layout stores it inside one q/k/v matrix") for layout in ("stacked", "heads"))
 _TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
 _ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
 # Runtime ownership of a norm under a device mesh; unset means the mathematical norm (global row
@@ -119,11 +135,16 @@ _ATTENTION_CORE = (
     ArgSpec("dropout", "expr", Num(0.0), doc="dropout on the attention probabilities while training"),
     ArgSpec("impl", "enum", "sdpa", choices=ATTENTION_IMPLS,
             doc="sdpa: the fused kernel; eager: HF's eager reference op for op (bit-exact)"),
-    ArgSpec("kv_cache", "bool", None, doc="eager: keys and values are laid out as a KV cache holds them (contiguous), as an HF decoder's eager attention reads them when it caches; unset: as projected"),
+    ArgSpec("kv_cache", "bool", None, doc="eager: keys and values are laid out as a KV cache holds them "
+            "(contiguous), as an HF decoder's eager attention reads them when it caches; unset: as projected"),
     ArgSpec("softmax_f32", "bool", True, doc="eager softmax in f32 then cast (LLaMA); false: in the input dtype"),
-    ArgSpec("score_residual", "enum", None, choices=("sum",),
+    ArgSpec("score_residual", "enum", None, choices=("sum", "mean"),
             doc="RealFormer (arXiv:2012.11747): add the previous layer's scores [B, H, T, S] to this layer's "
-                "pre-softmax scores and return the running sum; called as y, s = attn(x, s_prev)"),
+                "pre-softmax scores and return the running sum; called as y, s = attn(x, s_prev). mean: the "
+                "running mean over the layers so far, ((l - 1) * s_prev + scores) / l with l = score_count"),
+    ArgSpec("score_count", "expr", None,
+            doc="score_residual=mean: the layers whose scores the returned mean holds; layer + 1 (the stack's "
+                "layer index counts from 0)"),
     ArgSpec("scale_query", "bool", False, doc="scale the queries after their projection, then plain dot products "
             "(OPT, BioGPT: the rounding their code has)"),
 )
@@ -190,7 +211,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
             ArgSpec("rope_theta", "expr", Num(10000.0)),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_INIT,
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
@@ -218,22 +239,23 @@ KINDS: dict[str, KindSpec] = {
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),
-             Implies("alibi", True, "scale_query", False, "ALiBi attention scales the scores, as BLOOM does"))),
+             Implies("alibi", True, "scale_query", False, "ALiBi attention scales the scores, as BLOOM does"),
+             *_UNFUSED_V, *_COUNTED)),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_INIT,
             *_ATTENTION_CORE, *_ATTENTION_LAYOUT),
-            "queries from the state, keys and values from memory"),
+            "queries from the state, keys and values from memory", (*_UNFUSED_V, *_COUNTED)),
         KindSpec("mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "gelu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", True), _GAIN,
+            ArgSpec("bias", "bool", True), *_INIT,
             _name("fc1", "the input layer's name (c_fc, dense_h_to_4h, up_proj, …)"),
             _name("fc2", "the output layer's name (c_proj, dense_4h_to_h, down_proj, …)"),
             ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)")),
             "dense MLP fc2(act(fc1(x)))"),
         KindSpec("gated_mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "silu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", False), _GAIN,
+            ArgSpec("bias", "bool", False), *_INIT,
             _name("gate", "the gate layer's name"), _name("up", "the up layer's name"),
             _name("down", "the down layer's name"),
             ArgSpec("fused", "bool", False, doc="gate and up stored as one matrix, gate rows first"),

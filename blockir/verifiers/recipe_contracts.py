@@ -4,13 +4,17 @@ A depth exponent or a pair of scales copied from a paper is not the method:
 ``const fixup = 1`` needs no norm, a learned scalar multiplier and scalar
 biases on every branch (Zhang et al., arXiv:1901.09321); ``const deepscalelm
 = 1`` needs every update to be ``lambda * x + beta * F(x)`` with constant
-scales and ``lambda^2 + beta^2 = 1`` (Shah et al., arXiv:2403.09635).
+scales and ``lambda^2 + beta^2 = 1`` (Shah et al., arXiv:2403.09635);
+``const tfixup = 1`` needs no norm and T-Fixup's gain for its side and depth on
+every built-in branch (Huang et al., 2020).
 """
 from __future__ import annotations
 
 from blockir.analyses.facts import stated
-from blockir.analyses.sizes import block_env, program_env, value
+from blockir.analyses.sizes import block_env, layer_counts, program_env, value
 from blockir.analyses.structure import Branch, Sublayer, wrapper
+from blockir.analyses.summaries import summaries
+from blockir.analyses.tfixup import gains
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
@@ -19,7 +23,10 @@ from blockir.verifiers.registry import verifier
 
 FIXUP_HINT = ("Fixup removes every norm, zero-initialises each branch's last layer, rescales the others by "
               "L^(-1/(2m-2)), and adds a scalar multiplier and scalar biases to every branch; "
-              "`blockir recipe fixup` writes the graph and the recipe's init(module) the initialisation")
+              "`blockir recipe fixup` writes the graph and the branches' init_zero and init_scale")
+TFIXUP_HINT = ("T-Fixup removes every norm and Xavier-initialises each branch with gain 0.67 N^(-1/4) (encoder) or "
+               "(9N)^(-1/4) (decoder: it reads encoder memory) on v/o and the MLP, for N layers, and trains without "
+               "warmup; `blockir recipe tfixup` writes it")
 DSLM_HINT = "DeepScaleLM keeps unit variance with lambda^2 + beta^2 = 1 (beta^2 = 2/N, lambda^2 = 1 - 2/N for N layers)"
 
 
@@ -73,9 +80,33 @@ def _deepscalelm(block: Block, env: dict, stated_at: Note) -> list[Diagnostic]:
     return out
 
 
+def _tfixup(program: Program, block: Block, base: dict, depths: tuple[int, ...], stated_at: Note) -> list[Diagnostic]:
+    out = [error("E0445", f"'{block.name}' states tfixup = 1 but keeps norm '{op.decl}'", op.span,
+                 notes=[stated_at], hint=TFIXUP_HINT) for op in block.ops if isinstance(op, (NormOp, FusedAddNormOp))]
+    decoder = summaries(program)[block.name].has_cross
+    # a block without cross-attention is the paper's encoder; the recipe may give it the decoder scale
+    sides = ("decoder",) if decoder else ("encoder", "decoder")
+    branches = [d for d in block.decls if isinstance(d, KindDecl) and d.spec.arg("init_gain") is not None]
+    for d in branches:
+        if d.arg("init_gain") is None:
+            out.append(error("E0445", f"'{block.name}' states tfixup = 1 but '{d.name}' has no init_gain: T-Fixup "
+                             "scales its value/output or MLP matrices", d.span, notes=[stated_at], hint=TFIXUP_HINT))
+            continue
+        for n in depths:
+            got = value(d.arg("init_gain"), block_env(base, block, 0, n))
+            want = [gains(n)[side] for side in sides]
+            if got is not None and not any(abs(got - w) <= 1e-9 * w for w in want):
+                scale = " or ".join(f"{gains(n)[side]:.6g} ({side})" for side in sides)
+                out.append(error("E0445", f"init_gain of '{d.name}' is {got:.6g} in a {n}-layer stack, but T-Fixup's "
+                                 f"scale is {scale}", d.span, notes=[stated_at], hint=TFIXUP_HINT))
+                break
+    return out
+
+
 @verifier("recipe_contracts")
 def verify_recipe_contracts(program: Program) -> list[Diagnostic]:
     base = program_env(program)
+    counts = layer_counts(program, base)
     out: list[Diagnostic] = []
     for block in program.blocks:
         env = block_env(base, block)
@@ -84,4 +115,7 @@ def verify_recipe_contracts(program: Program) -> list[Diagnostic]:
             out += _fixup(block, Note("stated here", facts["fixup"].const.span))
         if "deepscalelm" in facts and facts["deepscalelm"].value == 1:
             out += _deepscalelm(block, env, Note("stated here", facts["deepscalelm"].const.span))
+        if "tfixup" in facts and facts["tfixup"].value == 1:
+            out += _tfixup(program, block, base, counts.get(block.name, (1,)),
+                           Note("stated here", facts["tfixup"].const.span))
     return out

@@ -9,32 +9,42 @@ states ``const deepscalelm = 1``, so the verifier checks the identity
 ``num_layers = 1``, where ``1 - 2/N`` is negative.
 
 The components are initialised so that each keeps the second moment of its
-input (``init(module)``): Q, K, V and O from N(0, 1/fan_in), the MLP's input
-layers from N(0, 2/fan_in) (a rectifying activation halves the second moment)
-and its output layer from N(0, 1/fan_in). The paper's full moment model also
+input (``init_std=fan_in`` on every branch declaration, which ``blockir.compile``
+applies): Q, K, V and O from N(0, 1/fan_in), the MLP's input layers from
+N(0, 2/fan_in) (a rectifying activation halves the second moment) and its
+output layer from N(0, 1/fan_in), biases 0. The paper's full moment model also
 tracks token correlation, dropout and the attention output scale; those terms
 are not here.
 
-``init.fold(module)`` moves ``beta`` into the last linear of every branch
+``fold(program, block, module)`` moves ``beta`` into the last linear of every branch
 (``beta F(x) = F'(x)`` with ``W' = beta W``, ``b' = beta b``) and returns the
 program whose updates no longer scale the branch, with the folded state dict.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.ir import ops as O
-from blockir.ir.kinds import layer_names
+from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, finish,
-                                           gained_branches, name, num, replace_blocks, stack_depths, sublayers,
-                                           target_block)
-from blockir.rewrites.recipes.fixup import LAST
+from blockir.rewrites.recipes.base import (
+    BlockEdit,
+    RecipeError,
+    RecipeResult,
+    Report,
+    binop,
+    finish,
+    gained_branches,
+    name,
+    num,
+    replace_blocks,
+    stack_depths,
+    sublayers,
+    target_block,
+)
 
 SKIP, BRANCH = "skip_scale", "branch_scale"
-# MLP input layers: N(0, 2/fan_in); every other matrix N(0, 1/fan_in)
-RECTIFIED = {"mlp": ("fc1",), "gated_mlp": ("gate", "up", "gate_up")}
 
 
 def constants(n: int) -> tuple[float, float]:
@@ -42,40 +52,24 @@ def constants(n: int) -> tuple[float, float]:
     return (1 - 2 / n) ** 0.5, (2 / n) ** 0.5
 
 
-@dataclass(frozen=True)
-class DeepScaleLMInit:
-    program: Program  # the recipe's program
-    block: str
-    beta: float
-    kinds: dict[str, str]
-    names: dict[str, dict[str, str]]
+def fold(program: Program, block_name: str, module: Any) -> tuple[Program, dict[str, Any]]:
+    """The program without the branch scale and ``module``'s state dict with beta folded into each last linear.
 
-    def _branches(self, module: Any) -> list[tuple[str, Any, str]]:
-        return [(path, sub, self.kinds[path.rpartition(".")[2]]) for path, sub in module.named_modules()
-                if path.rpartition(".")[2] in self.kinds and hasattr(sub, "names")]
-
-    def __call__(self, module: Any) -> None:
-        import torch
-        with torch.no_grad():
-            for _, sub, kind in self._branches(module):
-                rectified = {sub.names.get(r) for r in RECTIFIED.get(kind, ())}
-                for child_name, child in sub.named_children():
-                    if isinstance(child, torch.nn.Linear):
-                        fan_in = child.weight.shape[1]
-                        gain = 2.0 if child_name in rectified else 1.0
-                        child.weight.normal_(0.0, (gain / fan_in) ** 0.5)
-                        if child.bias is not None:
-                            child.bias.zero_()
-
-    def fold(self, module: Any) -> tuple[Program, dict[str, Any]]:
-        """The program without the branch scale and the state dict with beta folded into each last linear."""
-        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        for path, sub, kind in self._branches(module):
-            layer = f"{path}.{sub.names[LAST[kind]]}"
-            for key in (f"{layer}.weight", f"{layer}.bias"):
-                if key in state:
-                    state[key] = state[key] * self.beta
-        return unscaled_branches(self.program, self.block), state
+    ``program`` is the recipe's output and ``module`` compiled from it; beta is the block's ``branch_scale``.
+    """
+    block = program.block(block_name)
+    beta = value(name(BRANCH), block_env(program_env(program), block))
+    decls = {d.name: d.kind for d in gained_branches(block, "DeepScaleLM")}
+    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    for path, sub in module.named_modules():
+        kind = decls.get(path.rpartition(".")[2])
+        if kind is None or not hasattr(sub, "names"):
+            continue
+        layer = f"{path}.{sub.names[LAST[kind]]}" if path else sub.names[LAST[kind]]
+        for key in (f"{layer}.weight", f"{layer}.bias"):
+            if key in state:
+                state[key] = state[key] * beta
+    return unscaled_branches(program, block_name), state
 
 
 def unscaled_branches(program: Program, block_name: str) -> Program:
@@ -111,6 +105,9 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
     edit.add_const(SKIP, binop("**", binop("-", num(1), binop("/", num(2), num(depth))), num(0.5)))
     edit.add_const(BRANCH, binop("**", binop("/", num(2), num(depth)), num(0.5)))
     changes = []
+    for d in decls:
+        edit.set_arg(d.name, "init_std", "fan_in")
+        changes.append(f"'{d.name}' ({d.kind}): init_std=fan_in")
     for s in sublayers(block):
         add = s.root
         if not isinstance(add, O.AddOp) or len(s.adds) != 1 or len(s.branches) != 1:
@@ -125,11 +122,10 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
         changes.append(f"'{b.name}': skip_scale * state + branch_scale * update")
     result = finish(replace_blocks(program, [edit.build()]))
     lam, beta = constants(depth)
-    init = DeepScaleLMInit(result, block_name, beta, {d.name: d.kind for d in decls},
-                           {d.name: layer_names(d.kind, dict(d.args)) for d in decls})
     consts = ((f"lambda (N={depth})", lam), (f"beta (N={depth})", beta))
-    notes = ["init(module): Q/K/V/O and MLP output layers N(0, 1/fan_in), MLP input layers N(0, 2/fan_in), biases 0",
+    notes = [("init_std=fan_in: Q/K/V/O and MLP output layers N(0, 1/fan_in), MLP input layers N(0, 2/fan_in), "
+              "biases 0"),
              "the paper's token-correlation, dropout and attention-output terms of the moment model are not applied",
              "initialise the embeddings outside the block to unit variance",
-             "init.fold(module) moves beta into each branch's last linear for inference"]
-    return RecipeResult(result, init, Report("DeepScaleLM", block_name, tuple(consts), tuple(changes), tuple(notes)))
+             "fold(program, block, module) moves beta into each branch's last linear for inference"]
+    return RecipeResult(result, None, Report("DeepScaleLM", block_name, tuple(consts), tuple(changes), tuple(notes)))

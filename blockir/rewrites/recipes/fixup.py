@@ -13,8 +13,9 @@ The graph carries 1 and 4: each update becomes
 ``x + fixup_scale{i} * F(x + fixup_bias{i}a) + fixup_bias{i}b``. The scalar biases
 between the layers inside a built-in attention or MLP would need the module's
 own graph; the block-level ones sit before the first weight layer and after the
-multiplier (before the next branch's first layer). ``init(module)`` does 2 and 3
-on a module compiled from the result. A built-in branch is m = 2 layers deep
+multiplier (before the next branch's first layer). 2 and 3 are the branch
+declarations' ``init_zero=true`` and ``init_scale=fixup_rescale``, which
+``blockir.compile`` applies. A built-in branch is m = 2 layers deep
 along the path its update takes: V then O for attention, fc1 (gate/up) then
 fc2 (down) for an MLP; Q and K only form the mixing weights and keep their
 initialisation. L counts every branch of the stack: branches per block times
@@ -22,57 +23,19 @@ the stack depth.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import KindDecl
-from blockir.ir.kinds import layer_names
+from blockir.ir.init_roles import PATH_LAYERS
 from blockir.ir.program import Program
-from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, finish, gained_branches, num,
-                                           remove_all_norms, replace_blocks, stack_depths, sublayers, target_block)
-
-WEIGHT_LAYERS = 2  # m: weight layers along a built-in branch's update path
-# the branch's last weight layer (zeroed) and the layers before it on the update path (rescaled), by role
-LAST = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp": "down"}
-EARLIER = {"self_attention": ("v",), "cross_attention": ("v",), "mlp": ("fc1",), "gated_mlp": ("gate", "up", "gate_up")}
+from blockir.rewrites.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, finish, gained_branches,
+                                           name, num, remove_all_norms, replace_blocks, stack_depths, sublayers,
+                                           target_block)
 
 
-def rescale(branches: int, weight_layers: int = WEIGHT_LAYERS) -> float:
+def rescale(branches: int, weight_layers: int = PATH_LAYERS) -> float:
     """Fixup's factor L^(-1/(2m-2)) for the non-final layers of every branch."""
     return branches ** (-1 / (2 * weight_layers - 2))
-
-
-@dataclass(frozen=True)
-class FixupInit:
-    """Zero the last layer of every branch, rescale the earlier ones; ``branches`` is L for the stack."""
-
-    kinds: dict[str, str]  # branch declaration name -> its kind
-    names: dict[str, dict[str, str]]  # branch declaration name -> role -> module name
-    branches: int
-    factor: float
-
-    def __call__(self, module: Any) -> None:
-        import torch
-        found = 0
-        with torch.no_grad():
-            for path, sub in module.named_modules():
-                decl = path.rpartition(".")[2]
-                if decl not in self.kinds or not hasattr(sub, "names"):
-                    continue
-                found += 1
-                kind, names = self.kinds[decl], self.names[decl]
-                last = getattr(sub, names[LAST[kind]])
-                last.weight.zero_()
-                if last.bias is not None:
-                    last.bias.zero_()
-                for role in EARLIER[kind]:
-                    layer = getattr(sub, names.get(role, ""), None)
-                    if layer is not None:  # a fused gate_up holds gate and up, both on the path
-                        layer.weight.mul_(self.factor)
-        if not found:
-            raise ValueError("Fixup's init found none of the block's branches in this module; compile it from the "
-                             "recipe's program")
 
 
 def apply(program: Program, block_name: str, *, depth: int | None = None) -> RecipeResult:
@@ -84,6 +47,7 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
     if fused:
         raise RecipeError(f"attention '{fused[0]}' stores q, k and v as one matrix; Fixup rescales the value "
                           "projection alone, so declare it with fused=none")
+    given = depth
     if depth is None:
         depths = stack_depths(program, block_name)
         if len(depths) != 1:
@@ -92,7 +56,16 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
         depth = depths[0]
     edit = BlockEdit(block)
     edit.add_const("fixup", num(1))
+    per_block = sum(len(s.branches) for s in sublayers(block))
+    # L follows the stack the block is compiled in unless the caller fixes it
+    layers = name(C.NUM_LAYERS) if given is None else num(given)
+    edit.add_const("fixup_rescale", binop("**", binop("*", num(per_block), layers),
+                                          num(-1 / (2 * PATH_LAYERS - 2))))
     changes = []
+    for d in decls:
+        edit.set_arg(d.name, "init_scale", name("fixup_rescale"))
+        edit.set_arg(d.name, "init_zero", True)
+        changes.append(f"'{d.name}' ({d.kind}): init_scale=fixup_rescale, init_zero=true")
     index = 0
     for s in sublayers(block):
         for b in s.branches:
@@ -120,13 +93,12 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
     result = finish(replace_blocks(program, [edit.build(), *models]))
     branches = index * depth
     factor = rescale(branches)
-    init = FixupInit({d.name: d.kind for d in decls}, {d.name: layer_names(d.kind, dict(d.args)) for d in decls},
-                     branches, factor)
     consts = ((f"L (branches in a {depth}-layer stack)", float(branches)), ("m (weight layers per branch)", 2.0),
               ("rescale L^(-1/(2m-2))", factor))
-    notes = [("init(module) zeroes o_proj/fc2/down_proj and rescales v_proj/fc1/gate_proj/up_proj; Q and K keep "
-              "their initialisation"),
-             "scalar biases between the layers inside a built-in attention or MLP are not in the graph",
+    notes = [("compile zeroes o_proj/fc2/down_proj (init_zero) and rescales v_proj/fc1/gate_proj/up_proj "
+              "(init_scale); Q and K keep their initialisation"),
+             ("the scalar bias between a branch's two weight layers (before the MLP's activation, before the "
+              "attention's output projection) is not in the graph"),
              ("zero-initialise the classifier (outside the block); the paper trains with mixup regularization — "
               "neither is part of the graph")]
-    return RecipeResult(result, init, Report("Fixup", block_name, consts, tuple(changes), tuple(notes)))
+    return RecipeResult(result, None, Report("Fixup", block_name, consts, tuple(changes), tuple(notes)))

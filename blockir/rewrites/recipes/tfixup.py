@@ -10,10 +10,13 @@ The gains become ``init_gain=gain`` on the branch declarations with
 ``const gain`` a function of ``num_layers``: Xavier-normal with that gain on
 v_proj/o_proj and the MLP matrices, gain 1 on q_proj/k_proj. The embeddings
 (N(0, d^(-1/2)) then (9N)^(-1/4)) live outside the block; their gain is in
-the report.
+the report. The block states ``const tfixup = 1``, which the verifier checks
+(E0445): no norm, and every branch's gain the scale of its side at the stack's
+depth.
 """
 from __future__ import annotations
 
+from blockir.analyses.tfixup import SIDES, gains
 from blockir.ir import consts as C
 from blockir.ir.program import Program
 from blockir.rewrites.recipes.base import (
@@ -33,13 +36,7 @@ from blockir.rewrites.recipes.base import (
     target_block,
 )
 
-SIDES = ("encoder", "decoder")
 NUM_LAYERS = name(C.NUM_LAYERS)
-
-
-def gains(n: int) -> dict[str, float]:
-    """T-Fixup's scales for N layers: decoder V/O, MLP and embeddings; encoder V/O and MLP."""
-    return {"decoder": (9 * n) ** -0.25, "encoder": 0.67 * n ** -0.25}
 
 
 def _gain_expr(side: str) -> C.ConstExpr:
@@ -55,6 +52,7 @@ def apply(program: Program, block_name: str, *, side: str | None = None) -> Reci
     if side not in SIDES:
         raise RecipeError(f"unknown side '{side}'; expected encoder or decoder")
     edit = BlockEdit(block)
+    edit.add_const("tfixup", num(1))
     edit.add_const("gain", _gain_expr(side))
     changes = []
     for decl in gained_branches(block, "T-Fixup"):
