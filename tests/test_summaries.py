@@ -191,3 +191,65 @@ model M(x: [B, S, D]) -> [B, S, D] {
   return layers(x)
 }
 """) == []
+
+
+# A Pre-LN layer (two un-normalized updates) that normalizes what it returns: the next holder of the stream
+# would continue from a norm's output, the wiring of a fused add+norm's normalized output passed on as the
+# residual. Lines of HEAD + PRE: the layer's first add is on line 12.
+PRE = """block Pre(x: [B, S, D]) -> [B, S, D] {
+  ln: layernorm(D)
+  mlp: mlp(F)
+  ln2: layernorm(D)
+  mlp2: mlp(F)
+  out: layernorm(D)
+  h = x + mlp(ln(x))
+  y = h + mlp2(ln2(h))
+  return out(y)
+}
+"""
+
+
+def _continued(model: str) -> list[tuple[str, int, str]]:
+    return [(c, line, m) for c, line, m in _found(PRE + model) if c == "E0412"]
+
+
+def test_a_stack_whose_layers_end_normalized_continues_from_a_norm() -> None:
+    assert _continued("model M(x: [B, S, D]) -> [B, S, D] {\n  layers: Pre * 3\n  return layers(x)\n}\n") == [
+        ("E0412", 18, "each layer of 'layers' returns a norm's output, and the next layer continues it as the "
+                      "residual stream: the stream continues from a normalized value")]
+    # one layer hands its normalized result to nobody that continues it
+    assert _continued("model M(x: [B, S, D]) -> [B, S, D] {\n  layers: Pre * 1\n  return layers(x)\n}\n") == []
+
+
+def test_a_normalized_value_handed_to_a_block_that_continues_it() -> None:
+    assert _continued("model M(x: [B, S, D]) -> [B, S, D] {\n  n: layernorm(D)\n  one: Pre\n"
+                      "  return one(n(x))\n}\n") == [
+        ("E0412", 19, "'one' continues its first input as the residual stream, but is handed the normalized output "
+                      "of 'n': the stream continues from a normalized value")]
+    assert _continued("model M(x: [B, S, D]) -> [B, S, D] {\n  a: Pre\n  b: Pre\n  return b(a(x))\n}\n") == [
+        ("E0412", 19, "'b' continues its first input as the residual stream, but is handed the result of 'a', which "
+                      "ends with a norm: the stream continues from a normalized value")]
+
+
+def test_an_update_continuing_a_call_that_ends_normalized() -> None:
+    add = "model M(x: [B, S, D]) -> [B, S, D] {\n  one: Pre\n  m: mlp(F)\n  h = one(x)\n  y = {}\n  return y\n}\n"
+    assert _continued(add.replace("{}", "h + m(h)")) == [
+        ("E0412", 20, "the shortcut of this add is the result of 'one', which ends with a norm: the residual stream "
+                      "continues from a normalized value")]
+    # normalizing the sum is Post-LN; stating the wiring accepts it
+    assert _continued(add.replace("m: mlp(F)", "m: mlp(F)\n  n: layernorm(D)").replace("{}", "n(h + m(h))")) == []
+    stated = PRE.replace("  ln: layernorm(D)", "  const residual_from_norm = 1\n  ln: layernorm(D)")
+    assert _found(stated + "model M(x: [B, S, D]) -> [B, S, D] {\n  layers: Pre * 3\n  return layers(x)\n}\n") == []
+
+
+def test_a_stated_stack_of_normalized_layers_inlines_into_a_block_that_states_it_too() -> None:
+    """The fused backend writes the stack out flat: the permission the layer states travels with its updates."""
+    import torch
+    stated = PRE.replace("  ln: layernorm(D)", "  const residual_from_norm = 1\n  ln: layernorm(D)")
+    program = blockir.parse(HEAD + stated + "model M(x: [B, S, D]) -> [B, S, D] {\n  layers: Pre * 3\n"
+                            "  return layers(x)\n}\n", "t.block")
+    fx = blockir.compile(program, "M", dims={"B": 2, "S": 4}, seed=0)
+    fused = blockir.compile(program, "M", backend="fused", dims={"B": 2, "S": 4}, seed=0)
+    fused.load_state_dict(fx.state_dict(), strict=True)
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fused(x), fx(x), rtol=1e-6, atol=1e-6)

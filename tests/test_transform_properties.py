@@ -129,11 +129,16 @@ def _carried(text: str) -> str:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(text=programs(with_dropout=False))
 def test_fused_backend_equals_fx_through_a_carried_stream(text: str) -> None:
-    # a layer that returns a normalized state (Post-LN, or a final norm inside the block) is left out: the
-    # inlined stack of such a layer with a carried stream does not verify (E0412 between the layers)
-    assume("  return s" in text and "  p0:" not in text)
+    assume("  p0:" not in text)
     program = blockir.parse(_carried(text), "random.block")
-    assert [d for d in blockir.verify(program) if d.is_error] == []
+    errors = {d.code for d in blockir.verify(program) if d.is_error}
+    if "  return s" in text:
+        assert errors == set()
+    else:
+        # a layer returning a norm's output hands it to the next layer; where that layer continues it un-normalized
+        # the verifier finds it through the stack (E0412), as in the stack written out flat
+        assert errors <= {"E0412"}
+        assume(not errors)
     fx = blockir.compile(program, "M", seed=0).train()
     fused = blockir.compile(program, "M", "fused", seed=0).train()
     fused.load_state_dict(copy.deepcopy(fx.state_dict()), strict=True)

@@ -29,6 +29,7 @@ import networkx as nx
 
 from blockir.analyses.cache import per_object
 from blockir.analyses.norms import family
+from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
@@ -61,6 +62,7 @@ class Summary:
     has_norms: bool = False
     ends_normalized: bool = False
     unnormalized_stream: bool = False
+    takes_state: Declared | None = None  # the update that continues the first input as an un-normalized state
     stream_kinds: tuple[str, ...] = ()
     has_cross: bool = False
     memory_params: frozenset[int] = frozenset()
@@ -233,6 +235,25 @@ def _scores(program: Program, block: Block, summaries: Mapping[str, Summary]
     return readers, writers
 
 
+def _takes_state(program: Program, block: Block, env: dict, summaries: Mapping[str, Summary]) -> Declared | None:
+    """The update that adds to the block's first input without normalizing its sum (Pre-LN's ``x + f(norm(x))``):
+    handed a normalized value, the block would continue the stream from it. None when the block states
+    ``residual_from_norm`` or normalizes that sum (Post-LN)."""
+    fact = stated(block, env).get("residual_from_norm")
+    if not block.params or fact is not None and fact.value == 1:
+        return None
+    state = block.params[0].name
+    for s in wrapper(block).sublayers:
+        if s.state == state:
+            fused = isinstance(s.root, FusedAddNormOp)
+            return None if s.post_norm is not None or fused else Declared(block.name, s.root.span)
+    for op in block.ops:  # a block that only hands its input on: the callee that continues it
+        d = callee(program, block, op)
+        if d is not None and op.args and op.args[0] == state:  # type: ignore[attr-defined]
+            return summaries[d.block].takes_state
+    return None
+
+
 def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str, Summary]) -> Summary:
     w = wrapper(block)
     readers, writers = _scores(program, block, summaries)
@@ -253,6 +274,7 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
     return Summary(
         block.name, has_norms=has_norms, ends_normalized=ends,
         unnormalized_stream=has_norms and not ends and returns_stream,
+        takes_state=_takes_state(program, block, env, summaries),
         stream_kinds=_bounded(tuple(k for k, _, _ in stream_items(program, block, summaries))),
         has_cross=any(decl_kind(block, op) == "cross_attention" for op in block.ops) or any(s.has_cross for s in inner),
         memory_params=_memory_params(program, block, summaries),

@@ -21,7 +21,7 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.analyses.sizes import Sizes
-from blockir.ir.program import Block, Program
+from blockir.ir.program import Block, Const, Program
 
 _EXPRS = (C.Num, C.Name, C.Bin, C.Neg)
 
@@ -95,9 +95,27 @@ def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int
     return decls, ops, current[:len(out)]
 
 
+# facts that permit a wiring rather than claim one: what an inlined block states of its own updates, the flat
+# block states of those same updates
+_PERMITS = ("residual_from_norm",)
+
+
+def _permits(parent: Block, inlined: list[Block]) -> tuple[Const, ...]:
+    """The permissions some inlined block states as 1 and ``parent`` does not state at all."""
+    own = {c.name for c in parent.consts}
+    out = []
+    for name in _PERMITS:
+        given = [c for b in inlined for c in b.consts
+                 if c.name == name and isinstance(c.value, C.Num) and c.value.value == 1]
+        if given and name not in own:
+            out.append(Const(name, C.Num(1), given[0].span))
+    return tuple(out)
+
+
 def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
-            calls: dict[int, tuple[list[O.Op], list[str]]]) -> Program:
-    """``parent`` with each replaced declaration's new declarations and each inlined call's ops."""
+            calls: dict[int, tuple[list[O.Op], list[str]]], callees: list[Block]) -> Program:
+    """``parent`` with each replaced declaration's new declarations and each inlined call's ops; a permission an
+    inlined block states (``residual_from_norm = 1``) is stated by ``parent`` too, unless it states its own."""
     new_decls = [x for d in parent.decls for x in (decls[d.name] if d.name in decls else [d])]
     ops: list[O.Op] = []
     renamed: dict[str, str] = {}
@@ -110,7 +128,7 @@ def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
         body, out = inlined
         ops += [o.reading(renamed) for o in body]  # type: ignore[misc]
         renamed.update(zip(op.results, out))
-    block = replace(parent, decls=tuple(new_decls), ops=tuple(ops))
+    block = replace(parent, decls=tuple(new_decls), ops=tuple(ops), consts=parent.consts + _permits(parent, callees))
     return replace(program, blocks=tuple(block if b.name == parent.name else b for b in program.blocks))
 
 
@@ -127,11 +145,13 @@ def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
     decls: dict[str, list[Decl]] = {}
     calls: dict[int, tuple[list[O.Op], list[str]]] = {}
     seen: dict[str, int] = {}
+    blocks: list[Block] = []
     for op in parent.ops:
         d = instances.get(getattr(op, "decl", None) or "")
         if not isinstance(op, O.CallOp) or d is None:
             continue
         layer = program.block(d.block)
+        blocks.append(layer)
         env = _layer_env(layer, 0, C.Num(1))
         decls.setdefault(d.name, [_rename_decl(x, f"{d.name}.", env) for x in layer.decls])
         seen[d.name] = seen.get(d.name, 0) + 1
@@ -139,7 +159,7 @@ def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
         calls[id(op)] = _inline_layer(layer, list(op.args), values, f"{d.name}.", env)
     if not calls:
         return program, False
-    return _splice(program, parent, decls, calls), True
+    return _splice(program, parent, decls, calls, blocks), True
 
 
 def inline_stacks(program: Program, name: str, sizes: Sizes,
@@ -158,6 +178,7 @@ def inline_stacks(program: Program, name: str, sizes: Sizes,
             calls.setdefault(op.decl, []).append(op)
     decls: dict[str, list[Decl]] = {}
     inlined: dict[int, tuple[list[O.Op], list[str]]] = {}
+    blocks: list[Block] = []
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
                 and not _draws_dropout(program.block(d.block)):
@@ -165,6 +186,7 @@ def inline_stacks(program: Program, name: str, sizes: Sizes,
             call = calls[d.name][0]
             decls[d.name], ops, out = _inline_call(program, call, d, min(n, layers.get(d.name, n)))
             inlined[id(call)] = (ops, out)
+            blocks.append(program.block(d.block))
     if not inlined:
         return program, False
-    return _splice(program, parent, decls, inlined), True
+    return _splice(program, parent, decls, inlined, blocks), True

@@ -9,7 +9,9 @@ from blockir.analyses.classify import match_registry, normformer_missing, placem
 from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
+from blockir.analyses.summaries import output_source
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
+from blockir.ir.ops import FusedAddNormOp, NormOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -51,11 +53,21 @@ def _fact_problem(name: str, block: Block, w: Wrapper) -> tuple[str, Sublayer] |
             return "leaves the residual sum unnormalized", s
         if name == "parallel_residual=0" and len(s.branches) > 1:
             return f"joins {len(s.branches)} branches in one add", s
-    if name == "residual_from_norm=1" and not any(normalized_shortcut(block, s) for s in w.sublayers):
+    if name == "residual_from_norm=1" and not any(normalized_shortcut(block, s) for s in w.sublayers) \
+            and not _hands_on_normalized(block, w):
         return "continues from an un-normalized state, as every update of the block does", w.sublayers[0]
     if name == "parallel_residual=1" and not (len(w.sublayers) == 1 and len(w.sublayers[0].branches) > 1):
         return "updates the state one branch after another", w.sublayers[0]
     return None
+
+
+def _hands_on_normalized(block: Block, w: Wrapper) -> bool:
+    """A layer whose result is a norm's output while its first update continues its input un-normalized: in a
+    stack, each layer then continues the previous layer's normalized result."""
+    _, out = output_source(block)
+    first = w.sublayers[0]
+    return isinstance(out, (NormOp, FusedAddNormOp)) and bool(block.params) and first.post_norm is None \
+        and first.state == block.params[0].name
 
 
 MEANING = {"norm_first=1": "Pre-LN: every branch reads a normalized state",

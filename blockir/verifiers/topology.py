@@ -21,7 +21,7 @@ from blockir.analyses.summaries import callee, called_blocks, memory_inputs, out
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import CallOp, DropoutOp, LayerDropOp, Op, ScaleOp
+from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, LayerDropOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier
@@ -156,6 +156,61 @@ def _normalized_shortcut(block: Block, w: Wrapper, env: dict) -> Iterator[Diagno
                          "(Post-LN: norm(h + f(h))); a fused add+norm returns (normalized, residual) and the "
                          "residual is the stream; if the model is wired this way on purpose, state it with "
                          "`const residual_from_norm = 1`")
+
+
+_HINT_0412 = ("add the update to the un-normalized state (Pre-LN: h + f(norm(h))) or normalize the sum "
+              "(Post-LN: norm(h + f(h))); if the model is wired this way on purpose, state it with "
+              "`const residual_from_norm = 1` in the block that continues the stream")
+
+
+def _normalized_source(program: Program, block: Block, v: str) -> tuple[str, Span] | None:
+    """Where ``v`` was normalized, looking through casts, dropout and scales: a norm of this block, or a
+    call of a block (or stack) whose result is a norm's output."""
+    op = block.producers.get(v)
+    while op is not None and not isinstance(op, (NormOp, FusedAddNormOp, CallOp)) and len(op.operands) == 1 \
+            and isinstance(op, (CastOp, DropoutOp, ScaleOp)):
+        op = block.producers.get(op.operands[0])
+    if isinstance(op, NormOp) or isinstance(op, FusedAddNormOp) and v == op.normalized:
+        return f"the normalized output of '{op.decl}'", op.span
+    d = callee(program, block, op) if op is not None else None
+    if d is not None and summaries(program)[d.block].ends_normalized:
+        return f"the result of '{d.name}', which ends with a norm", op.span  # type: ignore[union-attr]
+    return None
+
+
+def _normalized_into_state(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
+    """E0412 through calls: an update of this block that continues the result of a block ending with a norm, a
+    normalized value handed to a block that continues its input as the residual state, and a stack whose layers
+    end normalized while each layer continues its input un-normalized."""
+    fact = stated(block, env).get("residual_from_norm")
+    for s in w.sublayers if fact is None or fact.value != 1 else ():
+        if s.post_norm is not None or isinstance(s.root, FusedAddNormOp) \
+                or callee(program, block, block.producers.get(s.state)) is None:
+            continue  # a norm of this block itself is the flat check's
+        source = _normalized_source(program, block, s.state)
+        if source is not None:
+            what, span = source
+            yield error("E0412", f"the shortcut of this add is {what}: the residual stream continues from a "
+                        "normalized value", s.root.span, notes=[Note("normalized here", span)], hint=_HINT_0412)
+    for op in block.ops:
+        d = callee(program, block, op)
+        if d is None:
+            continue
+        inner = summaries(program)[d.block]
+        takes = inner.takes_state
+        if takes is None:
+            continue
+        note = Note(f"'{d.block}' adds to its input here without normalizing the sum", takes.span)
+        source = _normalized_source(program, block, op.args[0]) if op.args else None  # type: ignore[attr-defined]
+        if source is not None:
+            what, span = source
+            yield error("E0412", f"'{d.name}' continues its first input as the residual stream, but is handed "
+                        f"{what}: the stream continues from a normalized value", op.span,
+                        notes=[Note("normalized here", span), note], hint=_HINT_0412)
+        elif d.count is not None and inner.ends_normalized and (value(d.count, env) or 0) > 1:
+            yield error("E0412", f"each layer of '{d.name}' returns a norm's output, and the next layer continues it "
+                        "as the residual stream: the stream continues from a normalized value", op.span,
+                        notes=[note], hint=_HINT_0412)
 
 
 # --- stacks --------------------------------------------------------------------
@@ -368,7 +423,8 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
     out: list[Diagnostic] = []
     for check in (_dropouts(program, block, w, env), _layer_drops(block, w, env), _training(block, env),
                   _shortcuts(block, w), _gates(block, w),
-                  _normalized_shortcut(block, w, env), _final_norm(program, block, env),
+                  _normalized_shortcut(block, w, env), _normalized_into_state(program, block, w, env),
+                  _final_norm(program, block, env),
                   _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
                   _deepnorm(program, block, w, base, counts)):
         out += check
