@@ -15,10 +15,6 @@ from blockir.analyses.summaries import summaries
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.program import Program
 
-# the canary's triggers, recorded in the manifest at release time so a canary cannot pick them afterwards
-DEFAULT_THRESHOLDS = {"max_logit_error": 1e-4, "max_loss_increase": 0.0, "max_latency_ratio": 2.0,
-                      "max_memory_ratio": 1.1, "max_non_finite": 0}
-
 
 def _callees(program: Program, name: str) -> list[str]:
     seen, todo = [name], [name]

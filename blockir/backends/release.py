@@ -27,7 +27,8 @@ import torch
 import yaml
 
 from blockir.analyses.manifest import to_yaml
-from blockir.analyses.release import DEFAULT_THRESHOLDS, architecture
+from blockir.analyses.release import architecture
+from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
 from blockir.api import parse
 from blockir.backends import checkpoint
 from blockir.backends.corpus import fixed_starts, load_corpus, windows

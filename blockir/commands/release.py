@@ -29,7 +29,7 @@ def given_thresholds(args: argparse.Namespace) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from blockir.analyses.manifest import to_yaml
-    from blockir.analyses.release import DEFAULT_THRESHOLDS
+    from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
     from blockir.backends.release import release
     from blockir.commands.run import set_threads
     set_threads(1)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blockir.analyses.release import DEFAULT_THRESHOLDS
+    from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
     r = sub.add_parser("release", help="write an immutable release artifact of a checkpoint with its manifest")
     r.add_argument("checkpoint", metavar="CKPT", help="a `blockir run --save` or `blockir migrate --out` directory")
     r.add_argument("--out", required=True, metavar="DIR", help="the release directory (must not exist)")
