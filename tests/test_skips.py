@@ -75,3 +75,16 @@ def test_joined_states_that_stay_wide_are_a_widened_stream() -> None:
     text = EXAMPLE.read_text().replace("skip: linear(E, D)", "skip: linear(E, E)")
     codes = [d.code for d in blockir.verify(blockir.parse(text, "wide.block")) if d.is_error]
     assert codes[0] == "E0205"
+
+
+def test_sizes_given_at_compile_must_keep_the_join_and_its_projection_equal() -> None:
+    """dims= may override the width of one side of a skip's projection; the other side must follow."""
+    program = blockir.load(ROOT / "examples" / "unet_skip.block")
+    dims = {"B": 2, "S": 3, "D": 8, "F": 8}
+    with pytest.raises(blockir.BlockError) as info:
+        blockir.compile(program, "UNet", dims=dims | {"E": 8})
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.line, d.span.column) == ("E0702", 30, 10)
+    assert d.message == "with the sizes given, linear 'skip' reads E = 8 features, but what it projects joins D + D = 16"
+    module = blockir.compile(program, "UNet", dims=dims | {"E": 16})
+    assert module(torch.randn(2, 3, 8)).shape == (2, 3, 8)

@@ -253,3 +253,20 @@ def test_a_stated_stack_of_normalized_layers_inlines_into_a_block_that_states_it
     fused.load_state_dict(fx.state_dict(), strict=True)
     x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(fused(x), fx(x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_stream_that_begins_normalized_does_not_continue_from_a_norm() -> None:
+    """BLOOM normalizes its embeddings before the first layer: the stream starts at that norm's output. A Pre-LN
+    stack may take it, in the file as written and in the flat copy the fused backend builds."""
+    import torch
+    layer = PRE.replace("  out: layernorm(D)\n", "").replace("  return out(y)", "  return y")
+    model = ("dim V: vocab = 32\nmodel M(ids: [B, S]) -> [B, S, D] {\n  embed: embedding(V, D)\n"
+             "  embed_norm: layernorm(D)\n  layers: Pre * 2\n  norm: layernorm(D)\n"
+             "  return norm(layers(embed_norm(embed(ids))))\n}\n")
+    assert _found(layer + model) == []
+    program = blockir.parse(HEAD + layer + model, "t.block")
+    fx = blockir.compile(program, "M", dims={"B": 2, "S": 4}, seed=0)
+    fused = blockir.compile(program, "M", backend="fused", dims={"B": 2, "S": 4}, seed=0)
+    fused.load_state_dict(fx.state_dict(), strict=True)
+    ids = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fused(ids), fx(ids), rtol=1e-6, atol=1e-6)

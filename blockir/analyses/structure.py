@@ -473,17 +473,45 @@ def ancestors(block: Block, value: str) -> set[str]:
     return seen
 
 
+def embedded(block: Block, v: str) -> bool:
+    """Whether ``v`` is where the stream begins: an embedding lookup, or a sum of lookups (token, position and
+    type tables), seen through casts, dropout and scales."""
+    todo, seen = [v], set()
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        op = block.producers.get(u)
+        if isinstance(op, (CastOp, DropoutOp, ScaleOp)):
+            todo.append(op.operands[0])
+        elif isinstance(op, AddOp):
+            todo += op.operands
+        elif not (isinstance(op, CallOp) and decl_kind(block, op) == "embedding"):
+            return False
+    return True
+
+
+def stream_norm(block: Block, op: Op | None) -> bool:
+    """Whether ``op`` normalizes the stream, as opposed to starting it: a norm of embedding lookups (BLOOM's
+    ``word_embeddings_layernorm``, BERT's embedding LayerNorm) is where the stream begins normalized."""
+    if isinstance(op, NormOp):
+        return not embedded(block, op.operand)
+    return isinstance(op, FusedAddNormOp)
+
+
 def normalized_shortcut(block: Block, sub: Sublayer) -> NormOp | FusedAddNormOp | None:
     """The norm whose output this update uses as its shortcut, when the stream continues from a normalized value.
 
     Either the shortcut path passes through a norm, or the update starts from
     a norm's output without normalizing its own sum (so it is not Post-LN).
     """
-    norm = next((op for op in sub.shortcut_ops if isinstance(op, (NormOp, FusedAddNormOp))), None)
+    norm = next((op for op in sub.shortcut_ops if stream_norm(block, op)), None)
     if norm is not None:
-        return norm
+        return norm  # type: ignore[return-value]
     start = block.producers.get(sub.state)
-    if isinstance(start, NormOp) and sub.post_norm is None and not isinstance(sub.root, FusedAddNormOp):
+    if isinstance(start, NormOp) and stream_norm(block, start) and sub.post_norm is None \
+            and not isinstance(sub.root, FusedAddNormOp):
         return start
     return None
 

@@ -112,9 +112,39 @@ def _padding_row(decl: KindDecl, env: Env) -> Diagnostic | None:
                  hint="the id of the padding token: an integer below the vocabulary size")
 
 
-def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...]) -> list[Diagnostic]:
-    """Every attention declaration of ``block``, in each layer whose environment can change its sizes."""
+def _width_of(names: list[str], env: Mapping[str, float | int]) -> int | None:
+    sizes = [env.get(n) for n in names]
+    return sum(int(s) for s in sizes) if all(isinstance(s, int) for s in sizes) else None  # type: ignore[arg-type]
+
+
+def _joins(block: Block, env: Mapping[str, float | int], declared: Mapping[str, float | int]) -> list[Diagnostic]:
+    """A linear that projects a concatenation (a U-Net skip) reads as many features as the parts have together.
+    At the declared sizes the shape verifier judges it (E0207); here, sizes given at compile time that break it."""
     out = []
+    for op in block.ops:
+        d = block.decl_map.get(getattr(op, "decl", None) or "")
+        if not (isinstance(op, CallOp) and isinstance(d, KindDecl) and d.kind == "linear" and op.args):
+            continue
+        last = block.type_of(op.args[0]).last
+        if last is None or "+" not in last.name:
+            continue
+        parts, in_dim = last.name.split("+"), d.arg("in_dim")
+        got, want = _width_of(parts, env), env.get(in_dim)
+        if got is None or not isinstance(want, int) or got == want \
+                or _width_of(parts, declared) != declared.get(in_dim):
+            continue
+        out.append(error("E0702", f"with the sizes given, linear '{d.name}' reads {in_dim} = {want} features, but "
+                         f"what it projects joins {' + '.join(parts)} = {got}", op.span,
+                         hint=f"a size given for one side of the join must be matched on the other: "
+                              f"dims={{'{in_dim}': {got}}}, or leave both to the file"))
+    return out
+
+
+def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...],
+                declared: Mapping[str, float | int] | None = None) -> list[Diagnostic]:
+    """Every attention declaration of ``block``, in each layer whose environment can change its sizes, and the
+    linears that project a join, under ``base`` (``declared``: the file's own sizes, when ``base`` overrides them)."""
+    out = _joins(block, base, base if declared is None else declared)
     for decl in block.decls:
         if isinstance(decl, KindDecl) and decl.kind == "embedding":
             found = _padding_row(decl, dict(base))
@@ -134,8 +164,9 @@ def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int
 def check_arguments(program: Program, overrides: Mapping[str, int] | None = None) -> list[Diagnostic]:
     """The argument diagnostics of every block at the declared sizes, with ``overrides`` taking precedence."""
     base = program_env(program, overrides)
+    declared = program_env(program) if overrides else base
     counts = layer_counts(program, base)
-    return [d for b in program.blocks for d in check_block(b, base, counts.get(b.name, (1,)))]
+    return [d for b in program.blocks for d in check_block(b, base, counts.get(b.name, (1,)), declared)]
 
 
 @verifier("arguments")

@@ -16,7 +16,7 @@ from typing import Iterator
 from blockir.analyses.sizes import block_env, layer_counts, program_env, uses_layer, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, gated, is_linear,
-                                        normalized_shortcut, wrapper)
+                                        normalized_shortcut, stream_norm, wrapper)
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.consts import ConstExpr
@@ -170,7 +170,7 @@ def _normalized_source(program: Program, block: Block, v: str) -> tuple[str, Spa
     while op is not None and not isinstance(op, (NormOp, FusedAddNormOp, CallOp)) and len(op.operands) == 1 \
             and isinstance(op, (CastOp, DropoutOp, ScaleOp)):
         op = block.producers.get(op.operands[0])
-    if isinstance(op, NormOp) or isinstance(op, FusedAddNormOp) and v == op.normalized:
+    if isinstance(op, NormOp) and stream_norm(block, op) or isinstance(op, FusedAddNormOp) and v == op.normalized:
         return f"the normalized output of '{op.decl}'", op.span
     d = callee(program, block, op) if op is not None else None
     if d is not None and summaries(program)[d.block].ends_normalized:
