@@ -133,3 +133,31 @@ def test_a_first_layer_value_passes_down_the_stack_unchanged_float64() -> None:
     for layer in m.layers:
         h = h + layer.f(layer.n(h) + layer.lam * v)
     torch.testing.assert_close(values["y"], h, rtol=1e-12, atol=1e-12)
+
+
+CARRIED_JOIN = """dim B: batch
+dim S: seq
+dim D: model = 16
+dim F: hidden = 32
+
+block Layer(x: [B, S, D], v: [B, S, D]) -> ([B, S, D], [B, S, D]) {
+  ln: rmsnorm(D)
+  mlp: mlp(F)
+  mix: scalar
+  h = x + mlp(ln(x))
+  y = h + JOIN
+  return y, v
+}
+"""
+
+
+@pytest.mark.parametrize("join, found", [
+    ("v", [("E0426", 11, "the carried stream 'v' is added to the hidden state 'h' without a weight: carried beside "
+                         "the hidden state, it joins it in every layer")]),
+    ("dropout(v, p=0.1)", [("E0426", 11, "the carried stream 'v' is added to the hidden state 'h' without a weight: "
+                                         "carried beside the hidden state, it joins it in every layer")]),
+    ("mix * v", []),  # a learned weight: streams mixed, as hyper-connections do
+])
+def test_a_carried_stream_joins_the_hidden_state_only_through_a_weight(join: str, found: list) -> None:
+    program = blockir.parse(CARRIED_JOIN.replace("JOIN", join), "t.block")
+    assert [(d.code, d.span.line, d.message) for d in blockir.verify(program) if d.is_error] == found

@@ -11,11 +11,11 @@ cache or a returned history, bug 47).
 """
 from __future__ import annotations
 
-from blockir.analyses.structure import describe
+from blockir.analyses.structure import describe, wrapper
 from blockir.analyses.summaries import Summary, callee, score_routes, summaries
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import AddOp, CallOp, ConcatOp, MulOp, Op
+from blockir.ir.ops import AddOp, CallOp, CastOp, ConcatOp, DropoutOp, MulOp, Op
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -105,8 +105,42 @@ def _check_model(block: Block) -> list[Diagnostic]:
     return out
 
 
+def _unweighted(block: Block, v: str) -> str | None:
+    """The carried input ``v`` is, seen through casts and dropout (a learned weight makes it a mix, not a join)."""
+    carried = {p.name for p in block.params[1:1 + len(block.more_results)]}
+    op = block.producers.get(v)
+    while isinstance(op, (CastOp, DropoutOp)):
+        v = op.operand
+        op = block.producers.get(v)
+    # scores joining the stream are E0423's
+    return v if v in carried and not block.type_of(v).is_scores else None
+
+
+def _joins_hidden(block: Block) -> list[Diagnostic]:
+    """A carried stream of the hidden state's type added, unweighted, to the hidden state: the stream it was
+    carried beside silently becomes part of the residual, once per layer."""
+    if not block.more_results:
+        return []
+    spine = set(wrapper(block).spine)
+    out = []
+    for op in block.ops:
+        if not isinstance(op, AddOp):
+            continue
+        for mine, other in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+            carried = _unweighted(block, mine)
+            if carried is not None and other in spine:
+                out.append(error("E0426", f"the carried stream '{carried}' is added to the hidden state "
+                                 f"{describe(block, other)} without a weight: carried beside the hidden state, it "
+                                 "joins it in every layer", op.span,
+                                 hint="mix streams with learned weights (hyper-connections: a1 * h1 + a2 * h2), or "
+                                      "feed the carried value to a branch; a stream that belongs to the hidden state "
+                                      "is not carried"))
+                break
+    return out
+
+
 def verify_block(program: Program, block: Block) -> list[Diagnostic]:
-    out = _check_model(block)
+    out = _check_model(block) + _joins_hidden(block)
     if block.result.is_scores:
         out.append(error("E0423", f"{block.kind} '{block.name}' declares attention scores {block.result} as its "
                          "hidden state", block.span,
