@@ -43,7 +43,8 @@ LAST_LINEAR = {"self_attention": ("o_proj",), "cross_attention": ("o_proj",), "m
                "gated_mlp": ("down_proj",), "linear": ("",)}
 FIRST_LINEAR = {"self_attention": (("q_proj", "k_proj", "v_proj"),),
                 "cross_attention": (("q_proj",), ("k_proj", "v_proj")),  # per argument: queries, memory
-                "mlp": (("fc1",),), "gated_mlp": (("gate_proj", "up_proj"),), "linear": (("",),)}
+                "mlp": (("fc1",),), "gated_mlp": (("gate_proj", "up_proj"),), "linear": (("",),),
+                "head": (("",),)}  # an untied LM head is a linear over the model axis (a final norm folds into it)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,9 @@ def _consumer(block: Block, user: Op, v: str, what: str, with_bias: bool) -> lis
     if _sites(block, user.decl) > 1:
         raise _No("shared_weight", f"'{user.decl}' is applied at several sites; its weight is shared")
     decl = block.decl_map[user.decl]
+    if kind == "head" and decl.arg("tied"):
+        raise _No("tied", f"the head '{user.decl}' shares its weight with the token embedding, which the fold would "
+                  "scale too")
     names = FIRST_LINEAR[kind][min(user.args.index(v), len(FIRST_LINEAR[kind]) - 1)]
     if with_bias and not decl.arg("bias"):
         raise _No("no_bias", f"folding the shift needs a bias on '{user.decl}', which has none")

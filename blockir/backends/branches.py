@@ -291,6 +291,7 @@ class _Projections(_DottedLayers):
         qk_norm_axis: str = "head",
         qk_norm_eps: float = 1e-6,
         qk_norm_cast: str = "before_weight",
+        qk_norm_offset: int = 0,
         qk_scale: bool = False,
         core: AttentionCore | None = None,
         head_scale: bool = False,
@@ -322,7 +323,7 @@ class _Projections(_DottedLayers):
             size = head_dim if qk_norm_axis == "head" else None
             for role, count in (("q_norm", heads), ("k_norm", kv_heads)):
                 n = size or count * head_dim
-                norm = numerics.RMSNorm(n, qk_norm_eps, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
+                norm = numerics.RMSNorm(n, qk_norm_eps, qk_norm_offset, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
                     numerics.L2Norm(n, qk_norm_eps) if qk_norm == "l2norm" else numerics.LayerNorm(n, qk_norm_eps)
                 self.add_module(names[role], norm)
         # nGPT's s_qk (arXiv:2410.01131), stored at 1/sqrt(width) so that Adam moves it at the rate of the matrices
@@ -415,7 +416,7 @@ class SelfAttention(_Projections):
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
-                          rotary_dim=rotary_dim or self.head_dim, rope_freqs=rope_freqs,
+                          rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
                           rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi)
 
     def forward(
@@ -439,7 +440,7 @@ class SelfAttention(_Projections):
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q, k, v = self.project(x)
-        if self.rope:
+        if self.rope and self.rotary_dim:  # rotary_dim=0: this layer rotates nothing (Cohere 2's full layers)
             interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
                 table = torch.float32 if self.rope_f32 else x.dtype

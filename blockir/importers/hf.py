@@ -475,3 +475,5 @@ def block_text(config: Any, exact: bool = False) -> str:
         raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
     return WRITERS[model_type](_Config(raw), model_type, exact)
 from blockir.importers import hf_more  # noqa: E402,F401  (registers its writers into WRITERS)
+from blockir.importers import hf_gptj  # noqa: E402,F401  (registers its writers into WRITERS)
+from blockir.importers import hf_periodic  # noqa: E402,F401  (registers its writers into WRITERS)

@@ -142,6 +142,8 @@ _ATTENTION_LAYOUT = (
     _name("v", "the value projection's name"), _name("qkv", "the fused projection's name"),
     _name("o", "the output projection's name (o_proj, out_proj, dense, c_proj, …)"),
     _name("q_norm", "the query norm's name"), _name("k_norm", "the key norm's name"),
+    ArgSpec("qk_norm_offset", "expr", None, doc="with qk_norm=rmsnorm: the gain is offset + weight (Gemma 3: 1); "
+            "unset: 0"),
 )
 
 KINDS: dict[str, KindSpec] = {
@@ -193,7 +195,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), _GAIN,
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
-            ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
+            ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset; 0: none"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window; 0: none"),
             *_ATTENTION_LAYOUT,
             ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
