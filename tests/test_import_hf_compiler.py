@@ -1,12 +1,17 @@
 """The rest of the compiler on imported models: the fused backend, the inference folds and the cost ledger."""
 from __future__ import annotations
 
+import io
+import json
+from contextlib import redirect_stdout
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import blockir  # noqa: E402
+from blockir.cli import main  # noqa: E402
 from blockir.importers.hf import block_text  # noqa: E402
 from blockir.rewrites.fold import apply_folds  # noqa: E402
 from test_import_hf import CONFIGS, _class_name  # noqa: E402
@@ -96,3 +101,28 @@ def test_the_decoder_layer_folds_its_norm_gains_into_the_projections(model_type:
     with torch.no_grad():
         want, got = module(x), result.module.eval()(x)
     assert ((got - want).norm() / want.norm()).item() < 1e-12
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "gptj"])
+def test_cost_counts_the_parameters_and_matmul_flops_of_the_hf_model(model_type: str, tmp_path) -> None:
+    """Parameters equal the HF model's (a tied head once); FLOPs: 2 × tokens per projection weight, plus the
+    attention's two S × S products per layer, from the config."""
+    torch.manual_seed(0)
+    real = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIGS[model_type]))
+    path = tmp_path / "m.block"
+    path.write_text(block_text(real.config.to_dict()), encoding="utf-8")
+    batch, seq = 3, 11
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["cost", str(path), "--dims", f"B={batch},S={seq}", "--format", "json"]) == 0
+    data = json.loads(out.getvalue())
+    assert data["parameters"] == sum(p.numel() for p in real.parameters())
+    embeddings = {id(m.weight) for m in real.modules() if isinstance(m, torch.nn.Embedding)}
+    matrices = [p for m in real.modules() if not isinstance(m, torch.nn.Embedding)
+                for p in m.parameters(recurse=False) if p.dim() == 2 and id(p) not in embeddings]
+    head = real.get_output_embeddings().weight  # the head multiplies even when it is the embedding's matrix
+    projections = sum(p.numel() for p in matrices if p is not head) + head.numel()
+    cfg = real.config
+    width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    want = 2 * batch * seq * projections + 4 * batch * seq * seq * width * cfg.num_hidden_layers
+    assert data["matmul_flops_forward"] == want
