@@ -410,6 +410,7 @@ class SelfAttention(_Projections):
         rope_freqs: str = "f32",
         rope_f32: bool = False,
         rope_scaling: rotary.RopeScaling | None = None,
+        rope_tables: str = "f32",
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
@@ -417,7 +418,7 @@ class SelfAttention(_Projections):
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
                           rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
-                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi)
+                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables)
 
     def forward(
         self,
@@ -449,9 +450,14 @@ class SelfAttention(_Projections):
                                                    interleaved, freqs, self.rope_scaling)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
+            dtype = q.dtype
+            if self.rope_f32 and self.rope_tables == "input":
+                # the host rounds its tables to the input dtype and casts q and k to f32 before rotating: one f32
+                # node per head, so autograd sums both uses' gradients in f32 before the cast back
+                cos, sin, q, k = cos.to(dtype).float(), sin.to(dtype).float(), q.float(), k.float()
             # f32 tables rotate in f32; the rotated heads return to the projections' dtype
-            q = apply_rope(q, cos, sin, interleaved, rotary).to(q.dtype)
-            k = apply_rope(k, cos, sin, interleaved, rotary).to(k.dtype)
+            q = apply_rope(q, cos, sin, interleaved, rotary).to(dtype)
+            k = apply_rope(k, cos, sin, interleaved, rotary).to(dtype)
         q, k = self.sphere_qk(q, k)
         if self.alibi:
             return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,

@@ -23,7 +23,7 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "layernorm": lambda w, d, s, f: partial(
         numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
         accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass")),
-        keys=f.names(d)),
+        keys=f.names(d), recenter=bool(d.arg("recenter")), upcast=bool(d.arg("upcast"))),
     "rmsnorm": lambda w, d, s, f: partial(
         numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
         accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d), keys=f.names(d)),
@@ -112,7 +112,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
                   rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
-                  rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"))
+                  rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"), rope_tables=d.arg("rope_tables") or "f32")
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)

@@ -40,6 +40,8 @@ def layer_norm(
     accum: torch.dtype = torch.float32,
     offset: int = 0,
     two_pass: bool = False,
+    recenter: bool = False,
+    upcast: bool = False,
 ) -> Tensor:
     """LayerNorm over the last axis: biased variance, ``eps`` inside the square root.
 
@@ -54,12 +56,17 @@ def layer_norm(
     """
     if weight is not None:
         weight = offset_weight(weight, offset)
+    if upcast and not two_pass:
+        cast = (lambda t: t.to(accum) if t is not None else None)
+        return F.layer_norm(x.to(accum), (x.shape[-1],), cast(weight), cast(bias), eps).to(x.dtype)
     if not two_pass and accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     work = x.to(accum)
-    centered = work - work.mean(-1, keepdim=True)
+    mean = work.mean(-1, keepdim=True)
+    centered = work - mean
     variance = centered.pow(2).mean(-1, keepdim=True)
-    y = centered * torch.rsqrt(variance + eps)
+    # a second subtraction holds the same values, but autograd sums the input's gradient over both nodes
+    y = (work - mean if recenter else centered) * torch.rsqrt(variance + eps)
     if weight is not None:
         y = y * weight.to(accum)
     if bias is not None:
@@ -354,16 +361,19 @@ class LayerNorm(_NormParams):
         offset: int = 0,
         two_pass: bool = False,
         keys: dict[str, str] | None = None,
+        recenter: bool = False,
+        upcast: bool = False,
     ) -> None:
         super().__init__()
         # the zero init for offset=1 keeps the initial scale at one; settings as in RMSNorm
-        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass, keys=keys or {})
+        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass, keys=keys or {},
+                          recenter=recenter, upcast=upcast)
         self._register("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
         self._register("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm(x, self.param("weight"), self.param("bias"), self.eps, self.accum, self.offset,
-                          self.two_pass)
+                          self.two_pass, self.recenter, self.upcast)
 
     def extra_repr(self) -> str:
         affine, bias = self.param("weight") is not None, self.param("bias") is not None

@@ -84,10 +84,10 @@ def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
     """Cohere 2: Cohere's parallel layer, with RoPE and a window on the sliding layers only."""
     cls, layer = "Cohere2ForCausalLM", "Cohere2DecoderLayer"
     period, sliding = _period(c)
-    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true)"
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true, recenter=true)"
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
-    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true"]
+    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
     if period != 1:
         attn += [f"rotary_dim={hd} * {sliding}"]
         if c.get("sliding_window"):

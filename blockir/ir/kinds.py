@@ -154,7 +154,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
             _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
             ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
-                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
+                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)"),
+            ArgSpec("recenter", "bool", None, doc="with two_pass=true: x - mean is computed twice, once for the variance and once for the output, as code written that way (Cohere) does; autograd then sums the input's gradient over both"),
+            ArgSpec("upcast", "bool", None, doc="true: the LayerNorm kernel runs on a copy of the input (and of the weight and bias) in accum, and the result is cast back (OLMo's F.layer_norm(x.float()))")),
             "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
              Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
@@ -216,7 +218,8 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_beta_fast", "expr", None, doc="yarn: beta_fast; unset: 32"),
             ArgSpec("rope_beta_slow", "expr", None, doc="yarn: beta_slow; unset: 1"),
             ArgSpec("rope_attention_factor", "expr", None,
-                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1")),
+                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1"),
+            ArgSpec("rope_tables", "enum", None, choices=("f32", "input"), doc="with rope_f32=true: input: the cos/sin tables are rounded to the input dtype, and q and k cast to f32, before the rotation (Cohere); unset: f32 tables, q and k as projected")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),
