@@ -113,10 +113,7 @@ def test_fast_path_matches(model_type: str) -> None:
         assert torch.allclose(got_g[n], g, rtol=1e-4, atol=1e-6), (n, (got_g[n] - g).abs().max())
 
 
-# A measured gap with its cause: GPT-J's eager attention takes the scores from f32 copies of q and k.
-NOT_EXACT = {("gptj", "bf16"): "scores taken in f32 from f32 copies of q and k: logits differ by 2e-3"}
-EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=[pytest.mark.xfail(strict=True, reason=NOT_EXACT[t, name])]
-                      if (t, name) in NOT_EXACT else []) for t in sorted(CONFIGS)
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}") for t in sorted(CONFIGS)
          for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
 
 

@@ -152,17 +152,19 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                               scale=scale).transpose(1, 2)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if core.scores_f32:
+        q, k = q.float(), k.float()
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
     carried = None
     if core.score_residual is not None:
         scores = carried = scores + prev
-    mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
+    mask, _ = masks.build(core.causal, v.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
     if core.softmax_f32:
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     else:
         probs = F.softmax(scores, dim=-1).type(v.dtype)
     probs = F.dropout(probs, p=p, training=training)
@@ -229,10 +231,10 @@ class AttentionCore:
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
                  softmax_f32: bool = True, score_residual: str | None = None,
-                 scale_query: bool = False, kv_cache: bool = False) -> None:
+                 scale_query: bool = False, kv_cache: bool = False, scores_f32: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
-        self.score_residual, self.kv_cache = score_residual, kv_cache
+        self.score_residual, self.kv_cache, self.scores_f32 = score_residual, kv_cache, scores_f32
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]

@@ -98,7 +98,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window") or None,
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
-        kv_cache=bool(d.arg("kv_cache")),
+        kv_cache=bool(d.arg("kv_cache")), scores_f32=bool(d.arg("scores_f32")),
         score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
                               head_dim=_opt_int(s, d, "head_dim"), bias=d.arg("bias"), out_bias=d.arg("out_bias"),

@@ -22,7 +22,7 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
         attn.append(f"rotary_dim={rotary}")
     if c.get("attn_pdrop", 0.0):
         attn.append(f"dropout={_num(c.get('attn_pdrop'))}")
-    attn += exact_impl(c, cached=True) if exact else []
+    attn += exact_impl(c, cached=True) + ["scores_f32=true"] if exact else []
     drop = _drop(c.get("resid_pdrop", 0.0))
     mlp = ["F", f"act={c.act('activation_function', 'gelu_new')}", "fc1=fc_in", "fc2=fc_out"]
     lines = hf._header(cls, model_type, c, {"D": d, "F": c.get("n_inner") or 4 * d,

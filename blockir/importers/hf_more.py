@@ -327,7 +327,7 @@ def _gpt_neo(c: _Config, model_type: str, exact: bool) -> str:
         attn += [f"window={c.need('window_size')}"] if kind == "local" else []
         if c.get("attention_dropout", 0.0):
             attn.append(f"dropout={_num(c.get('attention_dropout'))}")
-        attn += exact_impl(c, cached=True) if exact else []
+        attn += exact_impl(c, cached=True) + ["scores_f32=true"] if exact else []
         lines += [f"block GPTNeoBlock_{kind}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  ln_1: layernorm(D, eps={eps})", _decl("attn.attention", "self_attention", attn),
                   f"  ln_2: layernorm(D, eps={eps})",
