@@ -413,6 +413,7 @@ class SelfAttention(_Projections):
         rope_f32: bool = False,
         rope_scaling: rotary.RopeScaling | None = None,
         rope_tables: str = "f32",
+        kv_broadcast: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
@@ -420,7 +421,8 @@ class SelfAttention(_Projections):
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
                           rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
-                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables)
+                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
+                          kv_broadcast=kv_broadcast)
 
     def forward(
         self,
@@ -443,6 +445,9 @@ class SelfAttention(_Projections):
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q, k, v = self.project(x)
+        groups = self.heads // self.kv_heads
+        if self.kv_broadcast:  # every query head gets its own rotated key; a cache then stores one copy per head
+            k, v, groups = _repeat_kv(k, groups), _repeat_kv(v, groups), 1
         if self.rope and self.rotary_dim:  # rotary_dim=0: this layer rotates nothing (Cohere 2's full layers)
             interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
@@ -462,10 +467,8 @@ class SelfAttention(_Projections):
             k = apply_rope(k, cos, sin, interleaved, rotary).to(dtype)
         q, k = self.sphere_qk(q, k)
         if self.alibi:
-            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
-                                          self.heads // self.kv_heads))
-        return self.out(_attend(q, k, v, masks, self.core, self.training,
-                                     self.heads // self.kv_heads, scores))
+            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups))
+        return self.out(_attend(q, k, v, masks, self.core, self.training, groups, scores))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \

@@ -287,6 +287,8 @@ def _falcon(c: _Config, model_type: str, exact: bool) -> str:
     bias = ["bias=true", "out_bias=true"] if c.get("bias", False) else []
     attn = _attn_opts(c, exact) + ["fused=" + ("stacked" if kv == 1 else "heads"), "qkv=query_key_value", "o=dense",
                                    "softmax_f32=false", *bias]
+    if exact and new and kv == 1:  # the new architecture broadcasts its one key/value head before rotating
+        attn.append("kv_broadcast=true")
     eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("hidden_dropout", 0.0))
     norm = f"layernorm(D, eps={eps})"
     mlp = ["F", f"act={_act(c, 'activation', 'gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h",

@@ -220,6 +220,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_attention_factor", "expr", None,
                     doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1"),
             ArgSpec("scores_f32", "bool", None, doc="with impl=eager: q and k cast to f32 before the score matmul, so the scores, mask and softmax are f32, and the probabilities are cast to the values' dtype (GPT-J, GPT-Neo); unset: scores in the input dtype"),
+            ArgSpec("kv_broadcast", "bool", None, doc="true: keys and values are broadcast to every query head right after the projection, so each head's key is rotated on its own and, with kv_cache, stored as its own copy (Falcon's new architecture); unset: grouped heads read their shared key"),
             ArgSpec("rope_tables", "enum", None, choices=("f32", "input"), doc="with rope_f32=true: input: the cos/sin tables are rounded to the input dtype, and q and k cast to f32, before the rotation (Cohere); unset: f32 tables, q and k as projected")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
