@@ -10,11 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_import_hf import CONFIGS, _class_name  # noqa: E402
+
 import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
 from blockir.importers.hf import block_text  # noqa: E402
 from blockir.rewrites.fold import apply_folds  # noqa: E402
-from test_import_hf import CONFIGS, _class_name  # noqa: E402
 
 FAMILIES = ["llama", "gpt_neox", "gemma3_text"]
 

@@ -11,8 +11,8 @@ FLOPs of a matmul and are left out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from blockir.analyses.keys import param_keys
 from blockir.ir.decls import KindDecl
