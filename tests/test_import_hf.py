@@ -40,6 +40,8 @@ CONFIGS: dict[str, dict] = {
     "arcee": dict(COMMON, model_type="arcee", num_key_value_heads=2, pad_token_id=0),
     "gptj": dict(model_type="gptj", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8,
                  bos_token_id=1, eos_token_id=1),
+    "codegen": dict(model_type="codegen", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
+                    rotary_dim=8, bos_token_id=1, eos_token_id=1),
     # a period of sliding layers and one full layer: layer 5 of 7 and layer 3 of 5 are full
     "gemma3_text": dict(COMMON, model_type="gemma3_text", num_hidden_layers=7, num_key_value_heads=2, head_dim=16,
                         sliding_window=3, query_pre_attn_scalar=24),
@@ -176,7 +178,7 @@ def test_a_layer_mix_without_a_period_is_refused() -> None:
     assert info.value.diagnostics[0].message == "this mix of sliding and full attention layers is not supported"
 
 
-@pytest.mark.parametrize("model_type", ["gptj", "gemma3_text", "cohere2", "cohere", "olmo"])
+@pytest.mark.parametrize("model_type", ["gptj", "codegen", "gemma3_text", "cohere2", "cohere", "olmo"])
 def test_imported_file_round_trips_through_the_printer(model_type: str) -> None:
     """The per-layer expressions and the norm and rotary options print and parse back unchanged."""
     from blockir.ir.printer import format_program

@@ -294,6 +294,7 @@ class _Projections(_DottedLayers):
         qk_norm_eps: float = 1e-6,
         qk_norm_cast: str = "before_weight",
         qk_norm_offset: int = 0,
+        qkv_groups: int = 1,
         qk_scale: bool = False,
         core: AttentionCore | None = None,
         head_scale: bool = False,
@@ -312,7 +313,7 @@ class _Projections(_DottedLayers):
             head_dim = width // heads
         names = {**DEFAULT_NAMES, **(names or {})}
         settings.update(width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim, fused=fused,
-                        core=core or AttentionCore(), names=names, qk_norm=qk_norm, qk_norm_axis=qk_norm_axis)
+                        qkv_groups=qkv_groups, core=core or AttentionCore(), names=names, qk_norm=qk_norm, qk_norm_axis=qk_norm_axis)
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
         if fused == "none":
             for role, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
@@ -344,6 +345,12 @@ class _Projections(_DottedLayers):
         elif self.fused == "stacked":
             q_out, kv_out = self.heads * hd, self.kv_heads * hd
             q, k, v = getattr(self, self.names["qkv"])(x).split((q_out, kv_out, kv_out), dim=-1)
+        elif self.fused == "qvk_groups":  # CodeGen: each row group holds q, v, k of heads / groups heads
+            groups = getattr(self, self.names["qkv"])(x).reshape(*x.shape[:-1], self.qkv_groups, -1)
+            share = self.heads * hd // self.qkv_groups
+            q, v, k = (t.reshape(*x.shape[:-1], self.heads, hd) for t in groups.split(share, -1))
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
         else:
             qkv = getattr(self, self.names["qkv"])(x).view(*x.shape[:-1], -1, 3 * hd).transpose(1, 2)
             q, k, v = qkv.chunk(3, dim=-1)

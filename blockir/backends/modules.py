@@ -107,6 +107,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
                               qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")),
                               qk_norm_offset=_opt_int(s, d, "qk_norm_offset") or 0,
+                              qkv_groups=_opt_int(s, d, "qkv_groups") or 1,
                               head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),

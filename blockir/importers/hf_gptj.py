@@ -1,9 +1,12 @@
-"""GPT-J's writer: a transformers ``gptj`` config → the `.block` text of ``GPTJForCausalLM``.
+"""GPT-J's and CodeGen's writer: a ``gptj`` or ``codegen`` config → the `.block` text of its ``*ForCausalLM``.
 
 GPT-J ("GPT-J-6B: A 6 Billion Parameter Autoregressive Language Model", Wang and Komatsuzaki, 2021)
 rotates the first ``rotary_dim`` coordinates of each head pairwise (``2i`` with ``2i + 1``), runs
 attention and MLP in parallel from one ``ln_1``, and has a biased head. Its sin/cos table is a
 buffer built in fp32 that ``model.to(dtype)`` rounds, which is what ``rope_freqs=f32`` computes.
+CodeGen ("CodeGen: An Open Large Language Model for Code with Multi-Turn Program Synthesis",
+arXiv:2203.13474) is GPT-J with one ``qkv_proj`` whose rows come in four groups, each holding q,
+then v, then k of a quarter of the heads (``fused=qvk_groups, qkv_groups=4``).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from blockir.importers.hf import _Config, _decl, _drop, _num, exact_impl
 
 
 def _gptj(c: _Config, model_type: str, exact: bool) -> str:
-    cls, layer = "GPTJForCausalLM", "GPTJBlock"
+    cls, layer = ("GPTJForCausalLM", "GPTJBlock") if model_type == "gptj" else ("CodeGenForCausalLM", "CodeGenBlock")
     d, heads = c.get("n_embd", c.get("hidden_size")), c.get("n_head", c.get("num_attention_heads"))
     c.raw.update(hidden_size=d)
     eps = _num(c.get("layer_norm_epsilon", 1e-5))
@@ -20,6 +23,8 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
     rotary = c.get("rotary_dim")
     if rotary and rotary != d // heads:
         attn.append(f"rotary_dim={rotary}")
+    if model_type == "codegen":  # HF's fixed model-parallel split of the fused projection
+        attn += ["fused=qvk_groups", "qkv_groups=4", "qkv=qkv_proj"]
     if c.get("attn_pdrop", 0.0):
         attn.append(f"dropout={_num(c.get('attn_pdrop'))}")
     attn += exact_impl(c, cached=True) + ["scores_f32=true"] if exact else []
@@ -41,4 +46,4 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-hf.WRITERS.update({"gptj": _gptj})
+hf.WRITERS.update({"gptj": _gptj, "codegen": _gptj})

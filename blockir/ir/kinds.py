@@ -103,7 +103,7 @@ def _offset(what: str) -> ArgSpec:
 
 ROPE_STYLES = ("half", "interleaved")
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
-QKV_LAYOUTS = ("none", "stacked", "heads")
+QKV_LAYOUTS = ("none", "stacked", "heads", "qvk_groups")
 QK_NORMS = ("none", "rmsnorm", "layernorm", "l2norm")
 ATTENTION_IMPLS = ("sdpa", "eager")
 
@@ -129,7 +129,8 @@ _ATTENTION_CORE = (
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
-            doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head"),
+            doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head; "
+                "qvk_groups: qkv_groups row groups, each [q; v; k] of its share of the heads (CodeGen)"),
     ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)"),
     ArgSpec("qk_norm", "enum", "none", choices=QK_NORMS,
             doc="a norm on queries and keys after projection (l2norm: each head to unit length after RoPE, as nGPT)"),
@@ -144,6 +145,8 @@ _ATTENTION_LAYOUT = (
     _name("q_norm", "the query norm's name"), _name("k_norm", "the key norm's name"),
     ArgSpec("qk_norm_offset", "expr", None, doc="with qk_norm=rmsnorm: the gain is offset + weight (Gemma 3: 1); "
             "unset: 0"),
+    ArgSpec("qkv_groups", "expr", None, doc="with fused=qvk_groups: the number of row groups (CodeGen's mp_num, 4); "
+            "unset: 1"),
 )
 
 KINDS: dict[str, KindSpec] = {
