@@ -100,12 +100,7 @@ def test_fast_path_matches(model_type: str) -> None:
 
 # written by RoBERTa's writer under other class names: the fast path and the printer cover them
 SAME_AS_ROBERTA = {"xlm-roberta", "camembert"}
-# Falcon's new architecture with one key/value head broadcasts the keys into a copy, where the shared-head view
-# here rounds the score matmul differently; GPT-Neo takes its bf16 scores in f32
-NOT_YET = {("falcon-new-mqa", "f32"), ("falcon-new-mqa", "bf16"), ("gpt_neo", "bf16")}
-EXACT = [pytest.param(t, dt, id=f"{t}-{name}", marks=pytest.mark.xfail(strict=True, reason="not yet bit-exact")
-                      if (t, name) in NOT_YET else ())
-         for t in sorted(CONFIGS) if t not in SAME_AS_ROBERTA
+EXACT = [pytest.param(t, dt, id=f"{t}-{name}") for t in sorted(CONFIGS) if t not in SAME_AS_ROBERTA
          for dt, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16"))]
 
 

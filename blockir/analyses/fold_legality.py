@@ -24,6 +24,7 @@ from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl
+from blockir.ir.kinds import LAYER_NAMES, layer_names
 from blockir.ir.ops import (
     ActivationOp,
     AddOp,
@@ -43,7 +44,19 @@ LAST_LINEAR = {"self_attention": ("o_proj",), "cross_attention": ("o_proj",), "m
                "gated_mlp": ("down_proj",), "linear": ("",)}
 FIRST_LINEAR = {"self_attention": (("q_proj", "k_proj", "v_proj"),),
                 "cross_attention": (("q_proj",), ("k_proj", "v_proj")),  # per argument: queries, memory
-                "mlp": (("fc1",),), "gated_mlp": (("gate_proj", "up_proj"),), "linear": (("",),)}
+                "mlp": (("fc1",),), "gated_mlp": (("gate_proj", "up_proj"),), "linear": (("",),),
+                "head": (("",),)}  # an untied LM head is a linear over the model axis (a final norm folds into it)
+
+
+def stored_names(decl: KindDecl, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The default layer names of ``FIRST_LINEAR``/``LAST_LINEAR`` under the names the declaration gives them
+    (``q=self.query``); raises _No where the layers are not stored as separate ``[out, in]`` matrices."""
+    if decl.arg("conv1d") or decl.arg("fused") not in (None, False, "none"):
+        raise _No("layout", f"'{decl.name}' stores its projections fused or transposed ([in, out]), which the "
+                  "fold does not rescale")
+    role = {default: r for r, default in LAYER_NAMES.get(decl.kind, {}).items()}
+    given = layer_names(decl.kind, dict(decl.args))
+    return tuple(given[role[n]] if n in role else n for n in names)
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,7 @@ class FoldSite:
     legal: bool
     action: str  # what folding does; "keep" when it may not
     into: tuple[str, ...] = ()  # parameters it folds into
-    # training | nonlinearity | not_linear | shortcut | tied | shared_weight | rounding | opaque | no_bias
+    # training | nonlinearity | not_linear | shortcut | tied | shared_weight | rounding | opaque | no_bias | layout
     # | live_statistics
     code: str | None = None
     reason: str | None = None
@@ -116,8 +129,9 @@ def _into_producer(block: Block, op: ScaleOp) -> tuple[str, ...]:
         raise _No("shared_weight", f"'{prod.decl}' is applied at several sites; its weight is shared")
     decl = block.decl_map[prod.decl]
     bias = decl.arg("out_bias" if kind in ("self_attention", "cross_attention") else "bias")
-    names = [f"{n}.weight" if n else "weight" for n in LAST_LINEAR[kind]]
-    names += [f"{n}.bias" if n else "bias" for n in LAST_LINEAR[kind]] if bias else []
+    last = stored_names(decl, LAST_LINEAR[kind])
+    names = [f"{n}.weight" if n else "weight" for n in last]
+    names += [f"{n}.bias" if n else "bias" for n in last] if bias else []
     return _keys(prod.decl, tuple(names))
 
 
@@ -163,7 +177,10 @@ def _consumer(block: Block, user: Op, v: str, what: str, with_bias: bool) -> lis
     if _sites(block, user.decl) > 1:
         raise _No("shared_weight", f"'{user.decl}' is applied at several sites; its weight is shared")
     decl = block.decl_map[user.decl]
-    names = FIRST_LINEAR[kind][min(user.args.index(v), len(FIRST_LINEAR[kind]) - 1)]
+    if kind == "head" and decl.arg("tied"):
+        raise _No("tied", f"the head '{user.decl}' shares its weight with the token embedding, which the fold would "
+                  "scale too")
+    names = stored_names(decl, FIRST_LINEAR[kind][min(user.args.index(v), len(FIRST_LINEAR[kind]) - 1)])
     if with_bias and not decl.arg("bias"):
         raise _No("no_bias", f"folding the shift needs a bias on '{user.decl}', which has none")
     suffixes = ("weight", "bias") if with_bias else ("weight",)

@@ -152,6 +152,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                               scale=scale).transpose(1, 2)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if core.scores_f32:
+        q, k = q.float(), k.float()
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
@@ -161,11 +163,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attentio
     elif core.score_residual == "mean":
         n = core.score_count
         scores = carried = ((n - 1) * prev + scores) / n
-    mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
+    mask, _ = masks.build(core.causal, v.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
     if core.softmax_f32:
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     else:
         probs = F.softmax(scores, dim=-1).type(v.dtype)
     probs = F.dropout(probs, p=p, training=training)
@@ -232,11 +234,12 @@ class AttentionCore:
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
                  softmax_f32: bool = True, score_residual: str | None = None, score_count: int = 1,
-                 scale_query: bool = False, kv_cache: bool = False) -> None:
+                 scale_query: bool = False, kv_cache: bool = False, scores_f32: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
         # the running mean's l: how many layers' scores the state averages once this one's are in
-        self.score_residual, self.score_count, self.kv_cache = score_residual, score_count, kv_cache
+        self.score_residual, self.score_count = score_residual, score_count
+        self.kv_cache, self.scores_f32 = kv_cache, scores_f32
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]
@@ -296,6 +299,8 @@ class _Projections(_DottedLayers):
         qk_norm_axis: str = "head",
         qk_norm_eps: float = 1e-6,
         qk_norm_cast: str = "before_weight",
+        qk_norm_offset: int = 0,
+        qkv_groups: int = 1,
         qk_scale: bool = False,
         core: AttentionCore | None = None,
         head_scale: bool = False,
@@ -314,7 +319,7 @@ class _Projections(_DottedLayers):
             head_dim = width // heads
         names = {**DEFAULT_NAMES, **(names or {})}
         settings.update(width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim, fused=fused,
-                        core=core or AttentionCore(), names=names, qk_norm=qk_norm, qk_norm_axis=qk_norm_axis)
+                        qkv_groups=qkv_groups, core=core or AttentionCore(), names=names, qk_norm=qk_norm, qk_norm_axis=qk_norm_axis)
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
         if fused == "none":
             for role, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
@@ -327,7 +332,7 @@ class _Projections(_DottedLayers):
             size = head_dim if qk_norm_axis == "head" else None
             for role, count in (("q_norm", heads), ("k_norm", kv_heads)):
                 n = size or count * head_dim
-                norm = numerics.RMSNorm(n, qk_norm_eps, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
+                norm = numerics.RMSNorm(n, qk_norm_eps, qk_norm_offset, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
                     numerics.L2Norm(n, qk_norm_eps) if qk_norm == "l2norm" else numerics.LayerNorm(n, qk_norm_eps)
                 self.add_module(names[role], norm)
         # nGPT's s_qk (arXiv:2410.01131), stored at 1/sqrt(width) so that Adam moves it at the rate of the matrices
@@ -346,6 +351,12 @@ class _Projections(_DottedLayers):
         elif self.fused == "stacked":
             q_out, kv_out = self.heads * hd, self.kv_heads * hd
             q, k, v = getattr(self, self.names["qkv"])(x).split((q_out, kv_out, kv_out), dim=-1)
+        elif self.fused == "qvk_groups":  # CodeGen: each row group holds q, v, k of heads / groups heads
+            groups = getattr(self, self.names["qkv"])(x).reshape(*x.shape[:-1], self.qkv_groups, -1)
+            share = self.heads * hd // self.qkv_groups
+            q, v, k = (t.reshape(*x.shape[:-1], self.heads, hd) for t in groups.split(share, -1))
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
         else:
             qkv = getattr(self, self.names["qkv"])(x).view(*x.shape[:-1], -1, 3 * hd).transpose(1, 2)
             q, k, v = qkv.chunk(3, dim=-1)
@@ -415,14 +426,17 @@ class SelfAttention(_Projections):
         rope_freqs: str = "f32",
         rope_f32: bool = False,
         rope_scaling: rotary.RopeScaling | None = None,
+        rope_tables: str = "f32",
+        kv_broadcast: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
         super().__init__(width, heads, kv_heads, head_dim, bias, out_bias, name, span, core=core,  # type: ignore[arg-type]
                          **options)  # type: ignore[arg-type]
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
-                          rotary_dim=rotary_dim or self.head_dim, rope_freqs=rope_freqs,
-                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi)
+                          rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
+                          rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
+                          kv_broadcast=kv_broadcast)
 
     def forward(
         self,
@@ -445,7 +459,10 @@ class SelfAttention(_Projections):
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q, k, v = self.project(x)
-        if self.rope:
+        groups = self.heads // self.kv_heads
+        if self.kv_broadcast:  # every query head gets its own rotated key; a cache then stores one copy per head
+            k, v, groups = _repeat_kv(k, groups), _repeat_kv(v, groups), 1
+        if self.rope and self.rotary_dim:  # rotary_dim=0: this layer rotates nothing (Cohere 2's full layers)
             interleaved = self.rope_style == "interleaved"
             if position_embeddings is None:
                 table = torch.float32 if self.rope_f32 else x.dtype
@@ -454,15 +471,18 @@ class SelfAttention(_Projections):
                                                    interleaved, freqs, self.rope_scaling)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
+            dtype = q.dtype
+            if self.rope_f32 and self.rope_tables == "input":
+                # the host rounds its tables to the input dtype and casts q and k to f32 before rotating: one f32
+                # node per head, so autograd sums both uses' gradients in f32 before the cast back
+                cos, sin, q, k = cos.to(dtype).float(), sin.to(dtype).float(), q.float(), k.float()
             # f32 tables rotate in f32; the rotated heads return to the projections' dtype
-            q = apply_rope(q, cos, sin, interleaved, rotary).to(q.dtype)
-            k = apply_rope(k, cos, sin, interleaved, rotary).to(k.dtype)
+            q = apply_rope(q, cos, sin, interleaved, rotary).to(dtype)
+            k = apply_rope(k, cos, sin, interleaved, rotary).to(dtype)
         q, k = self.sphere_qk(q, k)
         if self.alibi:
-            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
-                                          self.heads // self.kv_heads))
-        return self.out(_attend(q, k, v, masks, self.core, self.training,
-                                     self.heads // self.kv_heads, scores))
+            return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups))
+        return self.out(_attend(q, k, v, masks, self.core, self.training, groups, scores))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \

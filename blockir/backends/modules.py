@@ -25,7 +25,7 @@ NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
     "layernorm": lambda w, d, s, f: partial(
         numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
         accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass")),
-        keys=f.names(d)),
+        keys=f.names(d), recenter=bool(d.arg("recenter")), upcast=bool(d.arg("upcast"))),
     "rmsnorm": lambda w, d, s, f: partial(
         numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
         accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d), keys=f.names(d)),
@@ -131,7 +131,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         causal=d.kind == "self_attention" and d.arg("causal"), window=_opt_int(s, d, "window") or None,
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
-        kv_cache=bool(d.arg("kv_cache")),
+        kv_cache=bool(d.arg("kv_cache")), scores_f32=bool(d.arg("scores_f32")),
         score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
     if d.arg("score_count") is not None:
         core["score_count"] = int(s.value(d.arg("score_count")))
@@ -141,12 +141,15 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               names=layer_names(d.kind, dict(d.args)), qk_norm=d.arg("qk_norm"),
                               qk_norm_axis=d.arg("qk_norm_axis"), qk_norm_eps=float(s.value(d.arg("qk_norm_eps"))),
                               qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")),
+                              qk_norm_offset=_opt_int(s, d, "qk_norm_offset") or 0,
+                              qkv_groups=_opt_int(s, d, "qkv_groups") or 1,
                               head_scale=bool(d.arg("head_scale")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
                   rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
-                  rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"))
+                  rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"), rope_tables=d.arg("rope_tables") or "f32",
+                  kv_broadcast=bool(d.arg("kv_broadcast")))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)

@@ -40,6 +40,8 @@ def layer_norm(
     accum: torch.dtype = torch.float32,
     offset: int = 0,
     two_pass: bool = False,
+    recenter: bool = False,
+    upcast: bool = False,
 ) -> Tensor:
     """LayerNorm over the last axis: biased variance, ``eps`` inside the square root.
 
@@ -56,12 +58,17 @@ def layer_norm(
         weight = offset_weight(weight, offset)
     if _is_dtensor(x) and any(p.is_shard(x.ndim - 1) for p in x.placements):  # type: ignore[attr-defined]
         return _feature_sharded_layer_norm(x, weight, bias, eps, accum)
+    if upcast and not two_pass:
+        cast = (lambda t: t.to(accum) if t is not None else None)
+        return F.layer_norm(x.to(accum), (x.shape[-1],), cast(weight), cast(bias), eps).to(x.dtype)
     if not two_pass and accum == torch.float32 and x.dtype in _NATIVE_LAYER_NORM_INPUTS:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     work = x.to(accum)
-    centered = work - work.mean(-1, keepdim=True)
+    mean = work.mean(-1, keepdim=True)
+    centered = work - mean
     variance = centered.pow(2).mean(-1, keepdim=True)
-    y = centered * torch.rsqrt(variance + eps)
+    # a second subtraction holds the same values, but autograd sums the input's gradient over both nodes
+    y = (work - mean if recenter else centered) * torch.rsqrt(variance + eps)
     if weight is not None:
         y = y * weight.to(accum)
     if bias is not None:
@@ -434,16 +441,19 @@ class LayerNorm(_NormParams):
         offset: int = 0,
         two_pass: bool = False,
         keys: dict[str, str] | None = None,
+        recenter: bool = False,
+        upcast: bool = False,
     ) -> None:
         super().__init__()
         # the zero init for offset=1 keeps the initial scale at one; settings as in RMSNorm
-        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass, keys=keys or {})
+        vars(self).update(width=width, eps=eps, accum=accum, offset=offset, two_pass=two_pass, keys=keys or {},
+                          recenter=recenter, upcast=upcast)
         self._register("weight", nn.Parameter(torch.full((width,), 1.0 - offset)) if affine else None)
         self._register("bias", nn.Parameter(torch.zeros(width)) if affine and bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm(x, meeting(self.param("weight"), x), meeting(self.param("bias"), x), self.eps, self.accum,
-                          self.offset, self.two_pass)
+                          self.offset, self.two_pass, self.recenter, self.upcast)
 
     def extra_repr(self) -> str:
         affine, bias = self.param("weight") is not None, self.param("bias") is not None

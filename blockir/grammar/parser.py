@@ -227,6 +227,12 @@ class _ToAst(Transformer):
     def div(self, c):
         return self._binop("/", c)
 
+    def floordiv(self, c):
+        return self._binop("//", c)
+
+    def mod(self, c):
+        return self._binop("%", c)
+
     def pow(self, c):
         return self._binop("**", c)
 

@@ -172,7 +172,8 @@ def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[s
 
 def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
                 cast: str = "before_weight", out_bias: bool | str | None = None, rope_style: str = "half",
-                norm: Callable[[_Config], str] | None = None, gated: bool = True) -> Callable[..., str]:
+                norm: Callable[[_Config], str] | None = None, gated: bool = True,
+                rope_f32: bool = False) -> Callable[..., str]:
     """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
     (None) from ``attention_bias``; ``cast``: the RMSNorm cast order; ``norm``: another norm declaration for
     all three norms; ``gated=False``: a plain ``up_proj``/``down_proj`` MLP."""
@@ -186,6 +187,8 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
         attn = _attn_opts(c, exact) + _window(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
+        if rope_f32:
+            attn.append("rope_f32=true")
         if bias if qkv_bias is None else qkv_bias:
             attn.append("bias=true")
         if c.get(out_bias, False) if isinstance(out_bias, str) else \
@@ -422,8 +425,8 @@ def _cohere(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "CohereForCausalLM", "CohereDecoderLayer"
     if c.get("use_qk_norm", False):
         raise _fail("Cohere's q/k norms (use_qk_norm) are not supported")
-    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true)"
-    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true"] + \
+    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true, recenter=true)"
+    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"] + \
         (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
     c.raw.setdefault("tie_word_embeddings", True)
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
@@ -458,7 +461,8 @@ WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
     "stablelm": _stablelm,
     "phi": _phi,
     "cohere": _cohere,
-    "olmo": _llama_like("OlmoForCausalLM", "Olmo", norm=lambda c: "layernorm(D, eps=1e-5, affine=false)"),
+    "olmo": _llama_like("OlmoForCausalLM", "Olmo", norm=lambda c: "layernorm(D, eps=1e-5, affine=false, upcast=true)",
+                        rope_f32=True),
 }
 
 
@@ -475,3 +479,5 @@ def block_text(config: Any, exact: bool = False) -> str:
         raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
     return WRITERS[model_type](_Config(raw), model_type, exact)
 from blockir.importers import hf_more  # noqa: E402,F401  (registers its writers into WRITERS)
+from blockir.importers import hf_gptj  # noqa: E402,F401  (registers its writers into WRITERS)
+from blockir.importers import hf_periodic  # noqa: E402,F401  (registers its writers into WRITERS)

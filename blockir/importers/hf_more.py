@@ -287,6 +287,8 @@ def _falcon(c: _Config, model_type: str, exact: bool) -> str:
     bias = ["bias=true", "out_bias=true"] if c.get("bias", False) else []
     attn = _attn_opts(c, exact) + ["fused=" + ("stacked" if kv == 1 else "heads"), "qkv=query_key_value", "o=dense",
                                    "softmax_f32=false", *bias]
+    if exact and new and kv == 1:  # the new architecture broadcasts its one key/value head before rotating
+        attn.append("kv_broadcast=true")
     eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("hidden_dropout", 0.0))
     norm = f"layernorm(D, eps={eps})"
     mlp = ["F", f"act={_act(c, 'activation', 'gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h",
@@ -327,7 +329,7 @@ def _gpt_neo(c: _Config, model_type: str, exact: bool) -> str:
         attn += [f"window={c.need('window_size')}"] if kind == "local" else []
         if c.get("attention_dropout", 0.0):
             attn.append(f"dropout={_num(c.get('attention_dropout'))}")
-        attn += exact_impl(c, cached=True) if exact else []
+        attn += exact_impl(c, cached=True) + ["scores_f32=true"] if exact else []
         lines += [f"block GPTNeoBlock_{kind}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  ln_1: layernorm(D, eps={eps})", _decl("attn.attention", "self_attention", attn),
                   f"  ln_2: layernorm(D, eps={eps})",

@@ -129,12 +129,16 @@ def evaluate(expr: ConstExpr, env: Mapping[str, float | int]) -> float | int:
         if b == 0:
             raise ConstError("division by zero", expr.span)
         r = a // b if isinstance(a, int) and isinstance(b, int) and a % b == 0 else a / b
+    elif expr.op in ("//", "%"):  # floored, as Python's: the remainder takes the divisor's sign
+        if b == 0:
+            raise ConstError("division by zero", expr.span)
+        r = a // b if expr.op == "//" else a % b
     else:
         r = _pow(a, b, expr.span)
     return _check(r, expr.span)
 
 
-PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "**": 3}
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2, "%": 2, "**": 3}
 
 
 def format_expr(expr: ConstExpr, parent: int = 0, right: bool = False) -> str:

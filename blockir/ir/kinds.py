@@ -119,7 +119,7 @@ def _offset(what: str) -> ArgSpec:
 
 ROPE_STYLES = ("half", "interleaved")
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
-QKV_LAYOUTS = ("none", "stacked", "heads")
+QKV_LAYOUTS = ("none", "stacked", "heads", "qvk_groups")
 QK_NORMS = ("none", "rmsnorm", "layernorm", "l2norm")
 ATTENTION_IMPLS = ("sdpa", "eager")
 
@@ -150,7 +150,8 @@ _ATTENTION_CORE = (
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,
-            doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head"),
+            doc="none: separate q/k/v; stacked: one matrix [q; k; v]; heads: q, k, v interleaved per head; "
+                "qvk_groups: qkv_groups row groups, each [q; v; k] of its share of the heads (CodeGen)"),
     ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)"),
     ArgSpec("qk_norm", "enum", "none", choices=QK_NORMS,
             doc="a norm on queries and keys after projection (l2norm: each head to unit length after RoPE, as nGPT)"),
@@ -163,6 +164,10 @@ _ATTENTION_LAYOUT = (
     _name("v", "the value projection's name"), _name("qkv", "the fused projection's name"),
     _name("o", "the output projection's name (o_proj, out_proj, dense, c_proj, …)"),
     _name("q_norm", "the query norm's name"), _name("k_norm", "the key norm's name"),
+    ArgSpec("qk_norm_offset", "expr", None, doc="with qk_norm=rmsnorm: the gain is offset + weight (Gemma 3: 1); "
+            "unset: 0"),
+    ArgSpec("qkv_groups", "expr", None, doc="with fused=qvk_groups: the number of row groups (CodeGen's mp_num, 4); "
+            "unset: 1"),
 )
 
 KINDS: dict[str, KindSpec] = {
@@ -173,7 +178,9 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
             _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
             ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
-                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
+                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)"),
+            ArgSpec("recenter", "bool", None, doc="with two_pass=true: x - mean is computed twice, once for the variance and once for the output, as code written that way (Cohere) does; autograd then sums the input's gradient over both"),
+            ArgSpec("upcast", "bool", None, doc="true: the LayerNorm kernel runs on a copy of the input (and of the weight and bias) in accum, and the result is cast back (OLMo's F.layer_norm(x.float()))")),
             "LayerNorm: biased variance, eps inside the square root",
             (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
              Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
@@ -214,7 +221,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_INIT,
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
-            ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset"),
+            ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset; 0: none"),
             *_ATTENTION_CORE, ArgSpec("window", "expr", None, doc="sliding window: query i sees keys j > i - window; 0: none"),
             *_ATTENTION_LAYOUT,
             ArgSpec("head_scale", "bool", None, doc="a learned scale per head, initialised to 1, on each head's "
@@ -235,7 +242,10 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_beta_fast", "expr", None, doc="yarn: beta_fast; unset: 32"),
             ArgSpec("rope_beta_slow", "expr", None, doc="yarn: beta_slow; unset: 1"),
             ArgSpec("rope_attention_factor", "expr", None,
-                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1")),
+                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1"),
+            ArgSpec("scores_f32", "bool", None, doc="with impl=eager: q and k cast to f32 before the score matmul, so the scores, mask and softmax are f32, and the probabilities are cast to the values' dtype (GPT-J, GPT-Neo); unset: scores in the input dtype"),
+            ArgSpec("kv_broadcast", "bool", None, doc="true: keys and values are broadcast to every query head right after the projection, so each head's key is rotated on its own and, with kv_cache, stored as its own copy (Falcon's new architecture); unset: grouped heads read their shared key"),
+            ArgSpec("rope_tables", "enum", None, choices=("f32", "input"), doc="with rope_f32=true: input: the cos/sin tables are rounded to the input dtype, and q and k cast to f32, before the rotation (Cohere); unset: f32 tables, q and k as projected")),
             "multi-head / grouped-query self-attention (q_proj, k_proj, v_proj, o_proj)",
             (Implies("rope", False, "rope_theta", Num(10000.0), "rope_theta sets the rotary base; rope=false "
                      "rotates nothing"),

@@ -27,6 +27,7 @@ from blockir.ir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, TensorType
+from blockir.reports.model_size import ModelSize, model_size
 from blockir.rewrites.fuse import fuse_program
 from blockir.rewrites.inline import inline_stacks
 
@@ -174,6 +175,7 @@ class Ledger:
     dims: Mapping[str, int]  # the sizes of the root's state axes
     dtype: DType
     blocks: tuple[BlockCost, ...]  # every block reached, innermost first; the root (the whole model) last
+    size: ModelSize | None = None  # parameters and forward matmul FLOPs of the whole root
 
     @property
     def total(self) -> BlockCost:
@@ -447,8 +449,9 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
                                 plain.first[block_name], fused.first[block_name],
                                 sum(_nbytes(t, base, dtype) for t in block.more_results)))
     root_state = _state(program.block(name))
-    return Ledger(program.filename, name, {a.name: _size(a.name, base) for a in root_state.axes}, dtype,
-                  tuple(blocks))
+    sizes = {a.name: _size(a.name, base) for a in root_state.axes}
+    return Ledger(program.filename, name, sizes, dtype, tuple(blocks),
+                  model_size(program, name, {a.name: base[a.name] for a in program.dims if a.name in base}))
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -503,6 +506,9 @@ def format_ledger(led: Ledger) -> str:
              "saved: what backward keeps (a norm's input and row statistics, a learned scale's input, a fused "
              "op's residual_out and statistics, plus its branch under a learned scale); dropout keeps no mask; "
              f"parameters are not counted. {SCOPE[0].upper()}{SCOPE[1:]}.")
+    if led.size is not None:
+        lines += ["", f"parameters {led.size.parameters:,}; forward matmul FLOPs {led.size.matmul_flops:,} "
+                  "(2 × tokens × each projection matrix, plus 4 × B × S² × heads × head_dim per self-attention)"]
     return "\n".join(head + [""] + lines + [""] + textwrap.wrap(notes, 100)) + "\n"
 
 
@@ -522,4 +528,6 @@ def ledger_data(led: Ledger) -> dict[str, Any]:
                 "bytes_moved": {"unfused": b.unfused.bytes_moved, "fused": b.fused.bytes_moved},
                 "saved_bytes": {"unfused": b.unfused.saved_bytes, "fused": b.fused.saved_bytes}}
     return {"file": led.filename, "block": led.root, "dims": dict(led.dims), "dtype": led.dtype.value,
-            "mode": "train", "scope": SCOPE, "blocks": [block(b) for b in led.blocks], "total": block(led.total)}
+            "mode": "train", "scope": SCOPE, "blocks": [block(b) for b in led.blocks], "total": block(led.total),
+            **({"parameters": led.size.parameters, "matmul_flops_forward": led.size.matmul_flops}
+               if led.size is not None else {})}

@@ -17,6 +17,7 @@ from blockir.analyses.fold_legality import (
     LAST_LINEAR,
     FoldSite,
     fold_report,
+    stored_names,
 )
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
@@ -176,7 +177,7 @@ def _linear_inputs(block: Block, value: str, sizes: Sizes) -> list[tuple[str, st
             has_bias = bool(block.decl_map[user.decl].arg("bias"))  # type: ignore[union-attr]
             per_arg = FIRST_LINEAR[kind]
             for i in (i for i, a in enumerate(user.args) if a == v):
-                for n in per_arg[min(i, len(per_arg) - 1)]:
+                for n in stored_names(block.decl_map[user.decl], per_arg[min(i, len(per_arg) - 1)]):
                     out.append((_param_key(user.decl, n, "weight"),
                                 _param_key(user.decl, n, "bias") if has_bias else None, c))
     return out
@@ -216,7 +217,7 @@ def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tupl
     assert isinstance(decl, KindDecl)
     has_bias = decl.arg("out_bias" if decl.kind in ("self_attention", "cross_attention") else "bias")
     edits = [ScaleOutputs(_param_key(decl.name, n, "weight"), _param_key(decl.name, n, "bias") if has_bias else None,
-                          gain) for n in LAST_LINEAR[decl.kind]]
+                          gain) for n in stored_names(decl, LAST_LINEAR[decl.kind])]
     _check(site, [e.weight for e in edits] + [e.bias for e in edits if e.bias])
     return tuple(edits)
 

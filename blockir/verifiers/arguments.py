@@ -59,6 +59,14 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
     if window is not None and (not float(window).is_integer() or window < 0):
         return error("E0802", f"window of '{decl.name}' must be a non-negative integer, got {window}", decl.span,
                      hint="a query sees this many keys, itself included; 0 means no window")
+    if decl.arg("fused") == "qvk_groups":
+        groups = value(decl.arg("qkv_groups"), env) if decl.arg("qkv_groups") is not None else 1
+        if not float(groups).is_integer() or groups < 1 or (heads is not None and heads % groups) or \
+                (kv is not None and kv != heads):
+            return error("E0804", f"fused=qvk_groups of '{decl.name}' needs qkv_groups to divide heads={heads} and "
+                         f"one key/value head per query head, got qkv_groups={groups}"
+                         + (f", kv_heads={kv}" if kv is not None else ""), decl.span,
+                         hint="each row group holds q, v and k of heads / qkv_groups heads (CodeGen: 4)")
     scaling = _rope_scaling(decl)
     if scaling is not None:
         return scaling
