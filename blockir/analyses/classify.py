@@ -11,6 +11,7 @@ on norm placement and declared facts the graph contradicts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import networkx as nx
@@ -220,18 +221,40 @@ def normformer_missing(block: Block, w: Wrapper) -> list[tuple[str, Sublayer]]:
     return out
 
 
-def match_registry(w: Wrapper) -> str | None:
-    """The registry entry whose pattern is isomorphic to the block's condensed graph."""
-    g = wrapper_graph(w)
-    shape = tuple(len(s.branches) for s in w.sublayers)
+def _invariant(g: nx.DiGraph) -> tuple[object, ...]:
+    """What an isomorphism keeps: each node's label with its in- and out-degree, as a multiset."""
+    return tuple(sorted((str(label), g.in_degree(n), g.out_degree(n)) for n, label in g.nodes(data="label")))
+
+
+@lru_cache(maxsize=None)
+def _patterns(shape: Shape) -> tuple[tuple[str, nx.DiGraph, tuple[object, ...]], ...]:
+    """Each registry entry's pattern for ``shape``, with its invariant, in registry order."""
+    out = []
     for topo in REGISTRY:
         pattern = topo.pattern(shape)
-        if pattern is None or pattern.number_of_nodes() != g.number_of_nodes() \
-                or pattern.number_of_edges() != g.number_of_edges():
-            continue
-        if nx.is_isomorphic(g, pattern, node_match=MATCH):
-            return topo.name
-    return None
+        if pattern is not None:
+            out.append((topo.name, pattern, _invariant(pattern)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _match(shape: Shape, nodes: tuple[object, ...], edges: tuple[object, ...]) -> str | None:
+    g = nx.DiGraph()
+    g.add_nodes_from((n, {"label": label}) for n, label in nodes)
+    g.add_edges_from(edges)
+    key = _invariant(g)
+    # the invariant rules out almost every entry; VF2 runs only where it cannot
+    return next((name for name, pattern, invariant in _patterns(shape)
+                 if invariant == key and nx.is_isomorphic(g, pattern, node_match=MATCH)), None)
+
+
+def match_registry(w: Wrapper) -> str | None:
+    """The registry entry whose pattern is isomorphic to the block's condensed graph. Blocks written alike
+    (the layers of a file, a block and its printed copy) have equal graphs and share one match."""
+    g = wrapper_graph(w)
+    shape = tuple(len(s.branches) for s in w.sublayers)
+    return _match(shape, tuple(sorted((str(n), str(label)) for n, label in g.nodes(data="label"))),
+                  tuple(sorted((str(u), str(v)) for u, v in g.edges())))
 
 
 @dataclass(frozen=True)
