@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from typing import Any, Callable, Union
+from typing import Any, Callable, ClassVar, Union
 
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr, format_expr
@@ -268,20 +268,28 @@ class BiasOp(OpBase):
 
 
 @dataclass(frozen=True)
-class MulOp(OpBase):
-    """``lhs * rhs`` of two tensors of one type, elementwise: a gate applied to a value."""
+class _TensorPair(OpBase):
+    """An elementwise operation of two tensors of one type: ``lhs SYMBOL rhs``."""
 
     result: str = _role("result")
     type: TensorType = field()
     lhs: str = _role("value")
     rhs: str = _role("value")
     span: Span = field(**_SPAN)
+    SYMBOL: ClassVar[str] = ""
+
+    def text(self) -> str:
+        return f"{self.result} = {self.lhs} {self.SYMBOL} {self.rhs}"
+
+
+@dataclass(frozen=True)
+class MulOp(_TensorPair):
+    """``lhs * rhs`` of two tensors of one type, elementwise: a gate applied to a value."""
+
+    SYMBOL: ClassVar[str] = "*"
 
     def label(self) -> str:
         return "'… * …' (a product of tensors)"
-
-    def text(self) -> str:
-        return f"{self.result} = {self.lhs} * {self.rhs}"
 
 
 @dataclass(frozen=True)
@@ -301,21 +309,14 @@ class ComplementOp(OpBase):
 
 
 @dataclass(frozen=True)
-class SubOp(OpBase):
+class SubOp(_TensorPair):
     """``lhs - rhs`` of two tensors of one type: the step from a point toward a target, as in the
     normalized interpolation ``h + alpha * (t - h)`` of nGPT (Loshchilov et al., arXiv:2410.01131)."""
 
-    result: str = _role("result")
-    type: TensorType = field()
-    lhs: str = _role("value")
-    rhs: str = _role("value")
-    span: Span = field(**_SPAN)
+    SYMBOL: ClassVar[str] = "-"
 
     def label(self) -> str:
         return "'… - …'"
-
-    def text(self) -> str:
-        return f"{self.result} = {self.lhs} - {self.rhs}"
 
 
 @dataclass(frozen=True)
