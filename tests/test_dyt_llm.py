@@ -11,6 +11,7 @@ from blockir.analyses.classify import classify_program
 from blockir.analyses.norms import dyt_llm_alpha
 from blockir.rewrites.recipes import RecipeError, dyt_llm
 from reference_attention import causal_attention
+from oracle import assert_matches_reference
 
 SOURCE = """
 dim B: batch
@@ -86,22 +87,7 @@ def _reference(x: Tensor, p: dict[str, Tensor]) -> Tensor:
 def test_dyt_llm_model_is_its_equations(backend: str) -> None:
     result = dyt_llm.apply(_program(64), "Layer")
     m = blockir.compile(result.program, "Model", backend=backend, dims={"D": 16}, seed=0, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    names = [n for n, _ in m.named_parameters()]
-    x = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = m(x)
-    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
-    x_ref = x.detach().clone().requires_grad_(True)
-    want_y = _reference(x_ref, params)
-    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
-    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
-    for name, g, w in zip(["x", *names], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda msg, n=name: f"gradient of {n}: {msg}")
+    assert_matches_reference(m, _reference, (2, 5, 16))
 
 
 def test_generic_alpha_in_a_decoder_is_reported_and_the_recipe_output_is_not() -> None:

@@ -17,6 +17,7 @@ import blockir
 from blockir.analyses.keys import param_keys
 from blockir.analyses.structure import wrapper
 from blockir.ir.printer import format_program
+from oracle import assert_matches_reference
 
 HEADER = """
 dim B: batch
@@ -36,22 +37,7 @@ def _program(body: str) -> blockir.Program:
 def _check(body: str, reference: Reference, backend: str, shape: tuple[int, ...] = (2, 3, D)) -> None:
     """Forward and every gradient of the compiled block ``T`` against ``reference(x, params)``."""
     m = blockir.compile(_program(body), "T", seed=0, backend=backend, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in m.parameters():  # off the init, so a dropped offset or bias shows
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    names = [n for n, _ in m.named_parameters()]
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = m(x)
-    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
-    x_ref = x.detach().clone().requires_grad_(True)
-    want_y = reference(x_ref, params)
-    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
-    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
-    for name, g, w in zip(["x", *names], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"gradient of {n}: {m}")
+    assert_matches_reference(m, reference, shape)
 
 
 def _ln(x: Tensor, eps: float) -> Tensor:

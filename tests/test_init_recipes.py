@@ -12,6 +12,7 @@ import blockir
 from blockir.ir.printer import format_program
 from blockir.rewrites.recipes import RecipeError, deepscalelm, fixup
 from conftest import ROOT
+from oracle import assert_matches_reference
 
 SOURCE = """
 dim B: batch
@@ -58,22 +59,7 @@ def _mlp(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
 
 def _check(m: torch.nn.Module, reference: Callable[[Tensor, dict[str, Tensor]], Tensor]) -> None:
     """Forward and the gradient of the input and of every parameter against ``reference(x, params)``."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in m.parameters():  # off the init: zeroed layers and unit multipliers would hide terms
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    names = [n for n, _ in m.named_parameters()]
-    x = torch.randn(2, 3, 16, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = m(x)
-    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
-    x_ref = x.detach().clone().requires_grad_(True)
-    want_y = reference(x_ref, params)
-    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
-    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
-    for name, g, w in zip(["x", *names], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda msg, n=name: f"gradient of {n}: {msg}")
+    assert_matches_reference(m, reference, (2, 3, 16))
 
 
 # ------------------------------------------------------------------------------------------ Fixup

@@ -16,6 +16,7 @@ from blockir.analyses.keys import param_keys
 from blockir.ir.printer import format_program
 from conftest import ROOT
 from reference_attention import causal_attention
+from oracle import assert_matches_reference
 
 EXAMPLE = ROOT / "examples" / "normformer.block"
 DIMS = {"D": 16, "F": 32}
@@ -40,23 +41,8 @@ def test_normformer_layer_is_its_equations(backend: str) -> None:
     prog = blockir.parse(EXAMPLE.read_text().replace("layernorm(D)", "layernorm(D, accum=f64)")
                          .replace("layernorm(F)", "layernorm(F, accum=f64)"), str(EXAMPLE))
     m = blockir.compile(prog, "NormFormerLayer", backend=backend, dims=DIMS, seed=0, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in m.parameters():  # off the init, so a head scale or norm gain that is ignored shows
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    names = [n for n, _ in m.named_parameters()]
-    x = torch.randn(2, 5, WIDTH, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = m(x)
-    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
-    x_ref = x.detach().clone().requires_grad_(True)
-    want_y = _reference(x_ref, params)
-    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
-    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
-    assert "self_attn.head_scale" in names
-    for name, g, w in zip(["x", *names], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda msg, n=name: f"gradient of {n}: {msg}")
+    assert_matches_reference(m, _reference, (2, 5, WIDTH))
+    assert "self_attn.head_scale" in [n for n, _ in m.named_parameters()]
 
 
 def test_head_scales_start_at_one_and_have_a_key_per_head() -> None:

@@ -9,6 +9,7 @@ from torch import Tensor
 import blockir
 from blockir.analyses.classify import classify
 from blockir.analyses.manifest import program_manifest
+from oracle import assert_matches_reference
 
 HEADER = """
 dim B: batch
@@ -42,21 +43,7 @@ def _ref(x: Tensor, p: dict[str, Tensor]) -> Tensor:
 @pytest.mark.parametrize("backend", ["fx", "fused"])
 def test_stated_residual_from_norm_compiles_to_its_equation(backend: str) -> None:
     m = blockir.compile(blockir.parse(HEADER + BODY), "T", seed=0, backend=backend, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for q in m.parameters():
-            q.add_(0.3 * torch.randn(q.shape, generator=gen, dtype=torch.float64))
-    x = torch.randn(2, 3, D, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = m(x)
-    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64)
-    got = torch.autograd.grad(y, [x, *m.parameters()], grad_out)
-    params = {n: q.detach().clone().requires_grad_(True) for n, q in m.named_parameters()}
-    x_ref = x.detach().clone().requires_grad_(True)
-    want_y = _ref(x_ref, params)
-    want = torch.autograd.grad(want_y, [x_ref, *params.values()], grad_out)
-    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
-    for name, g, w in zip(["x", *params], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda msg, n=name: f"gradient of {n}: {msg}")
+    assert_matches_reference(m, _ref, (2, 3, D))
 
 
 def test_stated_residual_from_norm_checks_clean_and_is_reported() -> None:
