@@ -253,6 +253,12 @@ def _gemma2(c: _Config, model_type: str, exact: bool) -> str:
     attn = _attn_opts(c, exact) + _window(c) + [f"scale={_num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
     if c.get("attn_logit_softcapping") is not None:
         attn.append(f"softcap={_num(c.get('attn_logit_softcapping'))}")
+    return sandwich_text(cls, layer, model_type, c, norm, attn)
+
+
+def sandwich_text(cls: str, layer: str, model_type: str, c: _Config, norm: str, attn: list[str]) -> str:
+    """A Gemma 2-style file: four (1 + w) RMSNorms around each branch, a gated MLP, embeddings times sqrt(D), a
+    tied head and soft-capped logits; ``attn`` holds the attention options of the family."""
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]

@@ -65,19 +65,7 @@ def _gemma3_text(c: _Config, model_type: str, exact: bool) -> str:
              "qk_norm_cast=after_weight", "qk_norm_offset=1", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attn_logit_softcapping") is not None:
         attn.append(f"softcap={_num(c.get('attn_logit_softcapping'))}")
-    if c.get("attention_bias", False):
-        attn += ["bias=true", "out_bias=true"]
-    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
-    lines = hf._header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
-    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
-              f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
-              f"  post_attention_layernorm: {norm}", f"  pre_feedforward_layernorm: {norm}",
-              _decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
-              "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
-              "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
-    c.raw.setdefault("tie_word_embeddings", True)
-    return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5",
-                                    softcap=c.get("final_logit_softcapping"))) + "\n"
+    return hf.sandwich_text(cls, layer, model_type, c, norm, attn)
 
 
 def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
