@@ -70,14 +70,16 @@ def _held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-_boundaries = [0]  # write boundaries passed in this process, for the test hook only
-
-
 def boundary() -> None:
-    """One write boundary passed; the test hook may stop the process here."""
-    _boundaries[0] += 1
-    at = os.environ.get(KILL_AT)
-    if at is not None and at.isdigit() and int(at) == _boundaries[0]:
+    """One write boundary passed; the test hook may stop the process here.
+
+    The hook counts down in the environment it is given, so each test sets its own count.
+    """
+    left = os.environ.get(KILL_AT)
+    if left is None or not left.isdigit() or left == "0":
+        return
+    os.environ[KILL_AT] = str(int(left) - 1)
+    if left == "1":
         name = os.environ.get(KILL_SIGNAL, "TERM")
         os.kill(os.getpid(), getattr(signal, f"SIG{name}", signal.SIGTERM))
 
