@@ -17,6 +17,7 @@ import yaml
 
 from blockir.cli import main
 
+ROOT_ENV = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # child processes import this tree
 TINY = """\
 dim B: batch
 dim S: seq

@@ -4,7 +4,7 @@ Every artifact directory (a checkpoint, a release, a serving slot) is built comp
 staging sibling ``.NAME.blockir-new-PID`` and renamed into place; POSIX ``rename`` is atomic
 within one file system. Replacing an existing directory renames it aside first
 (``.NAME.blockir-old-PID``), renames the new one in, then removes the old one, with SIGINT and
-SIGTERM held back for those three steps. Only a hard kill (SIGKILL, a power cut) can stop between
+SIGTERM held back for those steps and delivered right after. Only a hard kill (SIGKILL, a power cut) can stop between
 them; then the directory is missing and its old whole lies beside it under a name only this
 module writes: :func:`recover` (called before every read and every write of an artifact) renames
 it back and removes staging folders whose process is gone.
@@ -62,12 +62,28 @@ def handle_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is over (they are delivered, and raise, right after)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    """SIGINT and SIGTERM wait until the block is over, then raise :class:`Interrupted` as they would have.
+
+    Deferred in Python's handlers rather than by a signal mask: in a process with other threads
+    (torch's) the kernel may hand a masked signal to one of them, and Python runs its handler anyway.
+    """
+    pending: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, _frame: pending.append(signum)) for s in HELD}
+    except ValueError:  # not the main thread: no handler of ours can run here
+        yield
+        return
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if pending:
+        handler = previous[signal.Signals(pending[0])]
+        if callable(handler):
+            handler(pending[0], None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(pending[0])
 
 
 def boundary() -> None:
