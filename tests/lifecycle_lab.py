@@ -105,20 +105,21 @@ def sha(data: bytes) -> str:
 def rewrite(folder: Path, name: str, data: bytes) -> None:
     """Replace ``name`` and update every hash that states it (run.json; release.yaml's files and state)."""
     (folder / name).write_bytes(data)
-    record = json.loads((folder / "run.json").read_text())
-    if name in record["sha256"]:
+    if name not in ("run.json", "release.yaml"):
+        record = json.loads((folder / "run.json").read_text())
         record["sha256"][name] = sha(data)
         (folder / "run.json").write_text(json.dumps(record, indent=2))
     manifest_path = folder / "release.yaml"
-    if manifest_path.exists():
-        manifest = yaml.safe_load(manifest_path.read_text())
+    if manifest_path.exists() and name != "release.yaml":
+        manifest = yaml.load(manifest_path.read_text(), Loader=yaml.CSafeLoader)
         for n in manifest["files"]:
-            manifest["files"][n] = sha((folder / n).read_bytes())
+            if (folder / n).is_file():
+                manifest["files"][n] = sha((folder / n).read_bytes())
         keys = {"model.pt": "checkpoint_hash", "optimizer.pt": "optimizer_hash",
                 "counters.pt": "rng_and_schedule_counters_hash", "program.block": "program_hash"}
         if name in keys:
             manifest["state"][keys[name]] = sha(data)
-        manifest_path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        manifest_path.write_text(yaml.dump(manifest, Dumper=yaml.CSafeDumper, sort_keys=False))
 
 
 def leftovers(parent: Path) -> list[str]:

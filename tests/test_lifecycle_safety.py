@@ -251,7 +251,8 @@ def test_buffers_that_would_not_fit_and_short_validation_data_are_refused(lab: P
     ("rename:\n  a}b{c: d\n", "is not a key pattern"),
     ("drop: [a]\ndrop: [b]\n", "section 'drop' appears twice"),
     ("rename:\n  a: b\n  a: c\n", "'a' is renamed twice"),
-    ("rename: " + "[" * 5000 + "]" * 5000 + "\n", "nests deeper"),
+    ("rename: " + "[" * 5000 + "]" * 5000 + "\n",
+     "exceeded maximum nesting depth" if yaml.__with_libyaml__ else "nests deeper"),
 ])
 def test_malformed_key_maps_are_located(lab: Path, tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "m.yaml").write_text(text)

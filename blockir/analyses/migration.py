@@ -39,6 +39,7 @@ from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]
 SECTIONS = ("rename", "transpose", "reshape", "drop")
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml bounds the nesting depth, and is fast
 LEARNED_SCALES = ("scalar", "vector")
 
 
@@ -103,7 +104,7 @@ def _checked_pattern(filename: str, node: yaml.Node, text: str, names: set[str] 
 def parse_key_map(text: str, filename: str) -> KeyMap:
     """A key map from YAML text; every error is located in the map file."""
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=LOADER)
     except RecursionError:
         raise map_error("the key map nests deeper than a key map can", Span(filename, 1, 1)) from None
     except yaml.YAMLError as exc:

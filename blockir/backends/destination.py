@@ -19,6 +19,7 @@ from typing import Sequence
 import yaml
 
 from blockir.backends.artifact_files import CHECKPOINT_NAMES, MANIFEST, MAX_RECORD_BYTES, RELEASE_NAMES, RUN, where
+from blockir.backends.release_manifest import LOADER
 from blockir.diagnostics import BlockError, error
 
 CHECKPOINT, RELEASE = "checkpoint", "release"
@@ -29,7 +30,7 @@ def _record(path: Path, loader: object) -> object:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_RECORD_BYTES:
             return None
         text = path.read_text(encoding="utf-8")
-        return json.loads(text) if loader == "json" else yaml.safe_load(text)
+        return json.loads(text) if loader == "json" else yaml.load(text, Loader=LOADER)
     except (OSError, ValueError, yaml.YAMLError, RecursionError):
         return None
 

@@ -20,6 +20,8 @@ from blockir.backends.artifact_files import CHECKPOINT_NAMES, CONVERSION, RUN, S
 from blockir.diagnostics import BlockError, error
 
 FORMAT = 1
+# libyaml's loader where PyYAML was built with it: a manifest is read on every canary and rollback
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 STATE_HASHES = {"checkpoint_hash": "model.pt", "optimizer_hash": "optimizer.pt",
                 "rng_and_schedule_counters_hash": "counters.pt", "program_hash": "program.block"}
 
@@ -44,7 +46,7 @@ def threshold(value: Any) -> bool:
 def parse_manifest(raw: bytes, path: Path) -> dict[str, Any]:
     """The manifest in ``raw`` with the fields every reader uses present and of their types."""
     try:
-        manifest = yaml.safe_load(raw.decode("utf-8"))
+        manifest = yaml.load(raw.decode("utf-8"), Loader=LOADER)
     except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         raise manifest_error(path, None, f"not a blockir release manifest: {str(exc)[:200]}", "E0728") from None
     manifest = _table(manifest, path, "") if manifest is not None else None
