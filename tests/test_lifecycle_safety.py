@@ -3,9 +3,9 @@ record's shape or a manifest's editable table, crash on a bad file or option. Ea
 or reader that skips the check."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -146,7 +146,6 @@ def test_canary_refuses_a_swapped_model_whose_file_table_was_edited(lab: Path, t
     (new / "model.pt").write_bytes(data)
     manifest = yaml.safe_load((new / "release.yaml").read_text())
     record = json.loads((new / "run.json").read_text())
-    import hashlib
     record["sha256"]["model.pt"] = hashlib.sha256(data).hexdigest()
     (new / "run.json").write_text(json.dumps(record))
     manifest["files"]["model.pt"] = record["sha256"]["model.pt"]

@@ -112,3 +112,23 @@ def test_sigint_from_outside_during_training_keeps_the_checkpoint(lab: Path, tmp
         "(step 1); no partial files were left"
     assert snapshot(ck) == before and leftovers(tmp_path) == []
     assert json.loads((ck / "run.json").read_text())["step"] == 1
+
+
+@pytest.mark.parametrize("k, kept", [(3, "old"), (6, "new")])
+def test_calibrate_interrupted_while_saving_keeps_a_whole_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   k: int, kept: str) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "prepbn.block"
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    small = ["--dims", "B=2,S=8", "--data", tmp_path / "text.txt"]
+    assert cli("run", example, "--steps", "1", "--save", tmp_path / "ck", *small)[0] == 0
+    before = snapshot(tmp_path / "ck")
+    monkeypatch.setenv(atomic.KILL_AT, str(k))
+    code, _, err = cli("calibrate", example, "--steps", "1", "--resume", tmp_path / "ck", "--save", tmp_path / "ck",
+                       *small)
+    assert code == 143 and err.splitlines()[-1] == f"blockir: interrupted by SIGTERM; {tmp_path / 'ck'} holds a " \
+        "complete checkpoint (step 1); no partial files were left"
+    assert leftovers(tmp_path) == []
+    if kept == "old":
+        assert snapshot(tmp_path / "ck") == before
+    else:  # the calibrated whole: its moments were recomputed, so model.pt changed, and every hash checks
+        assert snapshot(tmp_path / "ck") != before and checkpoint.read_record(tmp_path / "ck")["step"] == 1

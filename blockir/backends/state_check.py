@@ -28,8 +28,8 @@ def load_bytes(data: bytes, path: str) -> Any:
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:  # the unpickler raises many kinds; every one means the file is not ours
-        raise state_error(f"not a torch state file: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
-                          path) from None
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise state_error(f"not a torch state file: {first}", path) from None
 
 
 def tensors(state: Any, expected: Mapping[str, torch.Tensor], path: str, what: str) -> dict[str, torch.Tensor]:
