@@ -31,9 +31,11 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {args.steps}")
         set_threads(args.threads)
-        if args.save:  # before any work
+        def check_save() -> None:
             destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
                               [("FILE", args.file), ("--data", args.data), ("--resume", args.resume)], same=args.resume)
+        if args.save:  # before any work, and again before writing (something may have appeared there meanwhile)
+            check_save()
         cfg = RunConfig(dims=row_dims(program, args.dims), backend=args.backend)
         check_options(cfg)
         if args.resume:
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate(trainer.model, windows(data.train, starts, width).split(n))
         states = norm_states(trainer.model.core)
         if args.save:
+            check_save()
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved the calibrated step {trainer.step_count} to {args.save}")
         if args.format == "json":

@@ -134,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
         check_options(cfg)
         warmup_free(program, args.warmup)
         set_threads(args.threads)
-        if args.save:  # before any work: a refused destination must not cost a training run
+        def check_save() -> None:
             destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
                               [("FILE", args.file), ("--data", args.data), ("--resume", args.resume)], same=args.resume)
+        if args.save:  # before any work, and again before writing (something may have appeared there meanwhile)
+            check_save()
         externs = name_stand_ins(program, block)
         if args.resume:
             cfg = checkpoint.resumed_config(args.resume, cfg)
@@ -156,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             close()
         elapsed = time.perf_counter() - start
         if args.save:
+            check_save()
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved step {trainer.step_count} to {args.save}")
         final = report.snapshots[-1]
