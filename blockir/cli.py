@@ -166,16 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_force_option(p: argparse.ArgumentParser, option: str, kind: str) -> None:
+    p.add_argument("--force", action="store_true", help=f"replace a blockir {kind} already at {option} (whole, "
+                   "never a folder holding anything else)")
+
+
+def interrupted(args: argparse.Namespace, signum: int) -> int:
+    """After SIGINT or SIGTERM: one line naming the signal and what the command's destination holds now."""
+    import signal
+
+    from blockir.backends.destination import describe
+    option = getattr(args, "writes", None)
+    kept = describe(getattr(args, option.lstrip("-").replace("-", "_")), option) if option else "nothing was written"
+    log(f"blockir: interrupted by {signal.Signals(signum).name}; {kept}")
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from blockir.backends.atomic import Interrupted, handle_signals
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UsageError as exc:
-        print(f"blockir: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BlockError as exc:
-        emit(exc.diagnostics, exc.sources)
-        return EXIT_ERRORS
-    except BrokenPipeError:
-        return EXIT_OK
+    with handle_signals():
+        try:
+            return args.func(args)
+        except UsageError as exc:
+            print(f"blockir: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except BlockError as exc:
+            emit(exc.diagnostics, exc.sources)
+            return EXIT_ERRORS
+        except BrokenPipeError:
+            return EXIT_OK
+        except Interrupted as exc:
+            return interrupted(args, exc.signum)
+        except KeyboardInterrupt:
+            return interrupted(args, 2)

@@ -39,6 +39,7 @@ from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]
 SECTIONS = ("rename", "transpose", "reshape", "drop")
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml bounds the nesting depth, and is fast
 LEARNED_SCALES = ("scalar", "vector")
 
 
@@ -86,10 +87,15 @@ def _scalar(filename: str, node: yaml.Node, what: str) -> str:
 
 
 def _checked_pattern(filename: str, node: yaml.Node, text: str, names: set[str] | None = None) -> None:
-    used = set(re.findall(r"\{([^}]*)\}", text))
+    placeholders = re.findall(r"\{([^{}]*)\}", text)
+    used = set(placeholders)
     bad = [n for n in used if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
-    if bad or text.count("{") != text.count("}"):
+    if bad or "{" in re.sub(r"\{[^{}]*\}", "", text) or "}" in re.sub(r"\{[^{}]*\}", "", text):
         raise map_error(f"'{text}' is not a key pattern: placeholders are {{name}}", _span(filename, node))
+    if names is None and len(placeholders) != len(used):
+        twice = sorted(n for n in used if placeholders.count(n) > 1)
+        raise map_error(f"'{text}' binds {', '.join(twice)} more than once; a source pattern names each segment "
+                        "once", _span(filename, node), "give each placeholder its own name ({i}, {j})")
     if names is not None and not used <= names:
         raise map_error(f"'{text}' uses {', '.join(sorted(used - names))}, which its source pattern does not bind",
                         _span(filename, node))
@@ -98,7 +104,9 @@ def _checked_pattern(filename: str, node: yaml.Node, text: str, names: set[str] 
 def parse_key_map(text: str, filename: str) -> KeyMap:
     """A key map from YAML text; every error is located in the map file."""
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=LOADER)
+    except RecursionError:
+        raise map_error("the key map nests deeper than a key map can", Span(filename, 1, 1)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         span = Span(filename, mark.line + 1, mark.column + 1) if mark is not None else Span(filename, 1, 1)
@@ -109,10 +117,15 @@ def parse_key_map(text: str, filename: str) -> KeyMap:
     if not isinstance(root, yaml.MappingNode):
         raise map_error(f"a key map is a mapping with sections {', '.join(SECTIONS)}", _span(filename, root))
     sections: dict[str, list[Rule]] = {s: [] for s in SECTIONS}
+    seen: set[str] = set()
     for key_node, value in root.value:
         section = _scalar(filename, key_node, "a section name")
         if section not in SECTIONS:
             raise map_error(f"unknown section '{section}' (sections: {', '.join(SECTIONS)})", _span(filename, key_node))
+        if section in seen:
+            raise map_error(f"section '{section}' appears twice; YAML would keep only one of them",
+                            _span(filename, key_node), "merge the two sections into one")
+        seen.add(section)
         if section == "rename":
             if not isinstance(value, yaml.MappingNode):
                 raise map_error("rename maps source keys to candidate keys: 'old.key: new.key'", _span(filename, value))
@@ -120,6 +133,8 @@ def parse_key_map(text: str, filename: str) -> KeyMap:
                 source, target = _scalar(filename, k, "a source key"), _scalar(filename, v, "a candidate key")
                 _checked_pattern(filename, k, source)
                 _checked_pattern(filename, v, target, set(re.findall(r"\{([^}]*)\}", source)))
+                if any(r.pattern == source for r in sections[section]):
+                    raise map_error(f"'{source}' is renamed twice", _span(filename, k), "keep one of the two lines")
                 sections[section].append(Rule(source, target, _span(filename, k)))
         else:
             if not isinstance(value, yaml.SequenceNode):

@@ -10,7 +10,9 @@ A checkpoint directory holds
 - ``run.json`` — the configuration, the corpus digest and the sha256 of every file above.
 
 Resuming refuses a checkpoint whose program, sizes or data differ from the run that continues it:
-the same bytes in must give the same bytes out.
+the same bytes in must give the same bytes out. The directory is written whole or not at all
+(:mod:`blockir.backends.atomic`); reading it checks ``run.json`` as a schema, every file against
+its sha256, and every state file against the objects it is loaded into before loading it.
 """
 from __future__ import annotations
 
@@ -23,14 +25,15 @@ from typing import Any
 
 import torch
 
+from blockir.backends import atomic, state_check
+from blockir.backends.artifact_files import MAX_RECORD_BYTES, RUN, STATE_FILES, file_in, where
+from blockir.backends.run_record import FROZEN, parse_record
 from blockir.backends.session import RunConfig, Trainer
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 
-FILES = ("program.block", "model.pt", "optimizer.pt", "counters.pt")
-# what a resumed run takes from its checkpoint: a change to any of these is a different run
-FROZEN = ("seed", "lr", "warmup", "batch", "dims", "backend")
+FILES = STATE_FILES
 
 
 def _bytes(obj: Any) -> bytes:
@@ -48,7 +51,7 @@ def program_digest(program: Program) -> str:
 
 
 def save(trainer: Trainer, directory: str | Path, source: str) -> dict[str, Any]:
-    """Write the trainer's state to ``directory`` (created); returns the ``run.json`` record."""
+    """Write the trainer's state to ``directory`` (whole, replacing it); returns the ``run.json`` record."""
     state = trainer.state_dict()
     cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN}
     return write(directory, trainer.program, trainer.block.name, source, cfg,
@@ -59,48 +62,61 @@ def write(directory: str | Path, program: Program, block: str, source: str, conf
           data: dict[str, str], state: dict[str, Any], extra: dict[str, bytes] | None = None) -> dict[str, Any]:
     """A checkpoint of ``state`` (model, optimizer, schedule, step, rng) for ``block`` of ``program``.
 
-    ``extra`` files (a conversion report) are written beside it and hashed in ``run.json`` too.
+    ``extra`` files (a conversion report) are written beside it and hashed in ``run.json`` too. The
+    destination was checked by the command (:mod:`blockir.backends.destination`); the directory
+    appears whole, with every file, or keeps what it held.
     """
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     payloads = {"program.block": format_program(program).encode(),
                 "model.pt": _bytes(state["model"]), "optimizer.pt": _bytes(state["optimizer"]),
                 "counters.pt": _bytes({"schedule": state["schedule"], "step": state["step"], "rng": state["rng"]})}
     payloads |= extra or {}
-    for name, payload in payloads.items():
-        (out / name).write_bytes(payload)
     record = {"file": source, "block": block, "program_sha256": program_digest(program), "config": config,
               **data, "step": int(state["step"]), "sha256": {name: sha256(p) for name, p in payloads.items()}}
-    (out / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+    atomic.publish(directory, {**payloads, RUN: (json.dumps(record, indent=2) + "\n").encode()})
     return record
-
-
-def read_state(directory: str | Path) -> dict[str, Any]:
-    """The model, optimizer, schedule, step and rng of a checkpoint whose hashes were checked."""
-    path = Path(directory)
-    counters = torch.load(path / "counters.pt", weights_only=True)
-    return {"model": torch.load(path / "model.pt", weights_only=True),
-            "optimizer": torch.load(path / "optimizer.pt", weights_only=True), **counters}
 
 
 def _refuse(directory: Path, message: str, hint: str | None = None) -> BlockError:
-    return BlockError([error("E0725", message, Span(str(directory / "run.json"), 1, 1), hint=hint)])
+    return BlockError([error("E0725", message, Span(str(directory / RUN), 1, 1), hint=hint)])
+
+
+def read(directory: str | Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The record and the bytes of every file it names, each checked against its recorded sha256."""
+    path = Path(directory)
+    atomic.recover(path)
+    if not path.is_dir():
+        raise _refuse(path, f"not a blockir checkpoint: {path} is not a directory",
+                      "give a directory written by blockir run --save")
+    record = parse_record(file_in(path, RUN, where(path / RUN), MAX_RECORD_BYTES), path / RUN)
+    files = {}
+    for name, digest in record["sha256"].items():
+        files[name] = file_in(path, name, where(path / RUN, f"sha256.{name}"))
+        if sha256(files[name]) != digest:
+            raise _refuse(path, f"checkpoint file {name} does not match the sha256 recorded in run.json")
+    return record, files
 
 
 def read_record(directory: str | Path) -> dict[str, Any]:
+    return read(directory)[0]
+
+
+def read_state(directory: str | Path) -> dict[str, Any]:
+    """The model, optimizer, schedule, step and rng of a checkpoint whose hashes were checked.
+
+    Only their form is checked here; :func:`load` checks them against the trainer they go to.
+    """
     path = Path(directory)
-    try:
-        record = json.loads((path / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise _refuse(path, f"not a blockir checkpoint: {exc}") from None
-    for name in FILES:
-        try:
-            data = (path / name).read_bytes()
-        except OSError as exc:
-            raise _refuse(path, f"checkpoint file {name} is unreadable: {exc.strerror or exc}") from None
-        if sha256(data) != record.get("sha256", {}).get(name):
-            raise _refuse(path, f"checkpoint file {name} does not match the sha256 recorded in run.json")
-    return record
+    record, files = read(path)
+    model = state_check.load_bytes(files["model.pt"], str(path / "model.pt"))
+    optimizer = state_check.load_bytes(files["optimizer.pt"], str(path / "optimizer.pt"))
+    counters = state_check.load_bytes(files["counters.pt"], str(path / "counters.pt"))
+    if not isinstance(counters, dict) or set(counters) != {"schedule", "step", "rng"}:
+        raise state_check.state_error("is not a counters file (a table of 'schedule', 'step' and 'rng')",
+                                      str(path / "counters.pt"))
+    if counters["step"] != record["step"]:
+        raise state_check.state_error(f"is at step {counters['step']!r:.40}; run.json records step {record['step']}",
+                                      str(path / "counters.pt"), "step")
+    return {"model": model, "optimizer": optimizer, **counters}
 
 
 def check_program(directory: str | Path, program: Program, block: str) -> dict[str, Any]:
@@ -119,6 +135,17 @@ def resumed_config(directory: str | Path, cfg: RunConfig) -> RunConfig:
     return replace(cfg, **record["config"])
 
 
+def restore(trainer: Trainer, directory: str | Path) -> None:
+    """Load the checkpoint's state into ``trainer``, every file checked against what receives it first."""
+    path = Path(directory)
+    state = read_state(path)
+    state_check.tensors(state["model"], trainer.model.state_dict(), str(path / "model.pt"), trainer.block.name)
+    state_check.optimizer(state["optimizer"], trainer.optimizer, list(trainer.model.parameters()),
+                          str(path / "optimizer.pt"))
+    state_check.counters(state, trainer.schedule.state_dict(), str(path / "counters.pt"))
+    trainer.load_state_dict(state)
+
+
 def load(trainer: Trainer, directory: str | Path) -> None:
     """Restore the state in ``directory`` into ``trainer``, after checking it continues the same run."""
     path = Path(directory)
@@ -133,4 +160,4 @@ def load(trainer: Trainer, directory: str | Path) -> None:
     if frozen != record["config"]:
         changed = sorted(k for k in FROZEN if frozen.get(k) != record["config"].get(k))
         raise _refuse(path, f"the run's {', '.join(changed)} differ from the checkpoint's")
-    trainer.load_state_dict(read_state(path))
+    restore(trainer, path)

@@ -69,6 +69,27 @@ def load_corpus(data: str | None, command: str = "run") -> Corpus:
     return Corpus(source, len(chunks), data_t[:cut].clone(), data_t[cut:].clone(), hashlib.sha256(blob).hexdigest())
 
 
+def check_windows(corpus: Corpus, length: int, command: str = "run") -> None:
+    """Both splits must hold a whole window: training samples inside one, validation reads fixed ones."""
+    for split, data, need in (("training", corpus.train, length + 1), ("validation", corpus.val, length)):
+        if data.numel() < need:
+            raise BlockError([argument_error(command, "data", f"the {split} split of {corpus.source} holds "
+                                             f"{data.numel()} bytes, fewer than one window of {need}",
+                                             "use a shorter sequence length or more text")])
+
+
+MAX_WINDOW_BYTES = 4 << 30  # token windows held at once (int64): more never fits a machine this trains on
+
+
+def check_buffer(rows: int, length: int, command: str, argument: str) -> None:
+    """Refuse, before allocating, ``rows`` windows of ``length`` tokens that would not fit in memory."""
+    need = rows * length * 8
+    if need > MAX_WINDOW_BYTES:
+        raise BlockError([argument_error(command, argument, f"{rows:,} windows of {length} bytes would take "
+                                         f"{need / (1 << 30):,.1f} GiB as token ids; the limit is "
+                                         f"{MAX_WINDOW_BYTES >> 30} GiB", "ask for fewer windows")])
+
+
 def windows(data: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
     """Rows ``data[s : s + length]`` for each start, as int64 token ids."""
     offsets = torch.arange(length)

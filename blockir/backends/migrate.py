@@ -22,14 +22,15 @@ import torch
 from blockir.analyses.keys import Key, param_keys
 from blockir.analyses.manifest import to_yaml
 from blockir.analyses.migration import KeyMap, KeyPlan, check_function, new_state_decls, plan_keys
-from blockir.backends import checkpoint
+from blockir.backends import checkpoint, state_check
+from blockir.backends.artifact_files import CONVERSION
 from blockir.backends.diverge import POLICIES
 from blockir.backends.session import RunConfig, build_model
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.program import Block, Program
 
 CORE = "core."
-REPORT = "conversion.yaml"
+REPORT = CONVERSION
 CHECK_ROWS = 2
 EVIDENCE = "continued training on the candidate (blockir compare, blockir run --resume)"
 
@@ -101,7 +102,12 @@ def convert(src: Program, a: Block, dst: Program, b: Block, ckpt: str, keymap: K
     cfg = RunConfig(**record["config"])
     state = checkpoint.read_state(ckpt)
     src_model, _ = build_model(src, a, cfg)
-    src_model.load_state_dict(state["model"], strict=True)
+    src_model.load_state_dict(state_check.tensors(state["model"], src_model.state_dict(), f"{ckpt}/model.pt", a.name),
+                              strict=True)
+    reference = torch.optim.AdamW(src_model.parameters())  # the form a trainer's optimizer and schedule take
+    schedule = torch.optim.lr_scheduler.LambdaLR(reference, lambda _: 1.0).state_dict()
+    state_check.optimizer(state["optimizer"], reference, list(src_model.parameters()), f"{ckpt}/optimizer.pt")
+    state_check.counters(state, schedule, f"{ckpt}/counters.pt")
     dst_model, _ = build_model(dst, b, cfg)  # new state: initialised from the run's seed by its declaration
     src_state, dst_state = src_model.state_dict(), dst_model.state_dict()
     _wrapper_keys(src_state, dst_state)

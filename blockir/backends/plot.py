@@ -2,8 +2,11 @@
 methods a block uses (matplotlib is optional)."""
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Mapping
 
+from blockir.backends.atomic import write_file
 from blockir.backends.session import RunReport
 
 
@@ -103,5 +106,7 @@ def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> No
         ax.grid(alpha=0.3)
     loss.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
+    write_file(path, image.getvalue())  # a figure half written by an interrupt never replaces the old one

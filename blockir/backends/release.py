@@ -5,7 +5,9 @@ record, and a conversion report when the state was migrated) and ``release.yaml`
 architecture fields, the runtime, every file's sha256, the evidence (conversion and conformance
 reports) and the rollback pointer (the previous artifact's path and hash, and the canary's trigger
 thresholds, fixed at release time). The artifact's hash is the sha256 of ``release.yaml``, which
-names every other file by its hash. Files are written once and made read-only.
+names every other file by its hash. The directory appears whole (:mod:`blockir.backends.atomic`),
+its files read-only; reading it checks every hash the manifest states
+(:mod:`blockir.backends.release_manifest`) before anything is compared or copied.
 
 The canary builds both artifacts' models and feeds them the same validation windows: logits,
 validation loss, non-finite values, forward latency and parameter memory against the candidate's
@@ -15,8 +17,6 @@ or counters with the old graph.
 """
 from __future__ import annotations
 
-import shutil
-import stat
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,32 +24,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from blockir.analyses.manifest import to_yaml
 from blockir.analyses.release import architecture
 from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
 from blockir.api import parse
-from blockir.backends import checkpoint
-from blockir.backends.corpus import fixed_starts, load_corpus, windows
+from blockir.backends import atomic, checkpoint, state_check
+from blockir.backends.artifact_files import CONVERSION, MANIFEST, MAX_RECORD_BYTES, RUN, file_in, where
+from blockir.backends.corpus import check_windows, fixed_starts, load_corpus, windows
 from blockir.backends.lm import ByteLM
-from blockir.backends.migrate import REPORT as CONVERSION
+from blockir.backends.release_manifest import FORMAT, cross_check, parse_manifest
 from blockir.backends.session import RunConfig, build_model
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.program import Program
 
-MANIFEST = "release.yaml"
-RUN = "run.json"
-FORMAT = 1
-
 
 def artifact_error(message: str, path: str | Path, hint: str | None = None) -> BlockError:
     return BlockError([error("E0728", message, Span(str(path), 1, 1), hint=hint)])
-
-
-def _files(ckpt: Path) -> list[str]:
-    names = [*checkpoint.FILES, RUN]
-    return names + ([CONVERSION] if (ckpt / CONVERSION).exists() else [])
 
 
 @dataclass(frozen=True)
@@ -59,42 +50,51 @@ class Artifact:
     sha256: str
     program: Program
     record: dict[str, Any]
+    files: dict[str, bytes]  # every file's bytes as checked, the manifest's included
 
 
 def read_artifact(directory: str | Path) -> Artifact:
-    """A release whose every file matches the hash its manifest records."""
+    """A release whose every file matches every hash its manifest and its run record state."""
     path = Path(directory)
-    try:
-        raw = (path / MANIFEST).read_bytes()
-        manifest = yaml.safe_load(raw)
-    except (OSError, yaml.YAMLError) as exc:
-        raise artifact_error(f"not a blockir release: {getattr(exc, 'strerror', None) or exc}", path / MANIFEST) \
-            from None
-    hashes = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(hashes, dict) or not hashes:
-        raise artifact_error("the release manifest lists no files", path / MANIFEST)
-    for name, digest in hashes.items():
-        try:
-            data = (path / name).read_bytes()
-        except OSError as exc:
-            raise artifact_error(f"release file {name} is unreadable: {exc.strerror or exc}", path / MANIFEST) \
-                from None
-        if checkpoint.sha256(data) != digest:
+    atomic.recover(path)
+    if not path.is_dir():
+        raise artifact_error(f"not a blockir release: {path} is not a directory", path / MANIFEST)
+    raw = file_in(path, MANIFEST, where(path / MANIFEST), MAX_RECORD_BYTES)
+    manifest = parse_manifest(raw, path / MANIFEST)
+    files = {}
+    for name, digest in manifest["files"].items():
+        files[name] = file_in(path, name, where(path / MANIFEST, f"files.{name}"))
+        if checkpoint.sha256(files[name]) != digest:
             raise artifact_error(f"release file {name} does not match the sha256 in {MANIFEST}: the artifact was "
                                  "modified after release", path / MANIFEST)
     record = checkpoint.read_record(path)
-    program = parse((path / "program.block").read_text(), str(path / "program.block"))
-    return Artifact(path, manifest, checkpoint.sha256(raw), program, record)
+    cross_check(manifest, record, path / MANIFEST)
+    program = parse(files["program.block"].decode("utf-8", "replace"), str(path / "program.block"))
+    return Artifact(path, manifest, checkpoint.sha256(raw), program, record, {**files, MANIFEST: raw})
+
+
+def _loaded(model: ByteLM, data: bytes, path: Path, block: str) -> ByteLM:
+    """``model`` with the parameters in ``data`` (the bytes of ``path``), checked against it before loading."""
+    state = state_check.tensors(state_check.load_bytes(data, str(path)), model.state_dict(), str(path), block)
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def _model(art: Artifact) -> ByteLM:
     cfg = RunConfig(**art.record["config"])
-    model, _ = build_model(art.program, art.program.block(art.record["block"]), cfg)
-    model.load_state_dict(torch.load(art.path / "model.pt", weights_only=True), strict=True)
-    return model.eval()
+    block = _block(art.program, art.record, art.path / RUN)
+    model, _ = build_model(art.program, block, cfg)
+    return _loaded(model, art.files["model.pt"], art.path / "model.pt", block.name).eval()
 
 
-def _conformance(program: Program, ckpt: Path, record: dict[str, Any]) -> dict[str, Any]:
+def _block(program: Program, record: dict[str, Any], where_: Path) -> Any:
+    if record["block"] not in program.block_map:
+        raise artifact_error(f"run.json names block {record['block']!r:.60}, which program.block does not define",
+                             where_)
+    return program.block(record["block"])
+
+
+def _conformance(program: Program, ckpt: Path, record: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
     """The gates a release runs itself: the graph verifies, the state loads strictly, a forward is finite."""
     from blockir.api import verify
     diags = verify(program)
@@ -102,11 +102,9 @@ def _conformance(program: Program, ckpt: Path, record: dict[str, Any]) -> dict[s
     if errors:
         raise artifact_error(f"the checkpoint's graph has {len(errors)} error(s): {errors[0].message}", ckpt / RUN)
     cfg = RunConfig(**record["config"])
-    model, _ = build_model(program, program.block(record["block"]), cfg)
-    missing, unexpected = model.load_state_dict(torch.load(ckpt / "model.pt", weights_only=True), strict=False)
-    if missing or unexpected:
-        raise artifact_error(f"model.pt does not load into {record['block']} (missing {sorted(missing)[:3]}, "
-                             f"unexpected {sorted(unexpected)[:3]})", ckpt / RUN)
+    block = _block(program, record, ckpt / RUN)
+    model, _ = build_model(program, block, cfg)
+    _loaded(model, files["model.pt"], ckpt / "model.pt", block.name)
     window = torch.randint(0, 256, (2, model.shape.window), generator=torch.Generator().manual_seed(cfg.seed))
     with torch.no_grad():
         logits, _ = model.eval().logits(window)
@@ -120,19 +118,14 @@ def _conformance(program: Program, ckpt: Path, record: dict[str, Any]) -> dict[s
 
 def release(ckpt: str | Path, out: str | Path, previous: str | Path | None,
             thresholds: dict[str, float]) -> tuple[dict[str, Any], str]:
-    """Write the release of checkpoint ``ckpt`` to ``out``; returns its manifest and hash."""
+    """Write the release of checkpoint ``ckpt`` to ``out`` (a destination already checked); its manifest and hash."""
     src, dst = Path(ckpt), Path(out)
-    record = checkpoint.read_record(src)
-    if dst.exists():
-        raise artifact_error(f"{dst} exists: a release is written once, never over another", dst,
-                             "choose a new directory for the new release")
-    program = parse((src / "program.block").read_text(), str(src / "program.block"))
+    record, payloads = checkpoint.read(src)
+    program = parse(payloads["program.block"].decode("utf-8", "replace"), str(src / "program.block"))
     prev = read_artifact(previous) if previous is not None else None
-    conformance = _conformance(program, src, record)
-    names = _files(src)
-    files = {n: checkpoint.sha256((src / n).read_bytes()) for n in names}
-    if CONVERSION in names and record["sha256"].get(CONVERSION) != files[CONVERSION]:
-        raise artifact_error(f"{CONVERSION} does not match the sha256 in run.json", src / RUN)
+    conformance = _conformance(program, src, record, payloads)
+    payloads[RUN] = file_in(src, RUN, where(src / RUN), MAX_RECORD_BYTES)
+    files = {n: checkpoint.sha256(p) for n, p in payloads.items()}
     fields = architecture(program, record["block"])
     cfg = record["config"]
     manifest: dict[str, Any] = {
@@ -155,27 +148,16 @@ def release(ckpt: str | Path, out: str | Path, previous: str | Path | None,
         "block_manifest": fields["manifest"],
     }
     text = to_yaml(manifest, report=True)
-    dst.mkdir(parents=True)
-    for n in names:
-        shutil.copyfile(src / n, dst / n)
-    (dst / MANIFEST).write_text(text)
-    for n in [*names, MANIFEST]:  # immutable: read-only files
-        (dst / n).chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    atomic.publish(dst, {**payloads, MANIFEST: text.encode()}, read_only=True)
     return manifest, checkpoint.sha256(text.encode())
 
 
 def restore(art: Artifact, slot: str | Path) -> None:
-    """Put the whole artifact ``art`` into ``slot`` (replacing what is there): its files, byte for byte."""
-    target = Path(slot)
-    staging = target.with_name(target.name + ".incoming")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    for name in [*art.manifest["files"], MANIFEST]:
-        shutil.copyfile(art.path / name, staging / name)
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)  # the slot holds one artifact or the other, never a mixture
+    """Put the whole artifact ``art`` into ``slot`` (a destination already checked): its files, byte for byte.
+
+    The slot holds one artifact or the other, never a mixture, and never neither.
+    """
+    atomic.publish(slot, art.files)
 
 
 @dataclass(frozen=True)
@@ -219,6 +201,7 @@ def canary(old: Artifact, new: Artifact, data: str | None, windows_n: int, repea
         raise artifact_error("the two artifacts read windows of different lengths; a canary feeds both the same "
                              "bytes", new.path / MANIFEST)
     corpus = load_corpus(data, "canary")
+    check_windows(corpus, a.shape.window, "canary")
     rows = windows(corpus.val, fixed_starts(corpus.val, windows_n, a.shape.window), a.shape.window)
     batches = list(rows.split(max(1, windows_n // 2)))
     torch.manual_seed(0)

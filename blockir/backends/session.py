@@ -9,6 +9,7 @@ give the same losses and parameters, bit for bit, as 2N steps in one run.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,12 +22,14 @@ from blockir.analyses.sites import residual_sites
 from blockir.analyses.sizes import Sizes
 from blockir.backends.calibrate import NormState, norm_states
 from blockir.backends.compile import compile as compile_block
-from blockir.backends.corpus import Corpus, fixed_starts, load_corpus, sample_starts, windows
+from blockir.backends.corpus import Corpus, check_windows, fixed_starts, load_corpus, sample_starts, windows
 from blockir.backends.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.backends.lm import ByteLM, layout, needs_final_norm
 from blockir.backends.telemetry import (MethodStats, ScoreStats, SiteStats, method_telemetry, score_telemetry,
                                        telemetry)
 from blockir.backends.trace import trace
+from blockir.reports.budget import budget_diagnostics
+from blockir.diagnostics import BlockError
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Block, Program
 
@@ -103,6 +106,43 @@ def random_inputs(program: Program, block: Block, dims: dict[str, int], gen: tor
     return [torch.randn(*(sizes.dim(a.name) for a in p.type.axes), generator=gen) for p in block.params]
 
 
+MAX_SEED = 2 ** 63  # torch's generators take a 64-bit seed
+BACKENDS = ("fx", "fused")
+
+
+def _count(v: object, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(field, what is wrong) for every setting of ``cfg`` a run cannot honour; empty when it can."""
+    out = []
+    for name, least in (("steps", 0), ("warmup", 0), ("eval_every", 0), ("eval_batches", 1)):
+        if not _count(getattr(cfg, name), least):
+            out.append((name, f"must be an integer of at least {least}, got {getattr(cfg, name)!r}"))
+    if not _count(cfg.seed, 0) or cfg.seed >= MAX_SEED:
+        out.append(("seed", f"must be an integer in [0, 2**63), got {cfg.seed!r}"))
+    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not math.isfinite(cfg.lr) or cfg.lr <= 0:
+        out.append(("lr", f"must be a finite positive learning rate, got {cfg.lr!r}"))
+    if cfg.batch is not None and not _count(cfg.batch, 1):
+        out.append(("batch", f"must be at least 1 window a step, got {cfg.batch!r}"))
+    if not isinstance(cfg.dims, dict) or not all(isinstance(k, str) and _count(v, 1) for k, v in cfg.dims.items()):
+        out.append(("dims", f"must map dim names to positive integers, got {cfg.dims!r:.80}"))
+    if cfg.backend not in BACKENDS:
+        out.append(("backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r:.40}"))
+    return out
+
+
+def run_budget(program: Program, block: Block, cfg: RunConfig) -> None:
+    """Refuse, before anything is allocated, a run whose step would not fit (the batch counted as --batch)."""
+    dims = dict(cfg.dims)
+    if cfg.batch is not None:
+        dims[block.params[0].type.axes[0].name] = cfg.batch
+    wrong = budget_diagnostics(program, block.name, dims)
+    if wrong:
+        raise BlockError(wrong)
+
+
 def batch_size(program: Program, block: Block, cfg: RunConfig) -> int:
     if cfg.batch is not None:
         return cfg.batch
@@ -133,6 +173,8 @@ class Trainer:
         sizes = Sizes.of(program, cfg.dims)
         self.shape = layout(program, block, sizes)
         self.batch = batch_size(program, block, cfg)
+        run_budget(program, block, cfg)
+        check_windows(corpus, self.shape.window)
         self.model, self.rng = build_model(program, block, cfg)
         self.batches = torch.Generator().manual_seed(cfg.seed)
         self.sphere = self.model.logit_scale is not None

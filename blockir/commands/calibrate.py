@@ -10,12 +10,13 @@ from blockir.cli import (
     UsageError,
     add_block_option,
     add_dims_option,
+    add_force_option,
     add_format_option,
     log,
     print_json,
     with_program,
 )
-from blockir.commands.run import row_dims, set_threads
+from blockir.commands.run import check_options, row_dims, set_threads
 from blockir.ir.program import Block, Program
 
 DEFAULT_BATCHES = 20
@@ -23,27 +24,35 @@ DEFAULT_BATCHES = 20
 
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
-        from blockir.backends import checkpoint
+        from blockir.backends import checkpoint, destination
         from blockir.backends.calibrate import calibrate, norm_states
-        from blockir.backends.corpus import fixed_starts, load_corpus, windows
+        from blockir.backends.corpus import check_buffer, fixed_starts, load_corpus, windows
         from blockir.backends.session import RunConfig, Trainer
         if args.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {args.steps}")
         set_threads(args.threads)
+        def check_save() -> None:
+            destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
+                              [("FILE", args.file), ("--data", args.data), ("--resume", args.resume)], same=args.resume)
+        if args.save:  # before any work, and again before writing (something may have appeared there meanwhile)
+            check_save()
         cfg = RunConfig(dims=row_dims(program, args.dims), backend=args.backend)
+        check_options(cfg)
         if args.resume:
             cfg = checkpoint.resumed_config(args.resume, cfg)
             checkpoint.check_program(args.resume, program, block.name)
         data = load_corpus(args.data, "calibrate")
         # the calibration data may differ from the training data: the saved checkpoint names the former
         trainer = Trainer(program, block, cfg, data)
-        if args.resume:
-            trainer.load_state_dict(checkpoint.read_state(args.resume))
         n, width = trainer.batch, trainer.shape.window
+        check_buffer(n * args.steps, width, "calibrate", "steps")
+        if args.resume:
+            checkpoint.restore(trainer, args.resume)
         starts = fixed_starts(data.train, n * args.steps, width)
         calibrate(trainer.model, windows(data.train, starts, width).split(n))
         states = norm_states(trainer.model.core)
         if args.save:
+            check_save()
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved the calibrated step {trainer.step_count} to {args.save}")
         if args.format == "json":
@@ -71,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"calibration batches (default {DEFAULT_BATCHES})")
     c.add_argument("--resume", metavar="DIR", help="calibrate the model of a `blockir run --save` checkpoint")
     c.add_argument("--save", metavar="DIR", help="write the calibrated checkpoint")
+    add_force_option(c, "--save", "checkpoint")
     c.add_argument("--backend", choices=("fx", "fused"), default="fx")
     c.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
     add_format_option(c)
-    c.set_defaults(func=run)
+    c.set_defaults(func=run, writes="--save")

@@ -13,6 +13,9 @@ import argparse
 from blockir.cli import EXIT_ERRORS, EXIT_OK, UsageError, add_format_option, log, print_json
 from blockir.commands.release import add_threshold_options, given_thresholds
 
+MAX_WINDOWS = 4096  # validation windows held at once for both models' logits
+MAX_REPEATS = 1000
+
 
 def _text(report: dict) -> str:
     lines = [f"old {report['old']['path']} ({report['old']['sha256'][:12]})",
@@ -29,13 +32,18 @@ def _text(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blockir.backends import destination
     from blockir.backends.release import canary, read_artifact, restore
     from blockir.commands.run import set_threads
     set_threads(1)
-    if args.windows < 1 or args.repeats < 1:
-        raise UsageError("--windows and --repeats must be at least 1")
+    if not 1 <= args.windows <= MAX_WINDOWS or not 1 <= args.repeats <= MAX_REPEATS:
+        raise UsageError(f"--windows must be in 1..{MAX_WINDOWS} and --repeats in 1..{MAX_REPEATS}")
+    overrides = given_thresholds(args)
+    if args.slot:  # before any work; the slot is meant to be replaced, by a release only
+        destination.check(args.slot, "--slot", destination.RELEASE, True,
+                          [("OLD", args.old), ("NEW", args.new), ("--data", args.data)])
     old, new = read_artifact(args.old), read_artifact(args.new)
-    report = canary(old, new, args.data, args.windows, args.repeats, given_thresholds(args))
+    report = canary(old, new, args.data, args.windows, args.repeats, overrides)
     if args.slot:
         chosen = new if report["passed"] else old
         restore(chosen, args.slot)
@@ -62,4 +70,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "whole on a breach")
     add_threshold_options(r, None)
     add_format_option(r)
-    r.set_defaults(func=run)
+    r.set_defaults(func=run, writes="--slot")

@@ -14,7 +14,7 @@ from typing import Any
 
 from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_format_option, load_program, log, print_json,
                          target_block)
-from blockir.commands.run import add_training_options, name_stand_ins, row_dims, set_threads, sites_json
+from blockir.commands.run import add_training_options, check_options, name_stand_ins, row_dims, set_threads, sites_json
 
 
 def _cell(site: Any) -> str:
@@ -24,7 +24,7 @@ def _cell(site: Any) -> str:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from blockir.backends.corpus import load_corpus
+    from blockir.backends.corpus import check_buffer, load_corpus
     from blockir.backends.session import RunConfig, Trainer, train
     set_threads(args.threads)
     programs = [load_program(args.a), load_program(args.b)]
@@ -37,6 +37,7 @@ def compare(args: argparse.Namespace) -> int:
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,
                         dims=row_dims(program, args.dims), data=args.data, eval_every=args.eval_every,
                         backend=args.backend)
+        check_options(cfg)
         trainers.append(Trainer(program, block, cfg, corpus))
     a, b = trainers
     if (a.shape.lengths, a.batch) != (b.shape.lengths, b.batch):
@@ -46,6 +47,7 @@ def compare(args: argparse.Namespace) -> int:
     log(f"compare {args.a}:{blocks[0].name} ({a.parameters:,} parameters) with {args.b}:{blocks[1].name} "
         f"({b.parameters:,} parameters): {args.steps} steps of {a.batch} x {a.shape.window - 1} bytes on {corpus.source}")
     # one batch a step for both: B's sampler would draw the same windows, but sharing makes it a fact
+    check_buffer(args.steps * a.batch, a.shape.window, "compare", "steps")
     batches = [a.next_batch() for _ in range(args.steps)]
     start = time.perf_counter()
     reports = []

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option,
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, add_block_option, add_dims_option, add_format_option,
                          load_program, log, print_json, target_block)
 from blockir.commands.run import name_stand_ins, row_dims, set_threads
 
@@ -23,20 +23,20 @@ def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: 
             ckpt: str | None) -> Any:
     import torch
 
-    from blockir.backends.checkpoint import read_record
+    from blockir.backends import checkpoint, state_check
     from blockir.backends.compile import compile as compile_block
     from blockir.backends.session import stand_ins
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         m = compile_block(program, block.name, backend, dims=dims, bind=stand_ins(program, block, dims), seed=seed)
     if ckpt is not None:
-        read_record(ckpt)  # the files are checked against their recorded hashes before they are trusted
-        state = torch.load(Path(ckpt) / "model.pt", weights_only=True)
-        core = {k[len("core."):]: v for k, v in state.items() if k.startswith("core.")}
-        missing, unexpected = m.load_state_dict(core, strict=False)
-        if missing or unexpected:
-            raise UsageError(f"{ckpt} does not hold {block.name}'s parameters at these sizes "
-                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        _, files = checkpoint.read(ckpt)  # the files are checked against their recorded hashes before they are trusted
+        where = str(Path(ckpt) / "model.pt")
+        state = state_check.load_bytes(files["model.pt"], where)
+        if not isinstance(state, dict):
+            raise state_check.state_error(f"holds a {type(state).__name__}, not a parameter table", where)
+        core = {k[len("core."):]: v for k, v in state.items() if isinstance(k, str) and k.startswith("core.")}
+        m.load_state_dict(state_check.tensors(core, m.state_dict(), where, block.name), strict=True)
     dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}[dtype]
     return m.to(dt).eval(), dt
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from blockir.cli import EXIT_OK, add_format_option, log, print_json
+from blockir.cli import EXIT_OK, UsageError, add_force_option, add_format_option, log, print_json
 
 THRESHOLD_OPTIONS = (("max_logit_error", "max |new - old| of the logits"),
                      ("max_loss_increase", "validation loss increase in nats"),
@@ -24,17 +24,25 @@ def add_threshold_options(p: argparse.ArgumentParser, defaults: dict[str, float]
 
 
 def given_thresholds(args: argparse.Namespace) -> dict[str, float]:
-    return {name: getattr(args, name) for name, _ in THRESHOLD_OPTIONS if getattr(args, name) is not None}
+    from blockir.backends.release_manifest import threshold
+    given = {name: getattr(args, name) for name, _ in THRESHOLD_OPTIONS if getattr(args, name) is not None}
+    for name, value in given.items():
+        if not threshold(value):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
+    return given
 
 
 def run(args: argparse.Namespace) -> int:
     from blockir.analyses.manifest import to_yaml
     from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
+    from blockir.backends import destination
     from blockir.backends.release import release
     from blockir.commands.run import set_threads
     set_threads(1)
-    manifest, digest = release(args.checkpoint, args.out, args.previous,
-                               {**DEFAULT_THRESHOLDS, **given_thresholds(args)})
+    thresholds = {**DEFAULT_THRESHOLDS, **given_thresholds(args)}
+    destination.check(args.out, "--out", destination.RELEASE, args.force,
+                      [("CKPT", args.checkpoint), ("--previous", args.previous)], code="E0728")
+    manifest, digest = release(args.checkpoint, args.out, args.previous, thresholds)
     if args.format == "json":
         print_json(manifest)
     else:
@@ -47,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
     r = sub.add_parser("release", help="write an immutable release artifact of a checkpoint with its manifest")
     r.add_argument("checkpoint", metavar="CKPT", help="a `blockir run --save` or `blockir migrate --out` directory")
-    r.add_argument("--out", required=True, metavar="DIR", help="the release directory (must not exist)")
+    r.add_argument("--out", required=True, metavar="DIR", help="the release directory (new or empty)")
+    add_force_option(r, "--out", "release")
     r.add_argument("--previous", metavar="DIR", help="the release in service: the rollback pointer")
     add_threshold_options(r, DEFAULT_THRESHOLDS)
     add_format_option(r, "yaml")
-    r.set_defaults(func=run)
+    r.set_defaults(func=run, writes="--out")

@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Any, Callable
 
-from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option, log, print_json,
-                         with_callees, with_program)
+from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option, add_force_option, add_format_option,
+                         log, print_json, with_callees, with_program)
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env
 from blockir.api import read_source
@@ -125,17 +125,21 @@ def warmup_free(program: Program, warmup: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
-        from blockir.backends import checkpoint
+        from blockir.backends import checkpoint, destination
         from blockir.backends.corpus import load_corpus
         from blockir.backends.session import RunConfig, Trainer, train
-        if args.steps < 0:
-            raise UsageError(f"--steps must be at least 0, got {args.steps}")
-        warmup_free(program, args.warmup)
-        set_threads(args.threads)
-        externs = name_stand_ins(program, block)
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,
                         dims=row_dims(program, args.dims), data=args.data, eval_every=args.eval_every,
                         backend=args.backend)
+        check_options(cfg)
+        warmup_free(program, args.warmup)
+        set_threads(args.threads)
+        def check_save() -> None:
+            destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
+                              [("FILE", args.file), ("--data", args.data), ("--resume", args.resume)], same=args.resume)
+        if args.save:  # before any work, and again before writing (something may have appeared there meanwhile)
+            check_save()
+        externs = name_stand_ins(program, block)
         if args.resume:
             cfg = checkpoint.resumed_config(args.resume, cfg)
         corpus = load_corpus(cfg.data)
@@ -154,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             close()
         elapsed = time.perf_counter() - start
         if args.save:
+            check_save()
             checkpoint.save(trainer, args.save, args.file)
             log(f"saved step {trainer.step_count} to {args.save}")
         final = report.snapshots[-1]
@@ -199,6 +204,17 @@ def run(args: argparse.Namespace) -> int:
     return with_program(args, job)
 
 
+OPTIONS = {"steps": "--steps", "seed": "--seed", "lr": "--lr", "warmup": "--warmup", "batch": "--batch",
+           "eval_every": "--eval-every", "dims": "--dims", "backend": "--backend", "eval_batches": "--eval-batches"}
+
+
+def check_options(cfg: Any) -> None:
+    """A usage error for the first training option a run cannot honour (the session owns the rules)."""
+    from blockir.backends.session import config_problems
+    for field, problem in config_problems(cfg):
+        raise UsageError(f"{OPTIONS.get(field, field)} {problem}")
+
+
 def add_training_options(r: argparse.ArgumentParser) -> None:
     """Options shared by the commands that train (`run`, `compare`)."""
     add_dims_option(r, "B=8,S=64,D=64 (dims without a size default to batch 8, sequence 64, others 8)")
@@ -233,7 +249,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_options(r)
     r.add_argument("--save", metavar="DIR", help="write a checkpoint (model, optimizer, schedule, RNG) at the end")
     r.add_argument("--resume", metavar="DIR", help="continue a saved run; its seed, sizes, rates and data are kept")
+    add_force_option(r, "--save", "checkpoint")
     r.add_argument("--plot", metavar="FILE.png", help="draw loss against step and rho/cos against depth "
                    "(needs matplotlib)")
     add_format_option(r, "table")
-    r.set_defaults(func=run)
+    r.set_defaults(func=run, writes="--save")
