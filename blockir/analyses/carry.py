@@ -151,11 +151,10 @@ def carries(program: Program, block: Block, env: Mapping[str, float | int],
                for v in w.spine[1:])
 
 
-def replaces_state(program: Program, block: Block, env: Mapping[str, float | int],
-                   summaries: Mapping[str, Summary]) -> Declared | None:
+def replaces_state(program: Program, block: Block, summaries: Mapping[str, Summary], carried: bool) -> Declared | None:
     """The op computing a block's result from its stream with no update carrying the stream past it, in a block
-    where no update carries it at all (a block with updates reports such an op itself)."""
-    if carries(program, block, env, summaries):
+    where no update carries it at all (``carried``: a block with updates reports such an op itself)."""
+    if carried:
         return None
     for v in wrapper(block).spine[1:]:
         op = block.producers.get(v)

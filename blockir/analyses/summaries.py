@@ -254,6 +254,7 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
         isinstance(p := block.producers.get(s), DropoutOp) and value(p.p, env) != 0
         or (d := callee(program, block, p)) is not None and summaries[d.block].drops_state
         for s in w.spine[1:])
+    carried = carry.carries(program, block, env, summaries)
     return Summary(
         block.name, has_norms=has_norms, ends_normalized=ends,
         unnormalized_stream=has_norms and not ends and returns_stream,
@@ -266,8 +267,7 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
         score_readers=readers, score_writers=writers,
         passes_input=carry.passthrough(program, block, env, summaries),
         identity_route=carry.identity_route(program, block, summaries),
-        carries=carry.carries(program, block, env, summaries),
-        replaces_state=carry.replaces_state(program, block, env, summaries),
+        carries=carried, replaces_state=carry.replaces_state(program, block, summaries, carried),
         raw_head=carry.raw_head(program, block, summaries))
 
 
