@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from typing import Iterator, Mapping
 
+from blockir.analyses.calls import Declared
 from blockir.analyses.carry import Route, replacing, route, shortcut_route
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, enclosing_stacks, layer_counts, program_env, value
 from blockir.analyses.structure import Sublayer, Wrapper, describe, wrapper
 from blockir.analyses.summaries import Summaries, callee, summaries
-from blockir.diagnostics import Diagnostic, Note, error, warning
+from blockir.diagnostics import Diagnostic, Note, Span, error, warning
+from blockir.ir.decls import InstanceDecl
 from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.deepnorm import alpha_values
@@ -44,16 +46,19 @@ def _join(block: Block, s: Sublayer, leaf: str) -> Op:
 
 
 def _residual_branch(program: Program, block: Block, leaf: str, state: str, env: Mapping,
-                     facts: Summaries) -> tuple[CallOp, Route] | None:
-    """A branch that is a call of a block returning its input plus updates, called on the state itself."""
+                     facts: Summaries) -> tuple[CallOp, InstanceDecl, Span] | None:
+    """A branch that calls a block returning its input plus updates on the state itself: (the call, the block,
+    its first add)."""
     op = block.producers.get(leaf)
     while isinstance(op, (CastOp, DropoutOp, ScaleOp)):
         op = block.producers.get(op.operand)
     d = callee(program, block, op)
-    if d is None or d.count is not None or facts[d.block].identity_route is None or not op.args:  # type: ignore
+    if not isinstance(op, CallOp) or d is None or d.count is not None or not op.args:
         return None
-    r = route(program, block, op.args[0], state, env, facts)  # type: ignore[union-attr]
-    return (op, r) if r is not None else None  # type: ignore[return-value]
+    first = facts[d.block].identity_route
+    if first is None or route(program, block, op.args[0], state, env, facts) is None:
+        return None
+    return op, d, first
 
 
 def _counted_twice(program: Program, block: Block, s: Sublayer, keep: int, env: Mapping,
@@ -72,16 +77,15 @@ def _counted_twice(program: Program, block: Block, s: Sublayer, keep: int, env: 
                              "across every layer")
             continue
         found = _residual_branch(program, block, leaf, s.state, env, facts)
-        if found is not None:
-            call, _ = found
-            d = callee(program, block, call)
-            inner = facts[d.block]  # type: ignore[union-attr]
-            yield error("E0446", f"the shortcut is counted twice: the branch '{call.decl}' ({d.block}) already "  # type: ignore
-                        f"returns its input {state} plus its own update, and this add adds {state} again",
-                        call.span, notes=[Note(f"'{d.block}' adds its input to its update here",  # type: ignore
-                                               inner.identity_route), Note("the residual add", s.root.span)],  # type: ignore
-                        hint=f"a residual block is the whole update: write {call.decl}({s.state}) in place of "
-                             f"{s.state} + {call.decl}({s.state}), or have it return only its branch")
+        if found is None:
+            continue
+        call, d, inner = found
+        yield error("E0446", f"the shortcut is counted twice: the branch '{call.decl}' ({d.block}) already returns "
+                    f"its input {state} plus its own update, and this add adds {state} again", call.span,
+                    notes=[Note(f"'{d.block}' adds its input to its update here", inner),
+                           Note("the residual add", s.root.span)],
+                    hint=f"a residual block is the whole update: write {call.decl}({s.state}) in place of "
+                         f"{s.state} + {call.decl}({s.state}), or have it return only its branch")
 
 
 def _declared(program: Program, block: Block, s: Sublayer, factor: float, env: Mapping,
@@ -141,39 +145,46 @@ def _updates(program: Program, block: Block, w: Wrapper, env: Mapping, facts: Su
             yield from _helper_dropout(program, block, s, found[1])
 
 
-def _replaced(program: Program, block: Block, w: Wrapper, env: Mapping, facts: Summaries) -> Iterator[Diagnostic]:
+def _replacing_call(program: Program, block: Block, op: Op | None, facts: Summaries,
+                    stacked: bool) -> tuple[InstanceDecl, Declared] | None:
+    """A call (of a stack, or of one instance) of a block that replaces its input, and where it does."""
+    d = callee(program, block, op)
+    inner = facts[d.block].replaces_state if d is not None and (d.count is not None) == stacked else None
+    return (d, inner) if d is not None and inner is not None else None
+
+
+def _replaced(program: Program, block: Block, w: Wrapper, facts: Summaries) -> Iterator[Diagnostic]:
     """Computations on the stream of a residual layer that no update carries the state past."""
     residual = block.kind == "block" and facts[block.name].carries  # a model's head and embedding are not layers
     state = w.spine[0] if w.spine else ""
     for v in w.spine[1:] if residual else ():
-        op = block.producers.get(v)
-        d = callee(program, block, op)
-        inner = facts[d.block].replaces_state if d is not None and d.count is None else None
+        op = block.producers[v]
+        called = _replacing_call(program, block, op, facts, stacked=False)
         if replacing(block, op):
             name = getattr(op, "decl", None) or getattr(op, "fn", "")
             yield error("E0447", f"'{name}' replaces the residual state {describe(block, state)}: no shortcut "
-                        "carries the state past it, so this update has none", op.span,  # type: ignore[union-attr]
+                        "carries the state past it, so this update has none", op.span,
                         hint=f"add the update to the state it reads: {state} + {name}(…)")
-        elif inner is not None:
-            yield error("E0447", f"'{d.name}' ({d.block}) computes its result from the residual state "  # type: ignore
+        elif called is not None:
+            d, inner = called
+            yield error("E0447", f"'{d.name}' ({d.block}) computes its result from the residual state "
                         f"{describe(block, state)} with no update carrying the state past it: on the stream, it "
-                        "replaces the state", op.span,  # type: ignore[union-attr]
-                        notes=[Note(f"'{d.block}' replaces its input here", inner.span)],  # type: ignore[union-attr]
-                        hint=f"give '{d.block}' a shortcut (x + f(…)), or call it as a branch: "  # type: ignore
-                             f"{state} + {d.name}(…)")  # type: ignore[union-attr]
+                        "replaces the state", op.span, notes=[Note(f"'{d.block}' replaces its input here", inner.span)],
+                        hint=f"give '{d.block}' a shortcut (x + f(…)), or call it as a branch: {state} + {d.name}(…)")
         if not isinstance(op, (NormOp, CastOp, DropoutOp, ScaleOp)):
             state = v  # a norm, cast, scale or dropout of the state is a view of it, not the next state
 
 
 def _stacks(program: Program, block: Block, facts: Summaries) -> Iterator[Diagnostic]:
     for op in block.ops:
-        d = callee(program, block, op)
-        inner = facts[d.block].replaces_state if d is not None and d.count is not None else None
-        if inner is not None:
-            yield error("E0447", f"each layer of '{d.name}' ({d.block}) replaces its input: no update of "  # type: ignore
-                        f"'{d.block}' carries the residual state forward, so the stack has no shortcut", op.span,  # type: ignore
-                        notes=[Note(f"'{d.block}' replaces its input here", inner.span)],
-                        hint=f"add each update to the state it reads in '{d.block}': x + f(norm(x))")  # type: ignore
+        called = _replacing_call(program, block, op, facts, stacked=True)
+        if called is None:
+            continue
+        d, inner = called
+        yield error("E0447", f"each layer of '{d.name}' ({d.block}) replaces its input: no update of '{d.block}' "
+                    "carries the residual state forward, so the stack has no shortcut", op.span,
+                    notes=[Note(f"'{d.block}' replaces its input here", inner.span)],
+                    hint=f"add each update to the state it reads in '{d.block}': x + f(norm(x))")
 
 
 @verifier("shortcuts")
@@ -187,6 +198,6 @@ def verify_shortcuts(program: Program) -> list[Diagnostic]:
         env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
         w = wrapper(block)
         out += _updates(program, block, w, env, facts, stacks)
-        out += _replaced(program, block, w, env, facts)
+        out += _replaced(program, block, w, facts)
         out += _stacks(program, block, facts)
     return out

@@ -3,10 +3,11 @@
 Branch dropout drops the update before the add, never the shortcut nor the
 sum (Vaswani et al., 2017). A stack whose layers leave the stream unnormalized ends with
 a norm (Xiong et al., 2020). Cross-attention belongs to the decoder of an encoder–decoder,
-after masked self-attention and before the MLP (Vaswani et al., 2017). The shortcut is the
-identity unless a recipe scales it; DeepNorm's α and β depend on the
-architecture (Wang et al., 2022). A fused add+norm's normalized output is the branch
-input, its residual output the stream (docs/fused.md).
+after masked self-attention and before the MLP (Vaswani et al., 2017); an output head
+reads a normalized stream too. The shortcut is the identity: no projection or learned
+gate on it (how often and how scaled it is added is the shortcuts verifier's). A fused
+add+norm's normalized output is the branch input, its residual output the stream
+(docs/fused.md).
 """
 from __future__ import annotations
 
