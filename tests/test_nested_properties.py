@@ -104,10 +104,16 @@ block WrapMlp(x: [B, S, D]) -> [B, S, D] {
   inner: MlpSub
   return inner(x)
 }
+
+block PlainMlp(x: [B, S, D]) -> [B, S, D] {
+  n: layernorm(D)
+  f: mlp(F)
+  return f(n(x))
+}
 """
 
 STEPS = st.sampled_from(["self", "cross", "cross_own", "mlp", "wrapped_mlp", "inline_mlp", "drop_branch",
-                         "drop_stream", "shared_norm"])
+                         "drop_stream", "shared_norm", "drop_shortcut", "residual_branch", "plain_stream"])
 # drawn as often as all the others together, so that routes meet and are shared in most programs
 SCORE_STEPS = st.sampled_from(["score_self", "score_cross", "score_cross_on_self_route"])
 
@@ -149,6 +155,15 @@ def nested_programs(draw: st.DrawFn) -> str:
         elif step == "drop_branch":
             decls += [f"  d{i}: Drop", f"  n{i}: layernorm(D)", f"  f{i}: mlp(F)"]
             eqs.append(f"  {out} = {h} + d{i}(f{i}(n{i}({h})))")
+        elif step == "drop_shortcut":
+            decls += [f"  d{i}: Drop", f"  n{i}: layernorm(D)", f"  f{i}: mlp(F)"]
+            eqs.append(f"  {out} = d{i}({h}) + f{i}(n{i}({h}))")
+        elif step == "residual_branch":
+            decls.append(f"  b{i}: MlpSub")
+            eqs.append(f"  {out} = {h} + b{i}({h})")
+        elif step == "plain_stream":
+            decls.append(f"  p{i}: PlainMlp")
+            eqs.append(f"  {out} = p{i}({h})")
         elif step == "drop_stream":
             decls += [f"  d{i}: Drop", f"  n{i}: layernorm(D)", f"  f{i}: mlp(F)"]
             eqs += [f"  t{i} = d{i}({h})", f"  {out} = t{i} + f{i}(n{i}(t{i}))"]

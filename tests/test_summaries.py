@@ -270,3 +270,49 @@ def test_a_stream_that_begins_normalized_does_not_continue_from_a_norm() -> None
     fused.load_state_dict(fx.state_dict(), strict=True)
     ids = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(fused(ids), fx(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_what_a_caller_reads_about_the_identity_route() -> None:
+    from blockir.analyses.summaries import summaries
+
+    program = blockir.parse(HEAD + """dim V: vocab = 32
+
+block Scale(x: [B, S, D]) -> [B, S, D] {
+  return dropout(0.5 * x, p=0.1)
+}
+
+block Twice(x: [B, S, D]) -> [B, S, D] {
+  s: Scale
+  return 3 * s(x)
+}
+
+block Sub(x: [B, S, D]) -> [B, S, D] {
+  n: layernorm(D)
+  f: mlp(F)
+  return x + f(n(x))
+}
+
+block Post(x: [B, S, D]) -> [B, S, D] {
+  n: layernorm(D)
+  f: mlp(F)
+  return n(x + f(x))
+}
+
+block Plain(x: [B, S, D]) -> [B, S, D] {
+  n: layernorm(D)
+  f: mlp(F)
+  return f(n(x))
+}
+
+block Head(x: [B, S, D]) -> [B, S, V] {
+  lm_head: head(V)
+  return lm_head(x)
+}
+""", "t.block")
+    facts = summaries(program)
+    twice = facts["Twice"].passes_input
+    assert twice is not None and twice.factor == 1.5 and twice.dropout is not None and twice.dropout.line == 9
+    assert facts["Sub"].passes_input is None and facts["Sub"].identity_route.line == 20  # type: ignore[union-attr]
+    assert facts["Post"].identity_route is None and facts["Post"].carries and facts["Post"].replaces_state is None
+    assert not facts["Plain"].carries and facts["Plain"].replaces_state.path == "f"  # type: ignore[union-attr]
+    assert facts["Head"].raw_head.path == "lm_head" and facts["Sub"].raw_head is None  # type: ignore[union-attr]

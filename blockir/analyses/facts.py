@@ -26,6 +26,9 @@ verifiers check the graph against every stated fact:
                        norm, and every built-in branch initialised with the
                        gain of its side (0.67 N^(-1/4) encoder, (9N)^(-1/4)
                        decoder) for the stack's N layers.
+``scaled_shortcut``    1: the block scales its shortcut by a constant on purpose
+                       (a recipe other than DeepNorm or DeepScaleLM); unstated,
+                       such a constant is a warning.
 ``training``           1: the block is trained (an ``@inplace`` add must also
                        be legal in training); 0: it is only evaluated (no
                        dropout may remain active).
@@ -39,7 +42,7 @@ from blockir.analyses.sizes import value
 from blockir.ir.program import Block, Const
 
 FACTS = ("norm_first", "parallel_residual", "final_norm", "residual_from_norm", "training", "normformer", "fixup",
-         "deepscalelm", "tfixup")
+         "deepscalelm", "tfixup", "scaled_shortcut")
 
 
 @dataclass(frozen=True)

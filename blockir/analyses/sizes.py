@@ -187,14 +187,38 @@ def layer_counts(program: Program, base: Mapping[str, float | int] | None = None
     return {name: tuple(sorted(ns)) for name, ns in counts.items()}
 
 
-def uses_layer(expr: C.ConstExpr, block: Block) -> bool:
-    """Whether ``expr`` depends on ``layer``, directly or through the block's constants."""
+def enclosing_stacks(program: Program, base: Mapping[str, float | int] | None = None
+                     ) -> dict[str, tuple[tuple[str, int], ...]]:
+    """For each block, (the stacked block it runs in, that stack's layer count): the block itself where a stack
+    instantiates it, and each stacked block that instantiates it through single instances (a single instance
+    is built with ``num_layers = 1``, whatever the depth of the stack around it)."""
+    base = program_env(program) if base is None else base
+    out: dict[str, set[tuple[str, int]]] = {}
+    for owner in program.blocks:
+        env = block_env(base, owner)
+        for d in owner.decls:
+            n = value(d.count, env) if isinstance(d, InstanceDecl) and d.count is not None else None
+            if n is None:
+                continue
+            todo, seen = [d.block], set()
+            while todo:
+                name = todo.pop()
+                if name in seen or name not in program.block_map:
+                    continue
+                seen.add(name)
+                out.setdefault(name, set()).add((d.block, int(n)))
+                todo += [c.block for c in program.block(name).decls if isinstance(c, InstanceDecl) and c.count is None]
+    return {name: tuple(sorted(pairs)) for name, pairs in out.items()}
+
+
+def uses_layer(expr: C.ConstExpr, block: Block, layer_name: str = C.LAYER) -> bool:
+    """Whether ``expr`` depends on ``layer`` (or on ``layer_name``), directly or through the block's constants."""
     local = {c.name: c.value for c in block.consts}
     seen: set[str] = set()
     stack = list(C.names_in(expr))
     while stack:
         name = stack.pop()
-        if name == C.LAYER:
+        if name == layer_name:
             return True
         if name in local and name not in seen:
             seen.add(name)

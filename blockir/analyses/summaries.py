@@ -18,7 +18,16 @@ and the summary is all a caller consults:
 * the first untied norm it applies (one instance called on two values ties
   that norm's scale) and the epsilons of its norms by family;
 * for each attention-score input and result (RealFormer's carried scores),
-  the attention families that read or produce it.
+  the attention families that read or produce it;
+* how its result relates to its first input: returned through casts,
+  constant scales and dropout only (a shortcut helper: the dropout and the
+  constant on the way); carried unchanged beside un-normalized updates (a
+  residual update of its own: wrapped as a branch, the caller's shortcut is
+  counted twice); carried at all (any update with a shortcut, through its
+  calls); or replaced by a computation with no update carrying it (a layer
+  with no shortcut), and which op replaces it;
+* the head it applies to its first input without normalizing it (a model
+  calling it on a Pre-LN stack's output needs a final norm before it).
 """
 from __future__ import annotations
 
@@ -28,24 +37,19 @@ from typing import Mapping
 import networkx as nx
 
 from blockir.analyses.cache import per_object
+from blockir.analyses import carry
+from blockir.analyses.carry import Passthrough
+from blockir.analyses.calls import Declared, callee, output_source
 from blockir.analyses.norms import family
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import ActivationOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ir.ops import CallOp, DropoutOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 
 CALLS = ("block", "stack")
-
-
-@dataclass(frozen=True)
-class Declared:
-    """A declaration found in a block or below it, named by its path from the summarised block."""
-
-    path: str
-    span: Span
 
 
 @dataclass(frozen=True)
@@ -72,32 +76,11 @@ class Summary:
     eps: Mapping[str, tuple[EpsCount, ...]] = field(default_factory=dict)
     score_readers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # input index -> families
     score_writers: Mapping[int, frozenset[str]] = field(default_factory=dict)  # result index -> families
-
-
-def callee(program: Program, block: Block, op: Op) -> InstanceDecl | None:
-    """The sub-block or stack declaration ``op`` calls, if it calls one that exists."""
-    d = block.decl_map.get(getattr(op, "decl", None) or "")
-    return d if isinstance(op, CallOp) and isinstance(d, InstanceDecl) and d.block in program.block_map else None
-
-
-def _transparent(block: Block, op: Op | None) -> bool:
-    """Ops that leave a normalized value normalized: casts, dropout, scales and the identity activation."""
-    if isinstance(op, (CastOp, DropoutOp, ScaleOp)):
-        return True
-    if isinstance(op, ActivationOp):
-        return op.fn == "identity"
-    d = block.decl_map.get(getattr(op, "decl", None) or "")
-    return isinstance(d, KindDecl) and d.kind == "activation" and d.arg("fn") == "identity"
-
-
-def output_source(block: Block) -> tuple[str | None, Op | None]:
-    """The value the block returns and its producer, looking through transparent ops."""
-    v = block.output.value if block.output is not None else None
-    op = block.producers.get(v) if v is not None else None
-    while _transparent(block, op):
-        v = op.operands[0]  # type: ignore[union-attr]
-        op = block.producers.get(v)
-    return v, op
+    passes_input: Passthrough | None = None
+    identity_route: Span | None = None  # the first add of a block that returns x + updates, x its first input
+    carries: bool = False  # some update with a shortcut carries the first input forward
+    replaces_state: Declared | None = None  # the op computing the result from the input with no shortcut
+    raw_head: Declared | None = None  # a head applied to the first input with no norm between
 
 
 def stream_items(program: Program, block: Block, summaries: Mapping[str, Summary]) -> list[tuple[str, str, Op]]:
@@ -271,6 +254,7 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
         isinstance(p := block.producers.get(s), DropoutOp) and value(p.p, env) != 0
         or (d := callee(program, block, p)) is not None and summaries[d.block].drops_state
         for s in w.spine[1:])
+    carried = carry.carries(program, block, env, summaries)
     return Summary(
         block.name, has_norms=has_norms, ends_normalized=ends,
         unnormalized_stream=has_norms and not ends and returns_stream,
@@ -280,7 +264,11 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
         memory_params=_memory_params(program, block, summaries),
         noncausal_self=_noncausal(program, block, summaries), drops_state=drops,
         untied_norm=_untied_norm(block, summaries), eps=_eps(block, env, summaries),
-        score_readers=readers, score_writers=writers)
+        score_readers=readers, score_writers=writers,
+        passes_input=carry.passthrough(program, block, env, summaries),
+        identity_route=carry.identity_route(program, block, summaries),
+        carries=carried, replaces_state=carry.replaces_state(program, block, summaries, carried),
+        raw_head=carry.raw_head(program, block, summaries))
 
 
 def call_graph(program: Program) -> nx.DiGraph:

@@ -16,7 +16,7 @@ from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.analyses.summaries import summaries
 from blockir.analyses.tfixup import gains
 from blockir.diagnostics import Diagnostic, Note, error
-from blockir.ir.decls import KindDecl
+from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
@@ -80,26 +80,46 @@ def _deepscalelm(block: Block, env: dict, stated_at: Note) -> list[Diagnostic]:
     return out
 
 
+def _nested(program: Program, block: Block) -> list[Block]:
+    """The blocks ``block`` runs through single instances, itself first: they are built in its layers."""
+    out: list[Block] = []
+    todo = [block.name]
+    while todo:
+        name = todo.pop(0)
+        if name in {b.name for b in out} or name not in program.block_map:
+            continue
+        out.append(program.block(name))
+        todo += [d.block for d in program.block(name).decls if isinstance(d, InstanceDecl) and d.count is None]
+    return out
+
+
 def _tfixup(program: Program, block: Block, base: dict, depths: tuple[int, ...], stated_at: Note) -> list[Diagnostic]:
-    out = [error("E0445", f"'{block.name}' states tfixup = 1 but keeps norm '{op.decl}'", op.span,
-                 notes=[stated_at], hint=TFIXUP_HINT) for op in block.ops if isinstance(op, (NormOp, FusedAddNormOp))]
+    """T-Fixup on the stating block and on every block it instantiates once (a nested sublayer is built with
+    num_layers = 1, so its gains are compared with the stating block's depth, as they are built)."""
+    out: list[Diagnostic] = []
     decoder = summaries(program)[block.name].has_cross
     # a block without cross-attention is the paper's encoder; the recipe may give it the decoder scale
     sides = ("decoder",) if decoder else ("encoder", "decoder")
-    branches = [d for d in block.decls if isinstance(d, KindDecl) and d.spec.arg("init_gain") is not None]
-    for d in branches:
-        if d.arg("init_gain") is None:
-            out.append(error("E0445", f"'{block.name}' states tfixup = 1 but '{d.name}' has no init_gain: T-Fixup "
-                             "scales its value/output or MLP matrices", d.span, notes=[stated_at], hint=TFIXUP_HINT))
-            continue
-        for n in depths:
-            got = value(d.arg("init_gain"), block_env(base, block, 0, n))
-            want = [gains(n)[side] for side in sides]
-            if got is not None and not any(abs(got - w) <= 1e-9 * w for w in want):
-                scale = " or ".join(f"{gains(n)[side]:.6g} ({side})" for side in sides)
-                out.append(error("E0445", f"init_gain of '{d.name}' is {got:.6g} in a {n}-layer stack, but T-Fixup's "
-                                 f"scale is {scale}", d.span, notes=[stated_at], hint=TFIXUP_HINT))
-                break
+    for inner in _nested(program, block):
+        where = "" if inner is block else f", which runs '{inner.name}',"
+        out += [error("E0445", f"'{block.name}' states tfixup = 1{where} but keeps norm '{op.decl}'", op.span,
+                      notes=[stated_at], hint=TFIXUP_HINT)
+                for op in inner.ops if isinstance(op, (NormOp, FusedAddNormOp))]
+        branches = [d for d in inner.decls if isinstance(d, KindDecl) and d.spec.arg("init_gain") is not None]
+        for d in branches:
+            if d.arg("init_gain") is None:
+                out.append(error("E0445", f"'{block.name}' states tfixup = 1{where} but '{d.name}' has no init_gain: "
+                                 "T-Fixup scales its value/output or MLP matrices", d.span, notes=[stated_at],
+                                 hint=TFIXUP_HINT))
+                continue
+            for n in depths:
+                got = value(d.arg("init_gain"), block_env(base, inner, 0, n if inner is block else 1))
+                want = [gains(n)[side] for side in sides]
+                if got is not None and not any(abs(got - w) <= 1e-9 * w for w in want):
+                    scale = " or ".join(f"{gains(n)[side]:.6g} ({side})" for side in sides)
+                    out.append(error("E0445", f"init_gain of '{d.name}' is {got:.6g} in a {n}-layer stack, but "
+                                     f"T-Fixup's scale is {scale}", d.span, notes=[stated_at], hint=TFIXUP_HINT))
+                    break
     return out
 
 

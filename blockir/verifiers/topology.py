@@ -3,23 +3,23 @@
 Branch dropout drops the update before the add, never the shortcut nor the
 sum (Vaswani et al., 2017). A stack whose layers leave the stream unnormalized ends with
 a norm (Xiong et al., 2020). Cross-attention belongs to the decoder of an encoder–decoder,
-after masked self-attention and before the MLP (Vaswani et al., 2017). The shortcut is the
-identity unless a recipe scales it; DeepNorm's α and β depend on the
-architecture (Wang et al., 2022). A fused add+norm's normalized output is the branch
-input, its residual output the stream (docs/fused.md).
+after masked self-attention and before the MLP (Vaswani et al., 2017); an output head
+reads a normalized stream too. The shortcut is the identity: no projection or learned
+gate on it (how often and how scaled it is added is the shortcuts verifier's). A fused
+add+norm's normalized output is the branch input, its residual output the stream
+(docs/fused.md).
 """
 from __future__ import annotations
 
-import math
 from typing import Iterator
 
-from blockir.analyses.sizes import block_env, layer_counts, program_env, uses_layer, value
+from blockir.analyses.sizes import block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, gated, is_linear,
                                         normalized_shortcut, stream_norm, wrapper)
+from blockir.analyses.carry import head_source
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
-from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, LayerDropOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
@@ -215,21 +215,33 @@ def _normalized_into_state(program: Program, block: Block, w: Wrapper, env: dict
 
 # --- stacks --------------------------------------------------------------------
 
-def _unnormalized_member(program: Program, block: Block) -> tuple[Op, Block] | None:
-    """The called block whose un-normalized residual stream this block returns, if any."""
-    _, op = output_source(block)
+def _unnormalized_member(program: Program, block: Block, op: Op | None) -> tuple[Op, Block] | None:
+    """The called block whose un-normalized residual stream ``op`` returns, if any."""
     d = callee(program, block, op) if op is not None else None
     if d is None or not summaries(program)[d.block].unnormalized_stream:
         return None
     return op, program.block(d.block)  # type: ignore[return-value]
 
 
+def _head_name(program: Program, block: Block, head: Op) -> str:
+    d = callee(program, block, head)
+    inner = summaries(program)[d.block].raw_head if d is not None else None
+    return f"{d.name}.{inner.path}" if d is not None and inner is not None else head.decl  # type: ignore[attr-defined]
+
+
 def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnostic]:
-    if block.kind != "model" or block.output is None:
+    """A model's output, or the input of the output head it applies (here or in a block it calls), is
+    normalized when the stack it comes from leaves its residual sum unnormalized."""
+    headed = head_source(program, block, summaries(program))
+    if block.kind != "model" and headed is None or block.output is None:
         return
     fact = stated(block, env).get("final_norm")
-    present = final_norm(block)
-    needed = _unnormalized_member(program, block)
+    if headed is None:
+        present = final_norm(block)
+        needed = _unnormalized_member(program, block, output_source(block)[1])
+    else:
+        present = headed[2] if isinstance(headed[2], NormOp) else None
+        needed = _unnormalized_member(program, block, headed[2])
     if fact is not None and fact.valid:
         if fact.value == 0 and present is not None:
             yield error("E0407", f"'{block.name}' states final_norm = 0, but it returns the output of norm "
@@ -240,13 +252,24 @@ def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnosti
                         block.output.span, notes=[Note("stated here", fact.const.span)],
                         hint="end the model with a norm: return norm(layers(x))")
         return
-    if needed is not None and present is None:
-        call, member = needed
-        yield error("E0403", f"model '{block.name}' returns the output of '{call.decl}' ({member.name}) without a "
+    if needed is None or present is not None:
+        return
+    call, member = needed
+    decl = block.decl_map[call.decl]  # type: ignore[attr-defined]
+    notes = [Note("the stack" if getattr(decl, "count", None) is not None else "the block returning the stack",
+                  decl.span)]
+    if headed is None:
+        yield error("E0403", f"model '{block.name}' returns the output of '{call.decl}' ({member.name}) without a "  # type: ignore
                     f"final norm, but '{member.name}' leaves its last residual add unnormalized", block.output.span,
-                    notes=[Note("the stack", block.decl_map[call.decl].span)],
-                    hint="end the model with a norm (return norm(layers(x))); if the output head applies it, "
-                         "state that with `const final_norm = 0`")
+                    notes=notes, hint="end the model with a norm (return norm(layers(x))); if the output head "
+                                      "applies it, state that with `const final_norm = 0`")
+        return
+    head = _head_name(program, block, headed[0])
+    yield error("E0403", f"'{block.name}' applies its head '{head}' to the output of '{call.decl}' ({member.name}) "  # type: ignore
+                f"without a final norm, but '{member.name}' leaves its last residual add unnormalized",
+                block.output.span, notes=notes,
+                hint=f"normalize what the head reads: {headed[0].decl}(norm({call.decl}(…))); if the head "  # type: ignore
+                     "applies the norm itself, state that with `const final_norm = 0`")
 
 
 # --- encoder–decoder -------------------------------------------------------------
@@ -359,64 +382,6 @@ def _source(block: Block, v: str, stop: frozenset[str]) -> tuple[str, tuple[str,
     return v, tuple(chain)
 
 
-# --- DeepNorm constants ------------------------------------------------------------
-
-ALPHA = {"single": lambda n, m: (2 * n) ** 0.25, "decoder": lambda n, m: (3 * m) ** 0.25,
-         "encoder": lambda n, m: 0.81 * (n ** 4 * m) ** (1 / 16)}
-BETA = {"single": lambda n, m: (8 * n) ** -0.25, "decoder": lambda n, m: (12 * m) ** -0.25,
-        "encoder": lambda n, m: 0.87 * (n ** 4 * m) ** (-1 / 16)}
-ROW = {"single": "the encoder-only / decoder-only row, (2L)^(1/4) and (8L)^(-1/4)",
-       "decoder": "the encoder–decoder decoder row, (3M)^(1/4) and (12M)^(-1/4)",
-       "encoder": "the encoder–decoder encoder row, 0.81(N^4 M)^(1/16) and 0.87(N^4 M)^(-1/16)"}
-
-
-def _architecture(program: Program, block: Block, counts: dict[str, tuple[int, ...]]) -> tuple[str, int, int]:
-    """(row of the DeepNet table, N encoder layers, M decoder layers) for this block."""
-    own = counts.get(block.name, (1,))[0]
-    stacked = [b for b in program.blocks if b.name in counts and b.kind == "block"]
-    facts = summaries(program)
-    if facts[block.name].has_cross:
-        encoders = [b for b in stacked if not facts[b.name].has_cross]
-        return "decoder", counts[encoders[0].name][0] if encoders else own, own
-    decoders = [b for b in stacked if facts[b.name].has_cross]
-    if decoders and block.name in counts:
-        return "encoder", own, counts[decoders[0].name][0]
-    return "single", own, own
-
-
-def _deepnorm(program: Program, block: Block, w: Wrapper, base: dict,
-              counts: dict[str, tuple[int, ...]]) -> Iterator[Diagnostic]:
-    scales = [op for s in w.sublayers if s.post_norm is not None for op in s.shortcut_ops
-              if isinstance(op, ScaleOp) and op.factor is not None]
-    if not scales:
-        return
-    arch, n, m = _architecture(program, block, counts)
-    gains = [d for d in block.decls if isinstance(d, KindDecl) and d.arg("init_gain") is not None]
-    checks: list[tuple[str, ConstExpr, dict, Op | KindDecl]] = [("alpha", scales[0].factor, ALPHA, scales[0])]
-    checks += [("beta", d.arg("init_gain"), BETA, d) for d in gains[:1]]
-    env = block_env(base, block, 0, m if arch == "decoder" else n)
-    for name, expr, table, site in checks:
-        if uses_layer(expr, block):
-            continue
-        got = value(expr, env)
-        if got is None:
-            continue
-        row = next((r for r in table if math.isclose(got, table[r](n, m), rel_tol=1e-9)), None)
-        if row is not None and row != arch:
-            want = table[arch](n, m)
-            yield error("E0410", f"DeepNorm {name} = {got:.6g} follows {ROW[row]}, but '{block.name}' is "
-                        f"{_arch_words(arch, n, m)}: {name} should be {want:.6g}", site.span,
-                        hint=f"DeepNet's constants depend on the architecture; use {ROW[arch]}")
-
-
-def _arch_words(arch: str, n: int, m: int) -> str:
-    if arch == "decoder":
-        return f"the decoder of an encoder–decoder (it reads memory through cross-attention; M = {m})"
-    if arch == "encoder":
-        return f"the encoder of an encoder–decoder (N = {n}, M = {m})"
-    return f"a single stack of L = {n} layers"
-
-
 def verify_block(program: Program, block: Block, base: dict, counts: dict[str, tuple[int, ...]]) -> list[Diagnostic]:
     w = wrapper(block)
     env = block_env(base, block, 0, counts.get(block.name, (1,))[0])
@@ -425,8 +390,7 @@ def verify_block(program: Program, block: Block, base: dict, counts: dict[str, t
                   _shortcuts(block, w), _gates(block, w),
                   _normalized_shortcut(block, w, env), _normalized_into_state(program, block, w, env),
                   _final_norm(program, block, env),
-                  _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w),
-                  _deepnorm(program, block, w, base, counts)):
+                  _cross_attention(program, block, w), _branch_order(program, block), _views(program, block, w)):
         out += check
     return out
 
