@@ -10,7 +10,6 @@ import gc
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Iterator
 
 from lark import Lark, Token, Transformer
@@ -18,7 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar import ast
-from blockir.grammar.cache import cached_lark
+from blockir.grammar.tables import grammar_text, load_lark
 
 MAX_BYTES = 1 << 20
 MAX_NESTING = 64
@@ -36,13 +35,9 @@ TOKEN_NAMES = {
 }
 
 
-def grammar_text() -> str:
-    return resources.files("blockir.grammar").joinpath("block.lark").read_text()
-
-
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return cached_lark(grammar_text(), transformer=_BUILDER, parser="lalr", maybe_placeholders=True)
+    return load_lark(transformer=_BUILDER)
 
 
 @contextmanager
