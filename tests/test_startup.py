@@ -67,6 +67,7 @@ def test_tables_from_another_grammar_lark_or_a_damaged_file_are_ignored(monkeypa
     edited = grammar.replace('"const" NAME', '"constant" NAME')
     assert edited != grammar and tables._parse_tables(text, edited) is None
     assert tables._parse_tables(text[: len(text) // 2], grammar) is None  # truncated
+    assert '"WS"' in body
     assert tables._parse_tables(head + "\n" + body.replace('"WS"', '"WX"'), grammar) is None  # foreign tables
     assert tables._parse_tables(head.replace(tables.lark.__version__, "0.0.0") + "\n" + body, grammar) is None
     assert tables._parse_tables("not json\n{}\n", grammar) is None

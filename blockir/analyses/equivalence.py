@@ -51,16 +51,17 @@ def _identity(block: Block) -> Block:
     return block
 
 
-def fold(expr: C.ConstExpr, defs: Mapping[str, C.ConstExpr]) -> C.ConstExpr:
+def fold(expr: C.ConstExpr, defs: Mapping[str, C.ConstExpr], seen: frozenset[str] = frozenset()) -> C.ConstExpr:
     """``expr`` with every constant replaced by its definition and every closed subexpression evaluated;
-    dims and the per-layer names stay names."""
+    dims and the per-layer names stay names (so does a constant met again inside its own definition)."""
     if isinstance(expr, C.Name):
-        return fold(defs[expr.name], defs) if expr.name in defs else expr
+        if expr.name in defs and expr.name not in seen:
+            return fold(defs[expr.name], defs, seen | {expr.name})
+        return expr
     if isinstance(expr, C.Neg):
-        inner = fold(expr.operand, defs)
-        out: C.ConstExpr = C.Neg(inner)
+        out: C.ConstExpr = C.Neg(fold(expr.operand, defs, seen))
     elif isinstance(expr, C.Bin):
-        out = C.Bin(expr.op, fold(expr.left, defs), fold(expr.right, defs))
+        out = C.Bin(expr.op, fold(expr.left, defs, seen), fold(expr.right, defs, seen))
     else:
         return expr
     if C.names_in(out):
