@@ -155,14 +155,25 @@ def with_program(args: argparse.Namespace, fn: Callable[[Program, Block], int]) 
     return fn(program, target_block(program, getattr(args, "block", None)))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_modules(argv: Sequence[str]) -> list[str]:
+    """The modules of ``blockir.commands`` whose subcommand this command line can run: the one it names
+    (a module is named after its command, ``import_`` for ``import``), else all of them (for the command
+    list in ``--help`` and in the error for an unknown command)."""
+    names = sorted(info.name for info in pkgutil.iter_modules(commands.__path__))
+    first = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued options
+    named = [m for m in names if first is not None and m.rstrip("_") == first]
+    return named or names
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="blockir", description="Compile and check Transformer block topologies.")
     p.add_argument("--version", action="version", version=f"blockir {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # every module in blockir.commands contributes one subcommand through register(); the modules
-    # import what their command needs only when it runs, so that building this parser stays cheap
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"blockir.commands.{info.name}").register(sub)
+    # import what their command needs only when it runs, and only the named command's module is
+    # imported at all, so that building this parser stays cheap
+    for name in _command_modules(argv):
+        importlib.import_module(f"blockir.commands.{name}").register(sub)
     return p
 
 
@@ -184,8 +195,8 @@ def interrupted(args: argparse.Namespace, signum: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from blockir.backends.atomic import Interrupted, handle_signals
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     with handle_signals():
         try:
             return args.func(args)

@@ -1,4 +1,4 @@
-"""Start-up: the checking commands never import torch; the parser tables come from a disk cache."""
+"""Start-up: the checking commands never import torch; the parser tables ship with the package as data."""
 from __future__ import annotations
 
 import subprocess
@@ -48,33 +48,76 @@ def test_import_blockir_is_torch_free_and_compile_loads_on_first_use() -> None:
     assert out.split(maxsplit=3) == ["False", "True", "blockir.backends.compile", "[]\n"]
 
 
-def test_grammar_cache_is_written_once_and_reused(tmp_path: Path) -> None:
-    env_code = ("import blockir; blockir.parse(open(%r).read()); "
-                "from blockir.grammar.cache import cache_dir; print(cache_dir())") % LLAMA
-    env = {"BLOCKIR_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, check=True, cwd=ROOT,
-                             env={**env, "PYTHONPATH": str(ROOT)}).stdout
-        assert out.strip() == str(tmp_path / "cache")
-        assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".pickle"]
+def test_the_shipped_tables_are_a_fresh_build_of_the_grammar() -> None:
+    """A grammar edit without regenerating fails here; the build does not depend on string hashing."""
+    from blockir.grammar import tables
+    shipped = (ROOT / "blockir" / "grammar" / tables.TABLES_FILE).read_bytes()
+    assert tables.render(tables.grammar_text()).encode() == shipped
+    other_seed = subprocess.run([sys.executable, "-c", "import sys; from blockir.grammar import tables; "
+                                 "sys.stdout.write(tables.render(tables.grammar_text()))"], capture_output=True,
+                                check=True, cwd=ROOT, env={"PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}).stdout
+    assert other_seed == shipped
 
 
-def test_a_corrupt_or_unwritable_cache_only_costs_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from blockir.grammar import cache
-    from blockir.grammar.parser import _lark
-    grammar = "start: \"a\"+\n"
-    monkeypatch.setenv(cache.ENV, str(tmp_path))
-    cache.cached_lark(grammar, parser="lalr")
-    [stored] = tmp_path.iterdir()
-    stored.write_bytes(b"not a pickle")
-    assert cache.cached_lark(grammar, parser="lalr").parse("aa").data == "start"
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    monkeypatch.setenv(cache.ENV, str(blocked / "sub"))  # a directory below a file cannot be made
-    assert cache.cached_lark(grammar, parser="lalr").parse("a").data == "start"
-    monkeypatch.setenv(cache.ENV, "")
-    assert cache.cache_dir() is None
-    assert _lark() is _lark()
+def test_tables_from_another_grammar_lark_or_a_damaged_file_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blockir.grammar import tables
+    grammar, text = tables.grammar_text(), tables.shipped_text()
+    assert text is not None and tables._parse_tables(text, grammar) is not None
+    head, _, body = text.partition("\n")
+    edited = grammar.replace('"const" NAME', '"constant" NAME')
+    assert edited != grammar and tables._parse_tables(text, edited) is None
+    assert tables._parse_tables(text[: len(text) // 2], grammar) is None  # truncated
+    assert '"WS"' in body
+    assert tables._parse_tables(head + "\n" + body.replace('"WS"', '"WX"'), grammar) is None  # foreign tables
+    assert tables._parse_tables(head.replace(tables.lark.__version__, "0.0.0") + "\n" + body, grammar) is None
+    assert tables._parse_tables("not json\n{}\n", grammar) is None
+    # ignored means built from the grammar: the parse is the same as with good tables
+    monkeypatch.setattr(tables, "shipped_text", lambda: text[:-100])
+    built = tables.load_lark()
+    monkeypatch.undo()
+    loaded = tables.load_lark()
+    program = (ROOT / "examples" / "llama.block").read_text()
+    assert built.parse(program) == loaded.parse(program)
+
+
+class _Planted:
+    """Unpickling this writes a marker file: what a planted cache file would do to a reader that unpickles it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+def test_a_planted_pickle_in_any_cache_folder_is_never_loaded(tmp_path: Path) -> None:
+    import hashlib
+    import pickle
+
+    import lark
+
+    from blockir.grammar import tables
+    marker = tmp_path / "marker"
+    payload = pickle.dumps(_Planted(marker))
+    pickle.loads(payload)  # the payload is live: loading it runs code
+    assert marker.read_text() == "code ran"
+    marker.unlink()
+    # the names the parser cache of earlier versions read, under every folder it looked in
+    old_key = repr((tables.grammar_text(), sorted({"parser": "lalr", "maybe_placeholders": True}.items()),
+                    lark.__version__, sys.version_info[:2]))
+    names = [f"parser-{hashlib.sha256(old_key.encode()).hexdigest()[:24]}.pickle", "parser.pickle", "tables.json"]
+    folders = [tmp_path / "env", tmp_path / "xdg" / "blockir", tmp_path / "home" / ".cache" / "blockir"]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / name).write_bytes(payload)
+    env = {"BLOCKIR_CACHE_DIR": str(folders[0]), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "blockir", "check", LLAMA], capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "1 file checked: 0 errors, 0 warnings\n")
+    assert not marker.exists()
+    assert sorted(p.name for f in folders for p in f.iterdir()) == sorted(names * 3)  # nothing written either
 
 
 def test_without_triton_the_fused_ops_warn_once_and_use_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,10 @@ whether it may claim anything:
 - the **key plan**: every candidate key is either carried from exactly one source key (after the
   map) with the candidate's shape, or new; every source key is carried or dropped by the map.
   Nothing is guessed: a key the map does not account for is an error at its declaration;
-- the **function check**: the two graphs compared with declaration names left out (a rename is
-  not a change of function, a moved norm is). ``same``: the graphs compute one function, so a
+- the **function check**: the two graphs compared in the canonical form ``blockir diff`` uses
+  (:mod:`blockir.analyses.equivalence`: declaration and value names left out, constants folded,
+  calls compared through the blocks they call; a rename is not a change of function, a moved
+  norm is). ``same``: the graphs compute one function, so a
   conversion may claim zero error (a numerical check still has to confirm it). ``extends``: the
   candidate is the source plus learned scales on new state (LayerScale, ReZero gates): the new
   state is initialised by its declaration and changes the function by that much. ``changes``:
@@ -24,16 +26,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
-import networkx as nx
 import yaml
 
-from blockir.analyses.diff import diff_blocks, op_hashes
+from blockir.analyses.equivalence import compare
 from blockir.analyses.keys import Key
-from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import ops as O
-from blockir.ir.consts import format_expr
-from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.printer import format_decl, format_op
 from blockir.ir.program import Block, Program
 
@@ -250,42 +249,6 @@ def _strip_scales(block: Block, params: frozenset[str]) -> Block:
     return replace(block, ops=tuple(ops))
 
 
-class _Canonical:
-    """A hash of what a block computes with declaration names left out, callees included."""
-
-    def __init__(self, program: Program, strip: Mapping[str, frozenset[str]]) -> None:
-        self.program, self.strip = program, strip
-        self.memo: dict[str, int] = {}
-
-    def block(self, name: str) -> int:
-        if name not in self.memo:
-            self.memo[name] = 0  # a cycle (reported by the builder) must not recurse forever
-            block = self.view(self.program.block(name))
-            order = {}
-            for op in block.ops:
-                for d in (getattr(op, "decl", None), getattr(op, "param", None), getattr(op, "branch_param", None)):
-                    if d is not None:
-                        order.setdefault(d, len(order))
-
-            def decl_text(b: Block, decl_name: str | None) -> str:
-                d = b.decl_map.get(decl_name or "")
-                if d is None:
-                    return str(decl_name)
-                # which use of a declaration this is matters (a tied norm is one declaration used twice)
-                rank = order.get(d.name, -1)
-                if isinstance(d, InstanceDecl):
-                    count = format_expr(d.count) if d.count is not None else "1"
-                    return f"#{rank} {self.block(d.block) if d.block in self.program.block_map else d.block} * {count}"
-                text = format_decl(d)
-                return f"#{rank} {text[len(d.name) + 2:]}"
-            self.memo[name] = hash(tuple(sorted(op_hashes(block, decl_text))))
-        return self.memo[name]
-
-    def view(self, block: Block) -> Block:
-        params = self.strip.get(block.name)
-        return _strip_scales(block, params) if params else block
-
-
 @dataclass(frozen=True)
 class FunctionCheck:
     verdict: str  # "same" | "extends" | "changes"
@@ -299,22 +262,6 @@ class FunctionCheck:
         return self.verdict == "same"
 
 
-def _reachable(program: Program, name: str) -> list[str]:
-    """``name`` and the blocks it calls, callees first."""
-    names = nx.descendants(call_graph(program), name) | {name}
-    return [n for n in callees_first(program) if n in names]
-
-
-def _first_difference(src: Program, a: Block, dst: Program, b: Block) -> tuple[tuple[Span, str] | None, ...]:
-    """The first differing op, in the innermost block pair of the same name whose functions differ."""
-    ca, cb = _Canonical(src, {}), _Canonical(dst, {})
-    pairs = [(src.block(n), dst.block(n)) for n in _reachable(dst, b.name)
-             if n in src.block_map and n in _reachable(src, a.name) and ca.block(n) != cb.block(n)]
-    x, y = pairs[0] if pairs else (a, b)
-    d = diff_blocks(src, x, dst, y)
-    return tuple((op.span, format_op(op)) if op is not None else None for op in (d.first_a, d.first_b))
-
-
 def check_function(src: Program, a: Block, dst: Program, b: Block, new_keys: tuple[Key, ...]) -> FunctionCheck:
     """Whether ``b`` computes ``a``'s function, extends it by new learned scales, or changes it.
 
@@ -324,18 +271,21 @@ def check_function(src: Program, a: Block, dst: Program, b: Block, new_keys: tup
     scales = {(blk, d) for blk, d in owners if blk in dst.block_map
               and isinstance(dst.block(blk).decl_map.get(d), KindDecl)
               and dst.block(blk).decl_map[d].kind in LEARNED_SCALES}  # type: ignore[union-attr]
-    source = _Canonical(src, {}).block(a.name)
-    if source == _Canonical(dst, {}).block(b.name) and not new_keys:
+    plain = compare(src, a, dst, b)
+    if plain.same_function:
         return FunctionCheck("same", "the graphs compute one function (declaration names aside)", ())
     others = sorted({f"{blk}.{d}" if blk else d for blk, d in owners - scales})
     strip: dict[str, frozenset[str]] = {}
     for blk, d in scales:
         strip[blk] = strip.get(blk, frozenset()) | {d}
-    if not others and scales and source == _Canonical(dst, strip).block(b.name):
+
+    def stripped(block: Block) -> Block:
+        return _strip_scales(block, strip[block.name]) if block.name in strip else block
+    if not others and scales and compare(src, a, dst, b, stripped).same_function:
         names = tuple(sorted(f"{blk}.{d}" for blk, d in scales))
         return FunctionCheck("extends", "the candidate is the source graph with new learned scales "
                              f"({', '.join(names)}), initialised by their declarations", names)
-    fa, fb = _first_difference(src, a, dst, b)
+    fa, fb = ((op.span, format_op(op)) if op is not None else None for op in (plain.first_a, plain.first_b))
     if others:
         reason = f"new state that no learned scale owns: {', '.join(others)}"
     else:

@@ -1,4 +1,4 @@
-"""`blockir diff A B [--block NAME] [--block-b NAME] [--format json]`: compare blocks as graphs.
+"""`blockir diff A B [--block NAME] [--block-b NAME] [--format json]`: compare blocks by what they compute.
 
 ``--block`` picks the block of A (the usual default: the last model, else the only block) and
 ``--block-b`` its counterpart in B (default: the block of the same name, else B's default). The
@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     diffs = [diff_blocks(a, x, b, y) for x, y in _pairs(a, b, args.block, args.block_b)]
     if args.format == "json":
-        print_json([{"a": d.a.name, "b": d.b.name, "identical": d.identical, "verdict": d.verdict,
+        print_json([{"a": d.a.name, "b": d.b.name, "identical": d.identical, "category": d.category,
+                     "same_function": d.same_function, "verdict": d.verdict,
                      "signature_changed": d.signature_changed, "first_a": _op(d.first_a), "first_b": _op(d.first_b),
                      "same_keys": d.same_keys, "key_changes": list(d.key_changes)} for d in diffs])
     else:

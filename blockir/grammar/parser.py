@@ -10,7 +10,6 @@ import gc
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Iterator
 
 from lark import Lark, Token, Transformer
@@ -18,7 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.grammar import ast
-from blockir.grammar.cache import cached_lark
+from blockir.grammar.tables import grammar_text, load_lark
 
 MAX_BYTES = 1 << 20
 MAX_NESTING = 64
@@ -36,13 +35,9 @@ TOKEN_NAMES = {
 }
 
 
-def grammar_text() -> str:
-    return resources.files("blockir.grammar").joinpath("block.lark").read_text()
-
-
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return cached_lark(grammar_text(), transformer=_BUILDER, parser="lalr", maybe_placeholders=True)
+    return load_lark(transformer=_BUILDER)
 
 
 @contextmanager
@@ -59,21 +54,45 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _token_label(name: str) -> str:
-    if name in TOKEN_NAMES:
-        return TOKEN_NAMES[name]
+# Sets of tokens that say one thing together: when every token of a set may come next, the message
+# names the set instead of listing its tokens (a token is its literal text, or its terminal's name).
+EXPRESSION_START = frozenset({"(", "-", "[", "false", "true", "NAME", "NUMBER", "TEMP"})
+TOKEN_GROUPS = (
+    ("an expression", EXPRESSION_START),
+    ("an expression", EXPRESSION_START - {"-"}),  # a stack's count, which cannot start with a minus
+    ("a statement", frozenset({"@", "const", "return", "NAME", "TEMP"})),
+    ("an operator", frozenset({"+", "-", "*", "/", "//", "%", "**"})),
+)
+
+
+def _token_key(name: str) -> str:
+    """A terminal's literal text when it is a fixed string, else its name."""
     try:
         pattern = _lark().get_terminal(name).pattern
     except KeyError:
         return name
-    return f"'{pattern.value}'" if pattern.type == "str" else name.lower()
+    return pattern.value if pattern.type == "str" else name
+
+
+def _key_label(key: str) -> str:
+    return TOKEN_NAMES.get(key, key.lower() if key.isupper() else f"'{key}'")
+
+
+def _token_label(name: str) -> str:
+    return _key_label(_token_key(name))
 
 
 def _expected(names: set[str]) -> str:
-    labels = sorted({_token_label(n) for n in names})
+    """What may come next, in words: each whole group of tokens by its name, the other tokens one by one."""
+    keys = {_token_key(n) for n in names}
+    groups = [(label, tokens) for label, tokens in TOKEN_GROUPS if tokens <= keys]
+    rest = keys.difference(*(tokens for _, tokens in groups))
+    labels = sorted({_key_label(k) for k in rest}) + sorted({label for label, _ in groups})
+    labels = sorted(labels, key=lambda text: (not text.startswith("'"), text))
     shown = labels[:MAX_EXPECTED_SHOWN]
-    more = f", … ({len(labels) - len(shown)} more)" if len(labels) > len(shown) else ""
-    return ", ".join(shown) + more
+    if len(labels) > len(shown):
+        return ", ".join(shown) + f", … ({len(labels) - len(shown)} more)"
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
 def _found(token: Token) -> str:
