@@ -132,7 +132,7 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
     except BlockError as exc:
         diags = [_relocate(d, text, filename) for d in exc.diagnostics]
         return LiftResult(text.text, diags, None, None, text.root, text.bind, _sources(diags, text.text, filename))
-    diags = sorted((_relocate(d, text, filename) for d in verify(program)), key=sort_key)
+    diags = sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
     max_error = None
     if not any(d.is_error for d in diags):
         inputs = root.params

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from blockir.diagnostics import Span
+from blockir.diagnostics import Diagnostic, Span
 from blockir.grammar.scope import RESERVED
 from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
@@ -42,6 +42,7 @@ class Session:
         self.reserved = {*DIMS, *KEYWORDS, *RESERVED}
         self.names: dict[str, str] = {}  # block body → block name
         self.used_memory = False
+        self.findings: list[Diagnostic] = []  # what the lift itself finds wrong (E0909)
 
     def dim(self, size: int) -> str:
         if size == self.width:

@@ -147,6 +147,16 @@ class Lifter:
             todo += [a for a in n.args if isinstance(a, fx.Node)]
         return None
 
+    def check_offset(self, w: fx.Node, node: fx.Node) -> None:
+        """A ``1 + w`` gain whose stored weights already sit around one applies the offset twice."""
+        mean = float(self.param(w).detach().float().mean())
+        if abs(mean - 1) < 0.5:
+            span = detail_span(node) or Span(type(self.traced.module).__name__, 0, 0)
+            self.session.findings.append(error(
+                "E0909", f"'{self.param_path(w)}' is used as 1 + weight, but its values sit around {mean:.3g}: "
+                f"the norm scales by about {1 + mean:.3g}, the offset is applied twice", span,
+                hint="store the weight as a deviation from one (Gemma: zeros at init), or drop the `1 +`"))
+
     def declare(self, name: str, text: str, node: fx.Node) -> str:
         """The declaration ``name: text``; a second site must declare the same thing."""
         have = self.block.decls.get(name)
@@ -231,7 +241,8 @@ class Lifter:
         module = self.traced.leaves[path]
         call = self.session.calls[self.prefix + path]
         slots, tensors = self._slots(node, module)
-        layer = path.rsplit(".", 1)[-1].isdigit() and is_residual(module, call)
+        layer = path.rsplit(".", 1)[-1].isdigit() and is_residual(module, call, self.session.calls,
+                                                                    self.prefix + path + ".")
         name = self._fresh((key or node).name)
         self.names[key or node] = name
         if layer:

@@ -123,6 +123,8 @@ def rmsnorm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
         return None
     cast = "after_weight" if "O" in c and "I" not in c else "before_weight"
     offset = ", offset=1" if c.get("ONE") else ""
+    if c.get("ONE"):
+        lift.check_offset(c["W"], node)
     text = f"rmsnorm({axis}, eps={_eps(c['EPS'])}{offset}, cast={cast}{extra})"
     return Out(f"{lift.declare(name, text, c['R'])}({{0}})", (c["X"],), key=c["R"])
 

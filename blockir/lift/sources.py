@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import inspect
+import io
 import linecache
 import os
 import re
+import tokenize
 from typing import Any
 
 import torch.fx as fx
@@ -32,8 +34,19 @@ def _methods(cls: type) -> set[str]:
     return {name for klass in cls.__mro__ if klass is not object for name in vars(klass)}
 
 
+def _code(text: str) -> str:
+    """The line without its trailing comment."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text.strip() + "\n").readline):
+            if tok.type == tokenize.COMMENT:
+                return text[:len(text) - len(text.lstrip()) + tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return text
+
+
 def _span(path: str, line: int, token: str | None = None) -> Span:
-    text = linecache.getline(path, line).rstrip("\n")
+    text = _code(linecache.getline(path, line).rstrip("\n"))
     start = len(text) - len(text.lstrip())
     if token:
         at = text.find(token, start)

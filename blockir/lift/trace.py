@@ -167,23 +167,44 @@ def _strip(node: Any) -> Any:
     return node
 
 
-def is_residual(m: nn.Module, call: Call) -> bool:
-    """Does ``m``'s full trace add one of its stream-shaped inputs to something?"""
-    first = next((v for v in call.arguments.values() if isinstance(v, Tensor)), None)
-    if first is None:
-        return False
+def is_residual(m: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
+                memo: dict[int, bool] | None = None) -> bool:
+    """Does ``m``'s trace (its own branches kept as calls) add one of its stream-shaped inputs to something?"""
+    memo = {} if memo is None else memo
+    if id(m) in memo:
+        return memo[id(m)]
+    memo[id(m)] = False  # a module reached again while it is probed is no container of itself
     try:
-        gm, names = _symbolic(m, call, set())
+        gm, names = _symbolic(m, call, {id(x) for x in branches(m, calls, prefix, memo).values()})
     except TraceFailure:
         return False
-    streams = {n for n in names if isinstance(call.arguments[n], Tensor) and call.arguments[n].shape == first.shape}
+    # a residual input has the [batch, seq, features] form of a stream; masks and tables do not
+    streams = {n for n in names if isinstance(call.arguments[n], Tensor) and call.arguments[n].is_floating_point()
+               and call.arguments[n].dim() == 3}
     for node in gm.graph.nodes:
         if node.op in ("call_function", "call_method") and node.target in ADDS:
             ops = [_strip(a) for a in node.args[:2]]
             if any(isinstance(a, fx.Node) and a.op == "placeholder" and a.target in streams for a in ops) and \
                     all(isinstance(a, fx.Node) for a in node.args[:2]):
-                return True
-    return False
+                memo[id(m)] = True
+    return memo[id(m)]
+
+
+def branches(module: nn.Module, calls: dict[str, Call], prefix: str,
+             memo: dict[int, bool] | None = None) -> dict[str, nn.Module]:
+    """The submodules of ``module`` that stay calls: branches, and layers (indexed residual containers)."""
+    memo = {} if memo is None else memo
+    leaves: dict[str, nn.Module] = {}
+    for name, sub in module.named_modules():
+        if not name or not _matrices(sub) or any(name.startswith(k + ".") for k in leaves):
+            continue
+        sub_call = calls.get(prefix + name)
+        if sub_call is None:  # never called: it cannot be on the graph either
+            continue
+        layer = name.rsplit(".", 1)[-1].isdigit()
+        if layer or not is_residual(sub, sub_call, calls, prefix + name + ".", memo):
+            leaves[name] = sub
+    return leaves
 
 
 def trace(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str = "") -> Traced:
@@ -191,22 +212,11 @@ def trace(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str = "
 
     ``calls`` are the recorded calls of the root's submodules, keyed by their path from the root.
     """
-    leaves: dict[str, nn.Module] = {}
-    for name, sub in module.named_modules():
-        if not name or not _matrices(sub):
-            continue
-        if any(name.startswith(k + ".") for k in leaves):
-            continue
-        sub_call = calls.get(prefix + name)
-        if sub_call is None:  # never called: it cannot be on the graph either
-            continue
-        layer = name.rsplit(".", 1)[-1].isdigit()
-        if layer or not is_residual(sub, sub_call):
-            leaves[name] = sub
+    leaves = branches(module, calls, prefix)
     gm, names = _symbolic(module, call, {id(m) for m in leaves.values()})
     example = {n: call.arguments[n] for n in names}
     try:
         ShapeProp(gm).propagate(*[example[n] for n in names])
     except Exception as exc:  # the traced graph replays user code on the examples
         raise TraceFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    return Traced(module, gm, names, example, {k: v for k, v in leaves.items()})
+    return Traced(module, gm, names, example, leaves)
