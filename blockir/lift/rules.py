@@ -278,6 +278,7 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("sigmoid", "sigmoid(X)", function("sigmoid")),
     ("erf", "erf(X)", function("erf")),
     ("copy", "same(X)", same),
+    ("reshape to the same shape", "reshape(X)", same),
     ("same dtype", "cast(X, _)", same),
     ("cast", "cast(X, _)", cast),
 )
