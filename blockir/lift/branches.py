@@ -44,15 +44,14 @@ def _key(n: Any) -> str | None:
 
 def builtin_branch(module: nn.Module, call: Call, dim: Callable[[int], str]) -> str | None:
     """The declaration text (after ``NAME: ``) of a built-in equal to ``module``, or None."""
-    tensors = [v for v in call.arguments.values() if v is not None and not isinstance(v, (bool, int, float, str))]
-    if len(tensors) != 1:
-        return None
     try:
-        gm, _ = _symbolic(module, call, set())
+        gm, names = _symbolic(module, call, set())
     except TraceFailure:
         return None
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if not isinstance(out, fx.Node):
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # one input read; side inputs the forward accepts (a compiled branch takes **ctx) are fine unread
+    if not isinstance(out, fx.Node) or not placeholders or any(n.users for n in placeholders[1:]):
         return None
     keys = set(module.state_dict())
     c = match(LINEAR, out, {})

@@ -253,8 +253,7 @@ class Lifter:
             self.block.eqs.append(Instance(path, block, name, ins, Line("", self.site(node), detail_span(node))))
             return name
         ins = [self.value(t) for t in tensors]
-        text = None if index or len(tensors) != 1 or any(s[0] == "ctx" for s in slots.values()) else \
-            builtin_branch(module, call, self.session.dim)
+        text = None if index or len(tensors) != 1 else builtin_branch(module, call, self.session.dim)
         if text is None:
             text = self._extern(node, module, path, slots, tensors, index)
         if path in self.block.decls and self.block.decls[path].text != text:
@@ -264,17 +263,27 @@ class Lifter:
         return name
 
     def _slots(self, node: fx.Node, module: nn.Module) -> tuple[dict[str, Slot], list[fx.Node]]:
-        """Each argument of the call by parameter name, and the stream tensors among them, in order."""
+        """Each argument of the call by parameter name, and the stream tensors among them, in order.
+
+        Arguments of ``*args`` are named ``*0``, ``*1``…: they are passed by position again.
+        """
         try:
             bound = inspect.signature(module.forward).bind(*node.args, **node.kwargs)
         except TypeError:
             bound = None
-        named: dict[str, Any] = {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
+        named: dict[str, Any] = {f"*{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
         if bound is not None:
             named = {}
             for k, a in bound.arguments.items():
                 kind = bound.signature.parameters[k].kind
-                named.update(a if kind is inspect.Parameter.VAR_KEYWORD else {k: a})
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(a)
+                elif kind is inspect.Parameter.VAR_POSITIONAL:
+                    named.update({f"*{i}": v for i, v in enumerate(a)})
+                elif kind is inspect.Parameter.POSITIONAL_ONLY:
+                    named[f"*{len(named)}"] = a
+                else:
+                    named[k] = a
         tensors: list[fx.Node] = []
         slots: dict[str, Slot] = {}
         for k, a in named.items():
@@ -297,16 +306,10 @@ class Lifter:
 
     def _extern(self, node: fx.Node, module: nn.Module, path: str, slots: dict[str, Slot], tensors: list[fx.Node],
                 index: tuple[Any, ...]) -> str:
-        sig = inspect.signature(module.forward)
-        args, kwargs = [], []
-        for k, s in slots.items():
-            p = sig.parameters.get(k)
-            if p is not None and p.kind in (p.POSITIONAL_ONLY,):
-                args.append(s)
-            else:
-                kwargs.append((k, s))
+        args = [s for k, s in slots.items() if k.startswith("*")]
+        kwargs = [(k, s) for k, s in slots.items() if not k.startswith("*")]
         self.block.externs[path] = (module, Replay(tuple(args), tuple(kwargs), tuple(index)))
-        params = ", ".join(f"a{i}: [{', '.join(self.axes(t))}]" for i, t in enumerate(tensors))
+        params = ", ".join(f"x{i or ''}: [{', '.join(self.axes(t))}]" for i, t in enumerate(tensors))
         result = self.shape(node)
         meta = self.meta(node)
         for i in index:

@@ -20,6 +20,9 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from blockir.backends import fx as fx_backend
+from blockir.backends import numerics
+
 CANONICAL: dict[Any, str] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", "mul": "mul", "mul_": "mul",
@@ -37,6 +40,9 @@ CANONICAL: dict[Any, str] = {
     torch.tanh: "tanh", "tanh": "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     F.sigmoid: "sigmoid", torch.erf: "erf", "erf": "erf",
     operator.getitem: "getitem",
+    # what a module compiled by blockir calls: its own norms and keyed dropout
+    numerics.rms_norm: "blockir_rms_norm", numerics.layer_norm: "blockir_layer_norm",
+    fx_backend.dropout_site: "blockir_dropout",
 }
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "mean": ("input", "dim", "keepdim"), "var": ("input", "dim", "unbiased", "keepdim"),
@@ -46,12 +52,17 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "dropout": ("input", "p", "training", "inplace"), "linear": ("input", "weight", "bias"),
     "gelu": ("input", "approximate"), "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "div": ("input", "other"), "rsub": ("input", "other"),
+    "blockir_rms_norm": ("x", "weight", "eps", "offset", "cast", "accum"),
+    "blockir_layer_norm": ("x", "weight", "bias", "eps", "accum", "offset", "two_pass", "recenter", "upcast"),
+    "blockir_dropout": ("x", "p", "mask", "training", "seed", "layer", "site"),
 }
 DEFAULTS: dict[str, dict[str, Any]] = {
     "layer_norm": {"weight": None, "bias": None, "eps": 1e-5}, "rms_norm": {"weight": None, "eps": None},
     "dropout": {"p": 0.5, "training": True, "inplace": False}, "linear": {"bias": None},
     "mean": {"dim": None, "keepdim": False}, "gelu": {"approximate": "none"},
     "var": {"dim": None, "unbiased": True, "keepdim": False},
+    "blockir_rms_norm": {"offset": 0, "cast": "before_weight", "accum": torch.float32},
+    "blockir_layer_norm": {"accum": torch.float32, "offset": 0, "two_pass": False, "recenter": False, "upcast": False},
 }
 COMMUTATIVE = frozenset({"add", "mul"})
 

@@ -33,11 +33,22 @@ Builder = Callable[["Lifter", fx.Node, dict[str, Any]], Out | None]
 
 
 def _num(v: float) -> str:
-    return repr(float(v)) if not float(v).is_integer() or abs(v) >= 1e16 else str(int(v))
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e16 else repr(v)
+
+
+def _num32(v: float) -> str:
+    """The shortest decimal that rounds to the same float32: a gain stored in f32 prints as written."""
+    v = float(v)
+    for digits in range(1, 10):
+        text = f"{v:.{digits}g}"
+        if torch.tensor(float(text), dtype=torch.float32).item() == torch.tensor(v, dtype=torch.float32).item():
+            return _num(float(text))
+    return _num(v)
 
 
 def _eps(v: Any) -> str:
-    return f"{float(v):g}" if float(f"{float(v):g}") == float(v) else repr(float(v))
+    return _num(v)
 
 
 def _dim_index(lift: "Lifter", x: fx.Node, dim: Any) -> int | None:
@@ -148,6 +159,36 @@ def layernorm_hand(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | No
     return Out(f"{lift.declare(name, text, c['M'])}({{0}})", (c["X"],), key=c["M"])
 
 
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+
+
+def compiled_rms_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    """The RMSNorm of a module blockir compiled: its settings are the call's arguments."""
+    name, extra = _gain(lift, c["W"])
+    text = (f"rmsnorm({lift.axes(c['X'])[-1]}, eps={_num(c['EPS'])}, offset={c['OFFSET']}, cast={c['CAST']}, "
+            f"accum={_DTYPES.get(c['ACCUM'], 'f32')}{extra})")
+    return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
+
+
+def compiled_layer_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    if c["W"] is None:
+        name, extra = _owner(lift, node), ", affine=false"
+    else:
+        name, extra = _gain(lift, c["W"])
+        extra += ", bias=false" if c["BIAS"] is None else ""
+    flags = "".join(f", {k}=true" for k in ("two_pass", "recenter", "upcast") if c[k.upper()])
+    text = (f"layernorm({lift.axes(c['X'])[-1]}, eps={_num(c['EPS'])}, offset={c['OFFSET']}, "
+            f"accum={_DTYPES.get(c['ACCUM'], 'f32')}{flags}{extra})")
+    return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
+
+
+def compiled_dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    if c["MASK"] == "sample":
+        return Out(f"drop_path({{0}}, p={_num(c['P'])})", (c["X"],))
+    mask = "" if c["MASK"] == "element" else f", mask={c['MASK']}"
+    return Out(f"dropout({{0}}, p={_num(c['P'])}{mask})", (c["X"],))
+
+
 def dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     if not isinstance(c["P"], (int, float)):
         return None
@@ -160,7 +201,7 @@ def drop_path(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     keep = lift.bernoulli_keep(mask)
     if keep is None or lift.shape(mask) is None or any(s != 1 for s in lift.shape(mask)[1:]):
         return None
-    return Out(f"drop_path({{0}}, p={_num(1 - keep)})", (x,))
+    return Out(f"drop_path({{0}}, p={_num32(1 - keep)})", (x,))
 
 
 def scale(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
@@ -179,12 +220,12 @@ def learned_gain(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None
     offset = ", offset=1" if c.get("ONE") else ""
     if p.numel() == 1 and p.ndim <= 1:
         init = float(p.detach().reshape(())) + (1 if c.get("ONE") else 0)
-        text = f"scalar(init={_num(init)}{offset})"
+        text = f"scalar(init={_num32(init)}{offset})"
         return Out(f"{lift.declare(path, text, node)} * {{0}}", (c["X"],))
     if p.ndim == 1 and p.shape[0] == lift.shape(c["X"])[-1]:
         axis = lift.axes(c["X"])[-1]
         flat = p.detach()
-        init = f", init={_num(float(flat[0]) + (1 if c.get('ONE') else 0))}" if bool((flat == flat[0]).all()) else ""
+        init = f", init={_num32(float(flat[0]) + (1 if c.get('ONE') else 0))}" if bool((flat == flat[0]).all()) else ""
         text = f"vector({axis}{init}{offset})"
         return Out(f"{lift.declare(path, text, node)} * {{0}}", (c["X"],))
     return None
@@ -235,10 +276,9 @@ def same(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
 
 
 def cast(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
-    names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
-    if not _tensors(lift, c["X"]) or lift.dtype(node) not in names:
+    if not _tensors(lift, c["X"]) or lift.dtype(node) not in _DTYPES:
         return None
-    return Out(f"cast({{0}}, {names[lift.dtype(node)]})", (c["X"],))
+    return Out(f"cast({{0}}, {_DTYPES[lift.dtype(node)]})", (c["X"],))
 
 
 _RMS = "mul(cast?(X), rsqrt(add(R:mean(pow(cast?(X), 2), AXIS, KEEP), EPS)))"
@@ -258,6 +298,10 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("rmsnorm div 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS_DIV})))", rmsnorm_offset),
     ("layernorm", _LN, layernorm_hand),
     ("layernorm var", _LN_VAR, layernorm_hand),
+    ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM)", compiled_rms_norm),
+    ("blockir layernorm", "blockir_layer_norm(X, W, BIAS, EPS, ACCUM, OFFSET, TWO_PASS, RECENTER, UPCAST)",
+     compiled_layer_norm),
+    ("blockir dropout", "blockir_dropout(X, P, MASK, _, _, _, _)", compiled_dropout),
     ("dropout", "dropout(X, P, _, _)", dropout),
     ("drop_path", "mul(X, M)", drop_path),
     ("drop_path keep", "mul(div(X, _), M)", drop_path),
