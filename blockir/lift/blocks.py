@@ -43,6 +43,7 @@ class Session:
         self.names: dict[str, str] = {}  # block body → block name
         self.used_memory = False
         self.findings: list[Diagnostic] = []  # what the lift itself finds wrong (E0909)
+        self.residual: dict[int, bool] = {}  # module id → is it a residual container
 
     def dim(self, size: int) -> str:
         if size == self.width:
@@ -61,7 +62,7 @@ class Session:
         return ("B", seq, self.dim(shape[2]))
 
     def lift_block(self, module: nn.Module, call: Call, prefix: str, ctx: dict[str, Slot]) -> LiftedBlock:
-        traced = trace(module, call, self.calls, prefix)
+        traced = trace(module, call, self.calls, prefix, self.residual)
         base = re.sub(r"\W", "_", type(module).__name__) or "Block"
         lifter = Lifter(self, traced, prefix, ctx, base)
         lifter.taken |= {n for n, _ in module.named_modules() if n} | {n for n, _ in module.named_parameters()}

@@ -242,7 +242,7 @@ class Lifter:
         call = self.session.calls[self.prefix + path]
         slots, tensors = self._slots(node, module)
         layer = path.rsplit(".", 1)[-1].isdigit() and is_residual(module, call, self.session.calls,
-                                                                    self.prefix + path + ".")
+                                                                    self.prefix + path + ".", self.session.residual)
         name = self._fresh((key or node).name)
         self.names[key or node] = name
         if layer:

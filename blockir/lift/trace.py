@@ -120,10 +120,10 @@ def _wrapper(inner: nn.Module, call: Call) -> tuple[_Wrapper, list[str]]:
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, leaves: set[int]) -> None:
+    def __init__(self, leaves: set[int], stacks: bool) -> None:
         super().__init__()
         self.leaves = leaves
-        self.record_stack_traces = True
+        self.record_stack_traces = stacks  # only the graph that is lifted is located; probes need none
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return id(m) in self.leaves
@@ -144,9 +144,9 @@ class Traced:
             self.root.get_buffer(target)
 
 
-def _symbolic(inner: nn.Module, call: Call, leaves: set[int]) -> tuple[fx.GraphModule, list[str]]:
+def _symbolic(inner: nn.Module, call: Call, leaves: set[int], stacks: bool = False) -> tuple[fx.GraphModule, list[str]]:
     wrapper, names = _wrapper(inner, call)
-    tracer = _Tracer(leaves)
+    tracer = _Tracer(leaves, stacks)
     try:
         graph = tracer.trace(wrapper)
     except Exception as exc:  # fx raises whatever the traced Python raises on a proxy
@@ -207,13 +207,14 @@ def branches(module: nn.Module, calls: dict[str, Call], prefix: str,
     return leaves
 
 
-def trace(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str = "") -> Traced:
+def trace(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str, memo: dict[int, bool]) -> Traced:
     """Trace ``module`` (named ``prefix`` in the lifted root) as ``call`` called it.
 
-    ``calls`` are the recorded calls of the root's submodules, keyed by their path from the root.
+    ``calls`` are the recorded calls of the root's submodules, keyed by their path from the root;
+    ``memo`` remembers which modules were found to be residual containers.
     """
-    leaves = branches(module, calls, prefix)
-    gm, names = _symbolic(module, call, {id(m) for m in leaves.values()})
+    leaves = branches(module, calls, prefix, memo)
+    gm, names = _symbolic(module, call, {id(m) for m in leaves.values()}, stacks=True)
     example = {n: call.arguments[n] for n in names}
     try:
         ShapeProp(gm).propagate(*[example[n] for n in names])
