@@ -17,7 +17,7 @@ from blockir.lift.certificate import certify
 from blockir.lift.lifter import LiftFailure
 from blockir.lift.replay import Replay
 from blockir.lift.sources import source_text
-from blockir.lift.trace import Call, TraceFailure, bind_call, python_path, record_calls
+from blockir.lift.trace import TraceFailure, bind_call, python_path, record_calls
 
 
 @dataclass

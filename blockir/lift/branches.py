@@ -11,18 +11,16 @@ from typing import Any, Callable
 import torch.fx as fx
 from torch import nn
 
-from blockir.lift.match import compile_pattern, match
-from blockir.lift.trace import Call, TraceFailure, _symbolic
+from blockir.lift.match import arguments, compile_pattern, match
+from blockir.lift.trace import Call, TraceFailure, symbolic
 
-_ACTS = {"relu(A)": "relu", "silu(A)": "silu", "tanh(A)": "tanh", "gelu(A, none)": "gelu", "gelu(A, tanh)": "gelu_tanh"}
+# the activations a built-in branch may apply, as patterns over their input A
+_ACTS = {"relu": "relu(A)", "silu": "silu(A)", "tanh": "tanh(A)", "gelu": "gelu(A, _)"}
 
 
 def _act_patterns(template: str) -> list[tuple[Any, str]]:
-    out = []
-    for text, name in _ACTS.items():
-        act = text.replace("A", "linear(X, WG@param, BG)").replace(", none)", ", _)").replace(", tanh)", ", _)")
-        out.append((compile_pattern(template.format(act=act)), name if "gelu" not in text else text))
-    return out
+    return [(compile_pattern(template.format(act="ACT:" + act.replace("A", "linear(X, WG@param, BG)"))), name)
+            for name, act in _ACTS.items()]
 
 
 # the output node of the branch's trace against each shape; {act} is the activation of the first linear
@@ -31,11 +29,9 @@ PLAIN = _act_patterns("linear({act}, WD@param, BD)")
 LINEAR = compile_pattern("linear(X, W@param, BIAS)")
 
 
-def _act(node: fx.Node, name: str) -> str | None:
-    if "gelu" not in name:
-        return name
-    approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-    return "gelu_tanh" if approx == "tanh" else "gelu"
+def _act(node: fx.Node, name: str) -> str:
+    """The activation's name in the language: a GELU says which form it computes."""
+    return "gelu_tanh" if name == "gelu" and arguments(node)[1] == "tanh" else name
 
 
 def _key(n: Any) -> str | None:
@@ -45,7 +41,7 @@ def _key(n: Any) -> str | None:
 def builtin_branch(module: nn.Module, call: Call, dim: Callable[[int], str]) -> str | None:
     """The declaration text (after ``NAME: ``) of a built-in equal to ``module``, or None."""
     try:
-        gm, names = _symbolic(module, call, set())
+        gm, names = symbolic(module, call, set())
     except TraceFailure:
         return None
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -68,8 +64,7 @@ def builtin_branch(module: nn.Module, call: Call, dim: Callable[[int], str]) -> 
         if keys != set(names.values()) or not all(n and n.endswith(".weight") for n in names.values()):
             continue
         hidden = dim(module.get_parameter(names["gate"] or "").shape[0])
-        act_node = next(a for a in c["WG"].users if a.op != "get_attr").users
-        fn = _act(next(iter(act_node)), act)
+        fn = _act(c["ACT"], act)
         own = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
         extra = "".join(f", {k}={v.removesuffix('.weight')}" for k, v in names.items()
                         if v and v.removesuffix(".weight") != own[k])
@@ -84,8 +79,7 @@ def builtin_branch(module: nn.Module, call: Call, dim: Callable[[int], str]) -> 
         if keys != want or not all(n and n.endswith(".weight") for n in names.values()):
             continue
         hidden = dim(module.get_parameter(names["fc1"] or "").shape[0])
-        act_node = next(a for a in c["WG"].users if a.op != "get_attr").users
-        fn = _act(next(iter(act_node)), act)
+        fn = _act(c["ACT"], act)
         extra = "".join(f", {k}={v.removesuffix('.weight')}" for k, v in names.items()
                         if v and v.removesuffix(".weight") != k)
         return f"mlp({hidden}, act={fn}, bias={'true' if bias else 'false'}{extra})"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -15,7 +15,7 @@ from blockir.lift.match import canonical, match
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.rules import RULES
 from blockir.lift.sources import detail_span, site_span
-from blockir.lift.trace import Call, Traced, is_residual
+from blockir.lift.trace import Traced, is_residual
 
 if TYPE_CHECKING:
     from blockir.lift.blocks import Session
@@ -328,6 +328,3 @@ def _has_node(v: Any) -> bool:
     if isinstance(v, dict):
         return any(_has_node(x) for x in v.values())
     return False
-
-
-Lift = Callable[[nn.Module, Call, str, dict[str, Slot]], LiftedBlock]

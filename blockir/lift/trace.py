@@ -144,7 +144,7 @@ class Traced:
             self.root.get_buffer(target)
 
 
-def _symbolic(inner: nn.Module, call: Call, leaves: set[int], stacks: bool = False) -> tuple[fx.GraphModule, list[str]]:
+def symbolic(inner: nn.Module, call: Call, leaves: set[int], stacks: bool = False) -> tuple[fx.GraphModule, list[str]]:
     wrapper, names = _wrapper(inner, call)
     tracer = _Tracer(leaves, stacks)
     try:
@@ -175,7 +175,7 @@ def is_residual(m: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
         return memo[id(m)]
     memo[id(m)] = False  # a module reached again while it is probed is no container of itself
     try:
-        gm, names = _symbolic(m, call, {id(x) for x in branches(m, calls, prefix, memo).values()})
+        gm, names = symbolic(m, call, {id(x) for x in branches(m, calls, prefix, memo).values()})
     except TraceFailure:
         return False
     # a residual input has the [batch, seq, features] form of a stream; masks and tables do not
@@ -214,7 +214,7 @@ def trace(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str, me
     ``memo`` remembers which modules were found to be residual containers.
     """
     leaves = branches(module, calls, prefix, memo)
-    gm, names = _symbolic(module, call, {id(m) for m in leaves.values()}, stacks=True)
+    gm, names = symbolic(module, call, {id(m) for m in leaves.values()}, stacks=True)
     example = {n: call.arguments[n] for n in names}
     try:
         ShapeProp(gm).propagate(*[example[n] for n in names])
