@@ -137,6 +137,12 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
     if not any(d.is_error for d in diags):
         inputs = root.params
         ctx = [n for n in call.arguments if n not in inputs and isinstance(call.arguments[n], (Tensor, tuple, list))]
-        max_error, more = certify(program, text.root, module, call, inputs, ctx, text.bind, _class_span(module))
+        try:
+            max_error, more = certify(program, text.root, module, call, inputs, ctx, text.bind, _class_span(module))
+        except BlockError as exc:
+            more = exc.diagnostics
+        except Exception as exc:  # the lifted module runs the user's branches on the user's inputs
+            more = [error("E0912", f"the compiled lift fails where the original runs: {type(exc).__name__}: {exc}",
+                          _class_span(module), hint="the lifted program is in .text; compile it to see where")]
         diags += more
     return LiftResult(text.text, diags, max_error, program, text.root, text.bind, _sources(diags, text.text, filename))

@@ -41,7 +41,7 @@ def _key(n: Any) -> str | None:
 def builtin_branch(module: nn.Module, call: Call, dim: Callable[[int], str]) -> str | None:
     """The declaration text (after ``NAME: ``) of a built-in equal to ``module``, or None."""
     try:
-        gm, names = symbolic(module, call, set())
+        gm, _ = symbolic(module, call, set())
     except TraceFailure:
         return None
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
