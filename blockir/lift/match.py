@@ -35,7 +35,7 @@ CANONICAL: dict[Any, str] = {
     "to": "cast", "float": "cast", "type_as": "cast", "type": "cast", "half": "cast", "bfloat16": "cast",
     "contiguous": "same", "clone": "same", "view": "reshape", "reshape": "reshape", torch.reshape: "reshape",
     "view_as": "reshape", "reshape_as": "reshape",
-    F.layer_norm: "layer_norm", F.rms_norm: "rms_norm", F.dropout: "dropout", F.linear: "linear",
+    F.normalize: "normalize", F.layer_norm: "layer_norm", F.rms_norm: "rms_norm", F.dropout: "dropout", F.linear: "linear",
     F.relu: "relu", torch.relu: "relu", "relu": "relu", F.gelu: "gelu", F.silu: "silu",
     torch.tanh: "tanh", "tanh": "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     F.sigmoid: "sigmoid", torch.erf: "erf", "erf": "erf",
@@ -48,7 +48,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "mean": ("input", "dim", "keepdim"), "var": ("input", "dim", "unbiased", "keepdim"),
     "pow": ("input", "exponent"), "cast": ("input", "dtype"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
-    "rms_norm": ("input", "normalized_shape", "weight", "eps"),
+    "rms_norm": ("input", "normalized_shape", "weight", "eps"), "normalize": ("input", "p", "dim", "eps"),
     "dropout": ("input", "p", "training", "inplace"), "linear": ("input", "weight", "bias"),
     "gelu": ("input", "approximate"), "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "div": ("input", "other"), "rsub": ("input", "other"),
@@ -57,7 +57,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "blockir_dropout": ("x", "p", "mask", "training", "seed", "layer", "site"),
 }
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "layer_norm": {"weight": None, "bias": None, "eps": 1e-5}, "rms_norm": {"weight": None, "eps": None},
+    "layer_norm": {"weight": None, "bias": None, "eps": 1e-5}, "normalize": {"p": 2.0, "dim": 1, "eps": 1e-12}, "rms_norm": {"weight": None, "eps": None},
     "dropout": {"p": 0.5, "training": True, "inplace": False}, "linear": {"bias": None},
     "mean": {"dim": None, "keepdim": False}, "gelu": {"approximate": "none"},
     "var": {"dim": None, "unbiased": True, "keepdim": False},

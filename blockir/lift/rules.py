@@ -189,6 +189,15 @@ def compiled_dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | 
     return Out(f"dropout({{0}}, p={_num(c['P'])}{mask})", (c["X"],))
 
 
+def l2_normalize(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    """``F.normalize(x, dim=-1)``: an ``l2norm``, named inside the module that calls it (it learns nothing)."""
+    if float(c["P"]) != 2:
+        return None
+    axis = _norm_axis(lift, c["X"], c["DIM"], node)
+    text = f"l2norm({axis}, eps={_num(c['EPS'])})"
+    return Out(f"{lift.declare(_owner(lift, node) + '.l2norm', text, node)}({{0}})", (c["X"],))
+
+
 def dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     if not isinstance(c["P"], (int, float)):
         return None
@@ -292,6 +301,7 @@ _LN_VAR = ("add(mul(cast?(W@param), div(sub(cast?(X), M:mean(cast?(X), _, _)), "
 TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("layer_norm", "layer_norm(X, SHAPE, W, BIAS, EPS)", layer_norm),
     ("rms_norm", "rms_norm(X, SHAPE, W, EPS)", rms_norm),
+    ("l2norm", "normalize(X, P, DIM, EPS)", l2_normalize),
     ("rmsnorm", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS})))", rmsnorm),
     ("rmsnorm 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS})))", rmsnorm_offset),
     ("rmsnorm div", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS_DIV})))", rmsnorm),
