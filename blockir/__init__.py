@@ -1,7 +1,7 @@
 """blockir: a compiler for Transformer block topologies.
 
-``compile``, ``trace`` and ``reconcile`` are imported on first use: the first two
-need torch, and none is needed by ``parse``/``load``/``verify`` or the checking
+``compile``, ``trace``, ``reconcile`` and ``lift`` are imported on first use: ``compile``,
+``trace`` and ``lift`` need torch, and none is needed by ``parse``/``load``/``verify`` or the checking
 commands, which start without loading them.
 """
 from __future__ import annotations
@@ -25,20 +25,25 @@ if TYPE_CHECKING:
     from blockir.backends.compile import compile
     from blockir.backends.distributed import parallelize
     from blockir.backends.trace import trace
+    from blockir.lift import lift
 
 __version__ = "0.1.0"
-__all__ = ["BlockError", "Diagnostic", "Note", "Span", "calibrate", "compile", "from_hf_config", "load", "parallelize", "parse",
+__all__ = ["BlockError", "Diagnostic", "Note", "Span", "calibrate", "compile", "from_hf_config", "lift", "load",
+           "parallelize", "parse",
            "reconcile", "trace", "verify",
            "__version__"]
 
 _LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",
-         "parallelize": "blockir.backends.distributed", "calibrate": "blockir.backends.calibrate"}
+         "parallelize": "blockir.backends.distributed", "calibrate": "blockir.backends.calibrate",
+         "lift": "blockir.lift"}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'blockir' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    module = importlib.import_module(_LAZY[name])
+    # blockir.lift is its callable package, so that importing blockir.lift.… cannot rebind the name
+    value = module if name == "lift" else getattr(module, name)
     globals()[name] = value  # later lookups skip this hook
     return value
 

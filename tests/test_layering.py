@@ -21,7 +21,11 @@ FORBIDDEN = {
     "analyses": ("verifiers", "rewrites", "reports", "backends", "commands"),
     "verifiers": ("rewrites", "reports", "backends", "commands"),
     "rewrites": ("reports", "commands"),
+    # lift reads the language, analyses and verifiers, and compiles through the backends for its certificate
+    "lift": ("rewrites", "reports", "importers", "commands"),
 }
+# who may import the lift: its command, and the package's lazy export
+LIFT_USERS = ("lift", "commands")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -40,4 +44,12 @@ def test_layers_import_only_downward(layer: str) -> None:
     wrong = [f"{path.relative_to(ROOT)}:{line}: {module}"
              for path in sorted((PACKAGE / layer).rglob("*.py")) for line, module in _imports(path)
              if any(module == f"blockir.{f}" or module.startswith(f"blockir.{f}.") for f in FORBIDDEN[layer])]
+    assert wrong == []
+
+
+def test_only_the_command_and_the_lazy_export_import_lift() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {module}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).parts[0] not in LIFT_USERS and path != PACKAGE / "__init__.py"
+             for line, module in _imports(path) if module == "blockir.lift" or module.startswith("blockir.lift.")]
     assert wrong == []

@@ -1,0 +1,148 @@
+"""``blockir.lift(module, *args, **kwargs)``: the topology of existing PyTorch code as a checked ``.block``."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from blockir.api import parse, verify
+from blockir.diagnostics import BlockError, Diagnostic, Note, Span, argument_error, error, render_all, sort_key
+from blockir.ir.program import Program
+from blockir.lift.blocks import Session, Text, emit
+from blockir.lift.certificate import certify
+from blockir.lift.lifter import LiftFailure
+from blockir.lift.replay import Replay
+from blockir.lift.sources import source_text
+from blockir.lift.trace import TraceFailure, bind_call, python_path, record_calls
+
+
+@dataclass
+class LiftResult:
+    """What a lift found: the ``.block`` text, its diagnostics located in Python, and the certificate.
+
+    ``max_error`` is None when the lift has errors (nothing was compiled to compare).
+    """
+
+    text: str
+    diagnostics: list[Diagnostic]
+    max_error: float | None
+    program: Program | None = None
+    block: str = ""
+    bind: dict[str, tuple[nn.Module, Replay]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+    def render(self) -> str:
+        return render_all(self.diagnostics, self.sources)
+
+
+@contextlib.contextmanager
+def _tracing(module: nn.Module) -> Iterator[None]:
+    """Training mode, so dropout and stochastic depth are on the graph; buffers and flags restored."""
+    flags = [(m, m.training) for m in module.modules()]
+    buffers = {k: b.detach().clone() for k, b in module.named_buffers()}
+    module.train()
+    try:
+        with python_path(), torch.random.fork_rng():
+            yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+        with torch.no_grad():
+            for k, b in module.named_buffers():
+                if k in buffers:
+                    b.copy_(buffers[k])
+
+
+def _relocate(d: Diagnostic, text: Text, filename: str) -> Diagnostic:
+    def where(span: Span) -> Span:
+        entry = text.entries.get(span.line) if span.filename == filename else None
+        if entry is None:
+            return span
+        first, second = (entry.line.detail, entry.line.site) if entry.kind == "decl" else (entry.line.site,
+                                                                                         entry.line.detail)
+        return first or second or span
+    notes = tuple(Note(n.message, where(n.span) if n.span else None) for n in d.notes)
+    return dataclasses.replace(d, span=where(d.span), notes=notes)
+
+
+def _sources(diags: list[Diagnostic], text: str, filename: str) -> dict[str, str]:
+    out = {filename: text}
+    for d in diags:
+        for span in [d.span, *(n.span for n in d.notes if n.span)]:
+            if span.filename not in out and span.line > 0:
+                src = source_text(span.filename)
+                if src is not None:
+                    out[span.filename] = src
+    return out
+
+
+def _class_span(module: nn.Module) -> Span:
+    import inspect
+    try:
+        _, line = inspect.getsourcelines(type(module))
+        return Span(inspect.getsourcefile(type(module)) or type(module).__name__, line, 1)
+    except (OSError, TypeError):
+        return Span(type(module).__name__, 0, 0)
+
+
+def _failed(diag: Diagnostic) -> LiftResult:
+    return LiftResult("", [diag], None, sources=_sources([diag], "", "<lift>"))
+
+
+def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **example_kwargs: Any) -> LiftResult:
+    """Lift ``module`` as called with the example arguments: topology, diagnostics, certificate."""
+    if not isinstance(module, nn.Module):
+        raise BlockError([argument_error("lift", "module", f"lift expects an nn.Module, got {type(module).__name__}")])
+    try:
+        call = bind_call(module, example_args, example_kwargs)
+    except TypeError as exc:
+        raise BlockError([argument_error("lift", "example_args", f"the example arguments do not fit "
+                                         f"{type(module).__name__}.forward: {exc}")]) from None
+    first = next((v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point()), None)
+    if first is None or first.dim() != 3:
+        raise BlockError([argument_error("lift", "example_args", "the first floating tensor argument is the "
+                                         "residual stream and must be [batch, seq, features]")])
+    with _tracing(module):
+        try:
+            _, calls = record_calls(module, example_args, example_kwargs)
+        except Exception as exc:  # the user's forward on the user's examples
+            return _failed(error("E0900", f"{type(module).__name__} fails on the example inputs: "
+                                 f"{type(exc).__name__}: {exc}", _class_span(module),
+                                 hint="pass inputs the module accepts (--args, --dims)"))
+        session = Session(calls, int(first.shape[-1]), int(first.shape[1]))
+        try:
+            root = session.lift_block(module, call, "", {})
+        except LiftFailure as f:
+            return _failed(f.diagnostic)
+        except TraceFailure as exc:
+            return _failed(error("E0900", f"torch.fx cannot trace {type(module).__name__}: {exc}", _class_span(module),
+                                 hint="a forward that branches on tensor values cannot be traced symbolically; move "
+                                      "such code into a branch submodule"))
+    text = emit(root, session, module)
+    try:
+        program = parse(text.text, filename)
+    except BlockError as exc:
+        diags = [_relocate(d, text, filename) for d in exc.diagnostics]
+        return LiftResult(text.text, diags, None, None, text.root, text.bind, _sources(diags, text.text, filename))
+    diags = sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
+    max_error = None
+    if not any(d.is_error for d in diags):
+        inputs = root.params
+        ctx = [n for n in call.arguments if n not in inputs and isinstance(call.arguments[n], (Tensor, tuple, list))]
+        try:
+            max_error, more = certify(program, text.root, module, call, inputs, ctx, text.bind, _class_span(module))
+        except BlockError as exc:
+            more = exc.diagnostics
+        except Exception as exc:  # the lifted module runs the user's branches on the user's inputs
+            more = [error("E0912", f"the compiled lift fails where the original runs: {type(exc).__name__}: {exc}",
+                          _class_span(module), hint="the lifted program is in .text; compile it to see where")]
+        diags += more
+    return LiftResult(text.text, diags, max_error, program, text.root, text.bind, _sources(diags, text.text, filename))
