@@ -174,7 +174,8 @@ def test_periodic_layer_types_become_an_indicator_in_layer(model_type, types, wi
 
 def test_a_layer_mix_without_a_period_is_refused() -> None:
     with pytest.raises(blockir.BlockError) as info:
-        block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention"]))
+        block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention",
+                                                         "sliding_attention", "full_attention"]))
     assert info.value.diagnostics[0].message == "this mix of sliding and full attention layers is not supported"
 
 

@@ -120,11 +120,12 @@ def test_roberta_positions_start_after_the_pad_row() -> None:
 
 
 def test_diff_bert_roberta_names_what_differs(tmp_path, capsys) -> None:
-    """Same keys and shapes; the one difference is where the position lookup starts (RoBERTa skips the pad row)."""
+    """Same keys and shapes; the one difference is where the position lookup starts (RoBERTa skips the pad row).
+    Both get pad token 1: their config classes default to different ones, which the token tables carry."""
     files = []
     for model_type in ("bert", "roberta"):
         path = tmp_path / f"{model_type}.block"
-        path.write_text(block_text(dict(COMMON, model_type=model_type)), encoding="utf-8")
+        path.write_text(block_text(dict(COMMON, model_type=model_type, pad_token_id=1)), encoding="utf-8")
         files.append(str(path))
     assert main(["diff", *files, "--block", "BertModel", "--block-b", "RobertaModel", "--format", "json"]) == 1
     [report] = json.loads(capsys.readouterr().out)

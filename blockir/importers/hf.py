@@ -1,15 +1,19 @@
-"""A transformers config (dict or JSON) → the `.block` text of its ``*ForCausalLM`` class.
+"""A transformers config (dict or JSON) → the `.block` text of the class its ``architectures`` names.
 
 Names equal the HF classes' attribute names, so the compiled model loads the real state dict
-strictly; dims, norms, eps, placement and attention options come from the config fields. Only
-``json`` is imported: a config object is read through its ``to_dict()``.
+strictly; dims, norms, eps, placement and attention options come from the config fields, which
+``hf_config.read_fields`` checks against the family's table first. Only ``json`` is imported: a
+config object is read through its ``to_dict()``.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from blockir.diagnostics import BlockError, Span, error
+from blockir.diagnostics import BlockError, json_span
+from blockir.diagnostics import error as _error
+from blockir.importers.hf_family import ACTS
 
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 # rope_parameters key -> the attention argument that states it
@@ -19,47 +23,49 @@ ROPE_ARGS = {"factor": "rope_factor", "original_max_position_embeddings": "rope_
 READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
                                            "high_freq_factor"),
          "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
-ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
-        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh", "relu2": "relu2", "quick_gelu": "quick_gelu",
-        "gelu_accurate": "gelu_accurate", "mish": "mish"}
+SOURCE = "<hf config>"  # the name diagnostics carry until block_text knows the file
 
 
-def _fail(message: str, hint: str | None = None) -> BlockError:
-    return BlockError([error("E0800", message, Span("<hf config>", 1, 1), hint=hint)])
+def _fail(message: str, hint: str | None = None, at: tuple[str | int, ...] = ()) -> BlockError:
+    """A config the file cannot state (E0800), at the JSON path of the field that asks for it."""
+    return BlockError([_error("E0800", message, json_span(SOURCE, at), hint=hint)])
 
 
 class _Config:
-    """Config fields with the defaults the transformers class applies."""
+    """The fields the family's HF code reads, checked and defaulted by ``hf_config.read_fields``."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = dict(raw)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The field's value; ``default`` where it is null, or where the family does not read it (HF's code then
+        behaves as that default)."""
         v = self.raw.get(key)
         return default if v is None else v
 
     def need(self, key: str) -> Any:
         if self.raw.get(key) is None:
-            raise _fail(f"the config of model type '{self.raw.get('model_type')}' has no '{key}'")
+            raise _fail(f"the config of model type '{self.raw.get('model_type')}' has no '{key}'", at=(key,))
         return self.raw[key]
 
     def rope(self) -> dict[str, Any]:
-        params = dict(self.get("rope_parameters") or self.get("rope_scaling") or {})
-        kind = params.get("rope_type", params.get("type", "default"))
+        params = dict(self.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0})
+        kind = params.get("rope_type", "default")
         if kind not in ROPE_SCALINGS:
-            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS))
+            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS),
+                        at=("rope_parameters", "rope_type"))
         if kind == "yarn" and params.get("truncate") is False:
-            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported")
+            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported",
+                        at=("rope_parameters", "truncate"))
         if kind == "yarn" and params.get("mscale") and params.get("mscale_all_dim"):
-            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead")
-        params.setdefault("rope_theta", self.get("rope_theta", 10000.0))
-        params["rope_type"] = kind
+            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead",
+                        at=("rope_parameters", "mscale"))
         return params
 
     def act(self, key: str = "hidden_act", default: str = "silu") -> str:
         name = self.get(key, default)
         if name not in ACTS:
-            raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)))
+            raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)), at=(key,))
         return ACTS[name]
 
 
@@ -89,7 +95,7 @@ def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | Non
     if rotary:
         rope = c.rope()
         opts += ["rope=true", f"rope_theta={_num(rope['rope_theta'])}"]
-        factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)))
+        factor = rope.get("partial_rotary_factor", 1.0)
         if factor != 1.0:
             opts.append(f"rotary_dim={int(hd * factor)}")
         if exact:  # model.to(dtype) casts HF's inv_freq buffer too
@@ -146,13 +152,13 @@ def _window(c: _Config) -> list[str]:
         if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
             return [f"window={window} * (1 {sign} (-1) ** layer) / 2"]
     raise _fail("this mix of sliding and full attention layers is not supported",
-                "supported: all sliding, all full, or alternating layer by layer")
+                "supported: all sliding, all full, or alternating layer by layer", at=("layer_types",))
 
 
 def _padding(c: _Config) -> list[str]:
     """The classes that pass ``pad_token_id`` to ``nn.Embedding``: that row learns nothing."""
     pad = c.get("pad_token_id")
-    return [f"padding_idx={pad}"] if pad is not None and 0 <= pad < c.need("vocab_size") else []
+    return [f"padding_idx={pad}"] if pad is not None else []
 
 
 def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[str] | None = None,
@@ -180,10 +186,10 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
     def write(c: _Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
-        if c.get("clip_qkv") is not None:
-            raise _fail("clip_qkv (clamping q, k and v) is not supported")
-        if not all(c.get("no_rope_layers") or [1]):
-            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE")
+        layers = c.need("num_hidden_layers")
+        if not all((c.get("no_rope_layers") or [1])[:layers]):
+            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
+                        at=("no_rope_layers",))
         attn = _attn_opts(c, exact) + _window(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
@@ -224,7 +230,7 @@ def _multipliers(c: _Config, model_type: str) -> tuple[float | None, str, str, s
     logits = float(c.get("logits_scaling", 1.0))
     mantissa, _ = math.frexp(logits)
     if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
-        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", "HF divides the logits by it; "
+        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", at=("logits_scaling",), hint="HF divides the logits by it; "
                     "blockir multiplies by the reciprocal, which equals only for powers of two")
     res = _num(c.get("residual_multiplier", 1.0))
     emb = _num(c.get("embedding_multiplier", 1.0))
@@ -243,7 +249,6 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
               f"  post_attention_layernorm: {norm}", _decl("mlp", "gated_mlp", mlp),
               "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
               "  return y", "}", ""]
-    c.raw.setdefault("tie_word_embeddings", True)
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5")) + "\n"
 
 
@@ -269,7 +274,6 @@ def sandwich_text(cls: str, layer: str, model_type: str, c: _Config, norm: str, 
               _decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
               "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
               "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
-    c.raw.setdefault("tie_word_embeddings", True)
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5",
                                     softcap=c.get("final_logit_softcapping"))) + "\n"
 
@@ -314,8 +318,6 @@ def _gpt2(c: _Config, model_type: str, exact: bool) -> str:
     d = c.get("n_embd", c.get("hidden_size"))
     c.raw.setdefault("hidden_size", d)
     c.raw["num_attention_heads"] = c.get("n_head", c.get("num_attention_heads"))
-    if c.get("scale_attn_by_inverse_layer_idx", False) or c.get("reorder_and_upcast_attn", False):
-        raise _fail("GPT-2 options scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn are not supported")
     eps = _num(c.get("layer_norm_epsilon", 1e-5))
     attn = _attn_opts(c, exact, rotary=False) + ["bias=true", "out_bias=true", "fused=stacked", "conv1d=true",
                                                  "qkv=c_attn", "o=c_proj", "softmax_f32=false"]
@@ -389,8 +391,6 @@ def _starcoder2(c: _Config, model_type: str, exact: bool) -> str:
 
 def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "StableLmForCausalLM", "StableLmDecoderLayer"
-    if c.get("qk_layernorm", False):
-        raise _fail("StableLM's per-head q/k LayerNorms (qk_layernorm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
     attn = _attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
     drop = _drop(c.get("hidden_dropout", 0.0))
@@ -408,8 +408,6 @@ def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
 
 def _phi(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
-    if c.get("qk_layernorm", False):
-        raise _fail("Phi's q/k LayerNorms (qk_layernorm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
     attn = _attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
     drop = _drop(c.get("resid_pdrop", 0.0))
@@ -429,12 +427,9 @@ def _phi(c: _Config, model_type: str, exact: bool) -> str:
 
 def _cohere(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "CohereForCausalLM", "CohereDecoderLayer"
-    if c.get("use_qk_norm", False):
-        raise _fail("Cohere's q/k norms (use_qk_norm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true, recenter=true)"
     attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"] + \
         (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
-    c.raw.setdefault("tie_word_embeddings", True)
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
               _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
@@ -472,18 +467,16 @@ WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
 }
 
 
-def block_text(config: Any, exact: bool = False) -> str:
-    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object).
+def block_text(config: Any, exact: bool = False, *, source: str = SOURCE) -> str:
+    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object), of the
+    class its ``architectures`` names; every problem is a ``BlockError`` located at ``source: $.field``.
 
     ``exact`` writes ``impl=eager`` on every attention: HF's eager reference op for op.
     """
-    raw = config.to_dict() if hasattr(config, "to_dict") else config
-    if not isinstance(raw, Mapping):
-        raise _fail(f"expected a config dict or object, got {type(config).__name__}")
-    model_type = raw.get("model_type")
-    if model_type not in WRITERS:
-        raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
-    return WRITERS[model_type](_Config(raw), model_type, exact)
+    from blockir.importers.hf_import import import_text
+    return import_text(config, exact, source=source)
+
+
 from blockir.importers import hf_more  # noqa: E402,F401  (registers its writers into WRITERS)
 from blockir.importers import hf_gptj  # noqa: E402,F401  (registers its writers into WRITERS)
 from blockir.importers import hf_periodic  # noqa: E402,F401  (registers its writers into WRITERS)
