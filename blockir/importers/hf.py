@@ -70,7 +70,7 @@ class _Config:
 
 
 def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+    return str(int(v)) if float(v).is_integer() and abs(v) < 2 ** 53 else repr(float(v))
 
 
 def _header(cls: str, model_type: str, c: _Config, extra: dict[str, int]) -> list[str]:
@@ -366,6 +366,15 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def no_embedding_dropout(c: _Config, key: str) -> str:
+    """Dropout on the token embeddings is refused: the verifiers read it as dropout on the residual state (E0402)."""
+    if c.get(key, 0.0):
+        raise _fail(f"dropout on the token embeddings ({key}={_num(c.get(key))}) is not supported",
+                    f"the language reads it as dropout on the residual state; set {key} to 0 (it acts only in "
+                    "training)", at=(key,))
+    return ""
+
+
 def _drop(p: float) -> Callable[[str], str]:
     return (lambda e: f"dropout({e}, p={_num(p)})") if p else (lambda e: e)
 
@@ -385,7 +394,7 @@ def _starcoder2(c: _Config, model_type: str, exact: bool) -> str:
               f"  h = x + {drop('self_attn(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}",
               "  return y", "}", ""]
     model = _model(cls, "model", layer, c, norm)
-    model[-2] = f"  return lm_head(model.norm(model.layers({_drop(c.get('embedding_dropout', 0.0))('model.embed_tokens(input_ids)')})))"
+    no_embedding_dropout(c, "embedding_dropout")
     return "\n".join(lines + model) + "\n"
 
 
@@ -420,7 +429,7 @@ def _phi(c: _Config, model_type: str, exact: bool) -> str:
               _decl("model.embed_tokens", "embedding", ["V", "D"] + _padding(c)), f"  model.layers: {layer} * L",
               f"  model.final_layernorm: {norm}",
               _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
-              "  x = " + _drop(c.get("embd_pdrop", 0.0))("model.embed_tokens(input_ids)"),
+              "  x = " + no_embedding_dropout(c, "embd_pdrop") + "model.embed_tokens(input_ids)",
               "  return lm_head(model.final_layernorm(model.layers(x)))", "}"]
     return "\n".join(lines) + "\n"
 

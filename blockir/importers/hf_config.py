@@ -18,6 +18,7 @@ from blockir.importers.hf_schema import FAMILIES, ROPE_LAYER_KEYS, _Checker, _sh
 # legacy RoPE keys -> where the config class puts them in rope_parameters
 ROPE_LEGACY = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "partial_rotary_factor":
                "partial_rotary_factor", "rotary_pct": "partial_rotary_factor"}
+MAX_DEPTH = 32  # real configs nest four deep; deeper JSON is refused before anything walks it recursively
 ORDER = {"if": 0, "period": 2, "after": 2, "all": 2, "nope": 2}  # derivations that read derived fields go last
 
 
@@ -38,6 +39,11 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
     if not isinstance(raw, Mapping):
         ch.add("E0806", (), f"a config is a JSON object, got {_show(raw)}", "transformers writes config.json as one "
                "object of fields")
+        ch.raise_if_any()
+    deep = _too_deep(raw)
+    if deep is not None:
+        ch.add("E0806", deep, f"the config nests deeper than {MAX_DEPTH} levels", "a config is a flat object of "
+               "fields, a few of them lists or objects")
         ch.raise_if_any()
     model_type = raw.get("model_type")
     if model_type is None:
@@ -70,6 +76,20 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
     _fit(ch, family, fields, values, keys)
     ch.raise_if_any()
     return model_type, values, keys
+
+
+def _too_deep(raw: Mapping[str, Any]) -> tuple[str | int, ...] | None:
+    """The path of a value nested deeper than ``MAX_DEPTH``, found without recursion."""
+    todo: list[tuple[Any, tuple[str | int, ...]]] = [(raw, ())]
+    while todo:
+        value, path = todo.pop()
+        if len(path) > MAX_DEPTH:
+            return path[:MAX_DEPTH]
+        if isinstance(value, Mapping):
+            todo += [(v, (*path, str(k))) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            todo += [(v, (*path, i)) for i, v in enumerate(value)]
+    return None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -152,6 +172,11 @@ def _fit(ch: _Checker, family: Family, fields: dict[str, tuple[Any, ...]], value
 def _rotary(ch: _Checker, values: dict[str, Any], keys: dict[str, str], head_dim: int | None) -> None:
     """RoPE rotates pairs of channels: the rotated part of a head is even and fits in it."""
     if head_dim is None:
+        return
+    if ("rope_parameters" in values or "rotary_dim" in values) and head_dim % 2:
+        where = next((k for k in ("head_dim", "num_attention_heads", "n_head") if k in keys), "head_dim")
+        ch.add("E0809", (keys.get(where, where),), f"the head size {head_dim} is odd", "RoPE rotates pairs of "
+               "channels: the language's rotary embedding needs an even head size")
         return
     rotary = values.get("rotary_dim")
     if rotary is not None and (rotary > head_dim or rotary % 2):

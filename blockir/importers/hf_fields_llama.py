@@ -75,7 +75,7 @@ FAMILIES: dict[str, Family] = {
         max_position_embeddings=('size', 131072), initializer_range=('real', 0.02, 'init'),
         rms_norm_eps=('eps', 1e-06), use_cache=('bool', True), pad_token_id=('token?', 0, 'row'),
         eos_token_id=('tokens?', 1, 'gen'), bos_token_id=('token?', 2, 'gen'), tie_word_embeddings=('bool', True),
-        rope_parameters=('rope?', None),
+        rope_parameters=('ropes?', None),
         attention_bias=('bool', False), attention_dropout=('prob', 0.0), query_pre_attn_scalar=('positive', 256),
         sliding_window=('window?', 4096), layer_types=('layer_types?', None, '=period sliding_window_pattern'),
         final_logit_softcapping=('positive?', None), attn_logit_softcapping=('positive?', None),

@@ -41,7 +41,7 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
               "  transformer.wte: embedding(V, D)", f"  transformer.h: {layer} * L",
               f"  transformer.ln_f: layernorm(D, eps={eps})",
               _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
-              "  x = " + _drop(c.get("embd_pdrop", 0.0))("transformer.wte(input_ids)"),
+              "  x = " + hf.no_embedding_dropout(c, "embd_pdrop") + "transformer.wte(input_ids)",
               "  return lm_head(transformer.ln_f(transformer.h(x)))", "}"]
     return "\n".join(lines) + "\n"
 

@@ -11,18 +11,25 @@ from typing import Any
 
 from blockir.diagnostics import BlockError, Note, error, json_span, render
 from blockir.importers.hf import SOURCE, WRITERS, _Config
-from blockir.importers.hf_config import read_fields
+from blockir.grammar.parser import MAX_BYTES
+from blockir.importers.hf_config import read_fields, role
+from blockir.importers.hf_schema import FAMILIES
 from blockir.importers.hf_family import BASES
 
 
 def import_text(config: Any, exact: bool, *, source: str = SOURCE) -> str:
     raw = config.to_dict() if callable(getattr(config, "to_dict", None)) else config
-    model_type, values, _ = read_fields(raw, source)
+    model_type, values, keys = read_fields(raw, source)
     try:
         text = WRITERS[model_type](_Config(values), model_type, exact)
         text = _architecture(text, model_type, values.get("architectures"), source)
     except BlockError as exc:
         raise BlockError([_located(d, source) for d in exc.diagnostics]) from None
+    if len(text.encode("utf-8")) > MAX_BYTES:
+        layers = role(FAMILIES[model_type], "num_hidden_layers")
+        raise BlockError([error("E0808", f"the file for {layers}={values[layers]} would exceed the "
+                                f"{MAX_BYTES >> 20} MiB a .block file may hold", json_span(source, (keys.get(layers, layers),)),
+                                hint="this family is written one declaration per layer; use fewer layers")])
     _self_check(text, source)
     return text
 
@@ -84,6 +91,10 @@ def _self_check(text: str, source: str) -> None:
         found = [d for d in verify(parse(text, name)) if d.is_error]
     except BlockError as exc:
         found = exc.diagnostics
+    oversized = [d for d in found if d.code == "E0702" and d.message.startswith("dim ")]
+    if oversized:  # a size the writer derives (4 × the width …) past the language's bound: the config's sizes
+        raise BlockError([error("E0808", f"a size derived from this config is too large: {oversized[0].message}",
+                                json_span(source), hint="the language bounds every dim as it does in a .block file")])
     if found:
         first = found[0]
         raise BlockError([error("E0814", f"the file written for this config fails its own check: error[{first.code}] "

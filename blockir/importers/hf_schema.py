@@ -14,13 +14,14 @@ from typing import Any, Callable, Mapping
 from blockir.analyses.sizes import MAX_DIM
 from blockir.diagnostics import BlockError, Diagnostic, error, json_span
 from blockir.grammar.builder import MAX_LAYERS
+from blockir.ir.consts import MAX_MAGNITUDE
 from blockir.importers.hf_family import ACTS, COMMON, REFUSED, Family
 from blockir.importers.hf_fields_encoders import FAMILIES as _ENCODERS
 from blockir.importers.hf_fields_gpt import FAMILIES as _GPT
 from blockir.importers.hf_fields_llama import FAMILIES as _LLAMA
 
 FAMILIES: dict[str, Family] = {**_LLAMA, **_GPT, **_ENCODERS}
-INF = math.inf
+INF = MAX_MAGNITUDE  # the largest magnitude a constant of the language may have
 # kind -> (what it is, low, high, low included, high included); ints are never booleans
 NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {
     "size": ("a positive integer", 1, MAX_DIM, True, True),
@@ -28,9 +29,9 @@ NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {
     "window": ("a positive integer", 1, MAX_DIM, True, True),
     "layers": (f"an integer from 1 to {MAX_LAYERS}", 1, MAX_LAYERS, True, True),
     "token": ("an integer", -MAX_DIM, MAX_DIM, True, True),
-    "eps": ("a positive finite number", 0, INF, False, False),
-    "positive": ("a positive finite number", 0, INF, False, False),
-    "real": ("a finite number", -INF, INF, False, False),
+    "eps": ("a positive number up to 1e300", 0, INF, False, True),
+    "positive": ("a positive number up to 1e300", 0, INF, False, True),
+    "real": ("a number of magnitude up to 1e300", -INF, INF, True, True),
     "prob": ("a probability in [0, 1)", 0, 1, True, False),
     "fraction": ("a fraction in (0, 1]", 0, 1, False, True),
 }
@@ -135,16 +136,21 @@ def _attention_types(ch: _Checker, path: Path, value: Any) -> None:
         _number(ch, (*path, i, 1), "layers", item[1])
 
 
+def _ropes(ch: _Checker, path: Path, value: Any) -> None:
+    """RoPE parameters for all layers, or a dict of them per layer type (Gemma 3)."""
+    if isinstance(value, dict) and value and all(k in ROPE_LAYER_KEYS for k in value):
+        for k, v in value.items():
+            _rope(ch, (*path, k), v)
+        return
+    _rope(ch, path, value)
+
+
 def _rope(ch: _Checker, path: Path, value: Any) -> None:
     if not isinstance(value, dict):
         ch.add("E0807", path, f"{_field(path)} must be an object of RoPE parameters, got {_show(value)}")
         return
-    if value and all(k in ROPE_LAYER_KEYS for k in value):
-        for k, v in value.items():
-            _rope(ch, (*path, k), v)
-        return
     kind = value.get("rope_type", value.get("type", "default"))
-    if kind not in ROPE_TYPES:
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:
         key = "rope_type" if "rope_type" in value else "type"
         ch.add("E0800", (*path, key), f"RoPE scaling type {_show(kind)} is not supported",
                "supported: " + ", ".join(ROPE_TYPES))
@@ -158,6 +164,9 @@ def _rope(ch: _Checker, path: Path, value: Any) -> None:
                    f"{kind} reads: " + ", ".join(("rope_theta", "partial_rotary_factor", *takes)))
             continue
         check_kind(ch, (*path, k), ROPE_KINDS[k], v)
+    if kind == "yarn" and "factor" not in value and "original_max_position_embeddings" not in value:
+        ch.add("E0810", path, "RoPE scaling type 'yarn' needs factor, or original_max_position_embeddings to derive it",
+               "yarn reads: " + ", ".join(takes))
     for k in needs:
         if k not in value:
             ch.add("E0810", path, f"RoPE scaling type '{kind}' needs {k}", f"{kind} reads: " + ", ".join(takes))
@@ -169,7 +178,7 @@ def _rope(ch: _Checker, path: Path, value: Any) -> None:
 
 
 STRUCTURED: dict[str, Callable[[_Checker, Path, Any], None]] = {
-    "layer_types": _layer_types, "rope": _rope, "attention_types": _attention_types,
+    "layer_types": _layer_types, "rope": _rope, "ropes": _ropes, "attention_types": _attention_types,
     "flags": lambda ch, p, v: _list_of(ch, p, v, "flag", "0 or 1"),
     "tokens": lambda ch, p, v: _list_of(ch, p, v, "token", "token ids") if isinstance(v, list)
     else check_kind(ch, p, "token", v),
