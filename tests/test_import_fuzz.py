@@ -16,6 +16,7 @@ from blockir.importers.hf import block_text
 from blockir.importers.hf_config import table
 from blockir.importers.hf_schema import FAMILIES
 from hf_configs import CONFIGS, MORE_CONFIGS
+from test_import_fields import OTHER
 
 BASES = {**CONFIGS, **{f"more-{k}": v for k, v in MORE_CONFIGS.items()}}
 CASES = int(os.environ.get("BLOCKIR_FUZZ_CASES", "300"))
@@ -56,7 +57,11 @@ def _mutate(rng: random.Random, base: dict[str, Any]) -> dict[str, Any]:
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
         what = rng.random()
         field = rng.choice(fields)
-        if what < 0.45:
+        family = FAMILIES.get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None
+        kind = table(family).get(field, ("any",))[0].rstrip("?") if family else "any"
+        if what < 0.2 and kind in OTHER and config.get(field) is not None:  # another valid value
+            config[field] = OTHER[kind](config[field])
+        elif what < 0.45:
             config[field] = rng.choice(JUNK)
         elif what < 0.6:
             config.pop(field, None)

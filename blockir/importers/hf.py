@@ -207,6 +207,7 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
             mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
                    "fc2=down_proj"]
         n = norm(c) if norm else _rms(c, cast=cast)
+        drop = _drop(c.get("residual_dropout", 0.0))  # Seed-OSS drops each branch output
         lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
         attn_scale, res, emb, logits = _multipliers(c, model_type)
         if attn_scale is not None:
@@ -214,7 +215,8 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  input_layernorm: {n}", _decl("self_attn", "self_attention", attn),
                   f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp" if gated else "mlp", mlp),
-                  f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + mlp(post_attention_layernorm(h)){res}",
+                  f"  h = x + {drop('self_attn(input_layernorm(x))')}{res}",
+                  f"  y = h + {drop('mlp(post_attention_layernorm(h))')}{res}",
                   "  return y", "}", ""]
         model = _model(cls, "model", layer, c, n)
         if emb or logits:
@@ -242,7 +244,7 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
     norm = _rms(c, offset=1, cast="after_weight")
     attn = _attn_opts(c, exact) + (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
-    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    mlp = ["F", f"act={c.act('hidden_act', 'gelu_pytorch_tanh')}"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
@@ -352,9 +354,10 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
     mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     # HF's op order and summation order: the first fixes how autograd accumulates x's gradient
-    update = (["  a = attention(input_layernorm(x))", "  m = mlp(post_attention_layernorm(x))", "  y = m + a + x"]
-              if c.get("use_parallel_residual", True) else
-              ["  h = x + attention(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))"])
+    drop = _drop(c.get("hidden_dropout", 0.0))  # HF's post_attention_dropout and post_mlp_dropout
+    update = ([f"  a = {drop('attention(input_layernorm(x))')}", f"  m = {drop('mlp(post_attention_layernorm(x))')}",
+               "  y = m + a + x"] if c.get("use_parallel_residual", True) else
+              [f"  h = x + {drop('attention(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}"])
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: layernorm(D, eps={eps})", f"  post_attention_layernorm: layernorm(D, eps={eps})",
               _decl("attention", "self_attention", attn), _decl("mlp", "mlp", mlp), *update, "  return y", "}", "",

@@ -36,6 +36,7 @@ IGNORED = {
     "cls": "read only by the classification, token-classification and question-answering heads",
     "summary": "read only by the sequence-summary heads (double heads, multiple choice)",
     "tp": "HF's old tensor-parallel slicing of the projections: the same product",
+    "pad": "not given to the token table by this family's code; read by generation and the loss only",
     "unread": "kept by the config class, read by no modeling code",
     "f32": "the softmax is taken in f32 either way",
     "exact": "only changes the order of additions when pretraining_tp > 1",

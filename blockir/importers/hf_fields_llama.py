@@ -175,7 +175,7 @@ FAMILIES: dict[str, Family] = {
         head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         vocab_size=('size', 32064), hidden_size=('size', 3072), intermediate_size=('size', 8192),
         num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
-        num_key_value_heads=('heads?', None, '=num_attention_heads'), resid_pdrop=('prob', 0.0), embd_pdrop=('prob', 0.0),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), resid_pdrop=('prob', 0.0), embd_pdrop=('prob', 0.0, 'unread'),
         attention_dropout=('prob', 0.0), hidden_act=('act', 'silu'), max_position_embeddings=('size', 4096),
         original_max_position_embeddings=('size', 4096), initializer_range=('real', 0.02, 'init'),
         rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), tie_word_embeddings=('bool', False),

@@ -268,7 +268,7 @@ def _falcon(c: _Config, model_type: str, exact: bool) -> str:
     heads = c.need("num_attention_heads")
     if new and not parallel:
         raise _fail("Falcon's new_decoder_architecture without parallel_attn is not supported", at=("parallel_attn",))
-    kv = (c.get("num_kv_heads", heads) if new else 1 if c.get("multi_query", True) else heads)
+    kv = c.get("num_kv_heads", heads) if new or not c.get("multi_query", True) else 1
     if kv not in (1, heads):
         raise _fail(f"Falcon with {kv} key/value groups of {heads} heads is not supported",
                     "supported: one key/value head, or one per query head", at=("num_kv_heads",))

@@ -74,8 +74,9 @@ def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
     attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
-    if period != 1:
-        attn += [f"rotary_dim={hd} * {sliding}"]
+    if period != 1:  # the rotated channels on sliding layers, none on full ones
+        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
+        attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={rotated} * {sliding}"]
         if c.get("sliding_window"):
             attn.append(f"window={c.get('sliding_window')} * {sliding}")
     if c.get("attention_bias", False):
