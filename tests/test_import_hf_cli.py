@@ -123,3 +123,26 @@ def test_a_drop_probability_in_layer_is_checked_in_every_layer() -> None:
     (d,) = [d for d in blockir.verify(blockir.parse(text, "f.block")) if d.is_error]
     assert (d.code, d.message, str(d.span), d.notes[0].message) == (
         "E0816", "drop probability must lie in [0, 1), got 1.2", "f.block:6:11", "in layer 2 of 3")
+
+
+DIAGNOSTICS = (Path(__file__).parents[1] / "docs" / "diagnostics.md").read_text()
+
+
+def test_every_importer_code_is_documented() -> None:
+    import re
+    root = Path(__file__).parents[1] / "blockir"
+    sources = [*(root / "importers").glob("*.py"), root / "commands" / "import_.py", root / "verifiers" / "arguments.py"]
+    emitted = {c for p in sources for c in re.findall(r"""["'](E08\d\d)["']""", p.read_text())}
+    documented = set(re.findall(r"^## (E08\d\d) ", DIAGNOSTICS, re.M))
+    assert emitted == documented, (sorted(emitted - documented), sorted(documented - emitted))
+
+
+@pytest.mark.parametrize("code", ["E0816", "E0817"])
+def test_the_verifier_examples_render_as_documented_and_the_fix_is_clean(code: str) -> None:
+    import re
+    from blockir.diagnostics import render
+    body = DIAGNOSTICS.split(f"## {code} ")[1].split("\n## ")[0]
+    wrong, shown, fixed = re.findall(r"^```\w+\n(.*?)^```$", body, re.M | re.S)
+    found = [d for d in blockir.verify(blockir.parse(wrong, "example.block")) if d.is_error]
+    assert "\n".join(render(d, {"example.block": wrong}) for d in found) == shown.rstrip("\n")
+    assert [d for d in blockir.verify(blockir.parse(fixed, "example.block")) if d.is_error] == []

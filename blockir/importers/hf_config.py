@@ -155,7 +155,8 @@ def _fit(ch: _Checker, family: Family, fields: dict[str, tuple[Any, ...]], value
     _rotary(ch, values, keys, head_dim)
     for name in ("layer_types", "no_rope_layers"):
         listed = values.get(name)
-        if isinstance(listed, list) and len(listed) != layers and not (name == "no_rope_layers" and len(listed) > layers):
+        longer = name == "no_rope_layers" and isinstance(listed, list) and len(listed) > layers  # HF reads a prefix
+        if isinstance(listed, list) and len(listed) != layers and not longer:
             ch.add("E0809", at(name), f"{name} has {len(listed)} entries for {layers_f}={layers}",
                    "one entry per layer")
     kinds = values.get("attention_types")
@@ -186,7 +187,8 @@ def _rotary(ch: _Checker, values: dict[str, Any], keys: dict[str, str], head_dim
     for part in (rope.values() if rope and all(k in ROPE_LAYER_KEYS for k in rope) else [rope or {}]):
         fraction = part.get("partial_rotary_factor", 1.0)
         if int(head_dim * fraction) % 2:
-            where = next((k for k in ("partial_rotary_factor", "rotary_pct", "head_dim") if k in keys), "rope_parameters")
+            where = next((k for k in ("partial_rotary_factor", "rotary_pct", "head_dim") if k in keys),
+                         "rope_parameters")
             ch.add("E0809", (keys[where] if where in keys else where,), f"RoPE would rotate {int(head_dim * fraction)} "
                    f"channels of each head ({fraction:g} of {head_dim}), an odd number",
                    "RoPE rotates pairs of channels: pick a factor that gives an even count")

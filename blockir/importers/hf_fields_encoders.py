@@ -27,12 +27,15 @@ FAMILIES: dict[str, Family] = {
         eos_token_id=('tokens?', 2, 'gen'), use_cache=('bool', True), classifier_dropout=('prob?', None, 'cls'),
         is_decoder=('bool', False), add_cross_attention=('bool', False),
         tie_word_embeddings=('bool', True))),
-    "distilbert": Family("DistilBertConfig", {'hidden_size': 'dim', 'num_attention_heads': 'n_heads', 'num_hidden_layers': 'n_layers'}, dict(
+    "distilbert": Family("DistilBertConfig", {
+        'hidden_size': 'dim', 'num_attention_heads': 'n_heads', 'num_hidden_layers': 'n_layers',
+    }, dict(
         vocab_size=('size', 30522), max_position_embeddings=('size', 512), sinusoidal_pos_embds=('bool', False),
         n_layers=('layers', 6), n_heads=('heads', 12), dim=('size', 768), hidden_dim=('size', 3072),
         dropout=('prob', 0.1), attention_dropout=('prob', 0.1), activation=('act', 'gelu'),
         initializer_range=('real', 0.02, 'init'), qa_dropout=('prob', 0.1, 'cls'),
-        seq_classif_dropout=('prob', 0.2, 'cls'), pad_token_id=('token?', 0, 'row'), eos_token_id=('tokens?', None, 'gen'),
+        seq_classif_dropout=('prob', 0.2, 'cls'), pad_token_id=('token?', 0, 'row'),
+        eos_token_id=('tokens?', None, 'gen'),
         bos_token_id=('token?', None, 'gen'), tie_word_embeddings=('bool', True))),
     "electra": Family("ElectraConfig", {}, dict(
         vocab_size=('size', 30522), embedding_size=('size', 128), hidden_size=('size', 256),

@@ -1,4 +1,5 @@
-"""The config fields of the GPT-style decoders: learned or rotary positions, fused projections (GPT-2, GPT-J, GPT-NeoX, Falcon, OPT …), as their transformers config classes declare them.
+"""The config fields of the GPT-style decoders: learned or rotary positions, fused projections (GPT-2, GPT-J,
+GPT-NeoX, Falcon, OPT …), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -24,7 +25,10 @@ FAMILIES: dict[str, Family] = {
         apply_residual_connection_post_layernorm=('bool', False), hidden_dropout=('prob', 0.0),
         attention_dropout=('prob', 0.0), pretraining_tp=('size', 1, 'tp'), slow_but_exact=('bool', False, 'exact'),
         tie_word_embeddings=('bool', True))),
-    "codegen": Family("CodeGenConfig", {'max_position_embeddings': 'n_positions', 'hidden_size': 'n_embd', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, dict(
+    "codegen": Family("CodeGenConfig", {
+        'max_position_embeddings': 'n_positions', 'hidden_size': 'n_embd', 'num_attention_heads': 'n_head',
+        'num_hidden_layers': 'n_layer',
+    }, dict(
         vocab_size=('size', 50400), n_positions=('size', 2048), n_ctx=('size', 2048, 'unread'),
         n_embd=('size', 4096), n_layer=('layers', 28), n_head=('heads', 16), rotary_dim=('size', 64),
         n_inner=('size?', None), activation_function=('act', 'gelu_new'), resid_pdrop=('prob', 0.0),
@@ -36,15 +40,20 @@ FAMILIES: dict[str, Family] = {
         vocab_size=('size', 65024), hidden_size=('size', 4544), num_hidden_layers=('layers', 32),
         num_attention_heads=('heads', 71), num_ln_in_parallel_attn=('size?', None),
         layer_norm_epsilon=('eps', 1e-05), initializer_range=('real', 0.02, 'init'), use_cache=('bool', True),
-        hidden_dropout=('prob', 0.0), attention_dropout=('prob', 0.0), num_kv_heads=('heads?', None, '=num_attention_heads'),
+        hidden_dropout=('prob', 0.0), attention_dropout=('prob', 0.0),
+        num_kv_heads=('heads?', None, '=num_attention_heads'),
         alibi=('bool', False), new_decoder_architecture=('bool', False), multi_query=('bool', True),
         parallel_attn=('bool', True), bias=('bool', False), max_position_embeddings=('size', 2048),
         rope_parameters=('rope?', None),
         bos_token_id=('token?', 11, 'gen'), eos_token_id=('tokens?', 11, 'gen'), pad_token_id=('token?', None, 'pad'),
         ffn_hidden_size=('size?', None, '=hidden_size * 4'), activation=('act', 'gelu'),
         tie_word_embeddings=('bool', True),
-        rope_theta=('positive', 10000.0, 'rope'), rope_scaling=('rope?', None, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'))),
-    "gpt2": Family("GPT2Config", {'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, dict(
+        rope_theta=('positive', 10000.0, 'rope'), rope_scaling=('rope?', None, 'rope'),
+        partial_rotary_factor=('fraction?', None, 'rope'))),
+    "gpt2": Family("GPT2Config", {
+        'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head',
+        'num_hidden_layers': 'n_layer',
+    }, dict(
         vocab_size=('size', 50257), n_positions=('size', 1024), n_embd=('size', 768), n_layer=('layers', 12),
         n_head=('heads', 12), n_inner=('size?', None), activation_function=('act', 'gelu_new'),
         resid_pdrop=('prob', 0.1), embd_pdrop=('prob', 0.1), attn_pdrop=('prob', 0.1),
@@ -52,10 +61,14 @@ FAMILIES: dict[str, Family] = {
         summary_type=('str', 'cls_index', 'summary'), summary_use_proj=('bool', True, 'summary'),
         summary_activation=('str?', None, 'summary'), summary_proj_to_labels=('bool', True, 'summary'),
         summary_first_dropout=('prob', 0.1, 'summary'), scale_attn_weights=('bool', True), use_cache=('bool', True),
-        bos_token_id=('token?', 50256, 'gen'), eos_token_id=('tokens?', 50256, 'gen'), pad_token_id=('token?', None, 'pad'),
+        bos_token_id=('token?', 50256, 'gen'), eos_token_id=('tokens?', 50256, 'gen'),
+        pad_token_id=('token?', None, 'pad'),
         scale_attn_by_inverse_layer_idx=('bool', False), reorder_and_upcast_attn=('bool', False),
         add_cross_attention=('bool', False), tie_word_embeddings=('bool', True))),
-    "gpt_bigcode": Family("GPTBigCodeConfig", {'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, dict(
+    "gpt_bigcode": Family("GPTBigCodeConfig", {
+        'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head',
+        'num_hidden_layers': 'n_layer',
+    }, dict(
         vocab_size=('size', 50257), n_positions=('size', 1024), n_embd=('size', 768), n_layer=('layers', 12),
         n_head=('heads', 12), n_inner=('size?', None), activation_function=('act', 'gelu_pytorch_tanh'),
         resid_pdrop=('prob', 0.1), embd_pdrop=('prob', 0.1), attn_pdrop=('prob', 0.1),
@@ -72,7 +85,8 @@ FAMILIES: dict[str, Family] = {
         activation_function=('act', 'gelu_new'), resid_dropout=('prob', 0.0), embed_dropout=('prob', 0.0),
         attention_dropout=('prob', 0.0), classifier_dropout=('prob', 0.1, 'cls'), layer_norm_epsilon=('eps', 1e-05),
         initializer_range=('real', 0.02, 'init'), use_cache=('bool', True), bos_token_id=('token?', 50256, 'gen'),
-        eos_token_id=('tokens?', 50256, 'gen'), pad_token_id=('token?', None, 'pad'), tie_word_embeddings=('bool', True))),
+        eos_token_id=('tokens?', 50256, 'gen'), pad_token_id=('token?', None, 'pad'),
+        tie_word_embeddings=('bool', True))),
     "gpt_neox": Family("GPTNeoXConfig", {}, dict(
         head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         vocab_size=('size', 50432), hidden_size=('size', 6144), num_hidden_layers=('layers', 44),
@@ -84,8 +98,12 @@ FAMILIES: dict[str, Family] = {
         use_parallel_residual=('bool', True),
         rope_parameters=('rope?', None),
         attention_bias=('bool', True), is_decoder=('bool', False),
-        rotary_emb_base=('positive', 10000.0, 'rope'), rotary_pct=('fraction', 0.25, 'rope'), rope_scaling=('rope?', None, 'rope'))),
-    "gptj": Family("GPTJConfig", {'max_position_embeddings': 'n_positions', 'hidden_size': 'n_embd', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, dict(
+        rotary_emb_base=('positive', 10000.0, 'rope'), rotary_pct=('fraction', 0.25, 'rope'),
+        rope_scaling=('rope?', None, 'rope'))),
+    "gptj": Family("GPTJConfig", {
+        'max_position_embeddings': 'n_positions', 'hidden_size': 'n_embd', 'num_attention_heads': 'n_head',
+        'num_hidden_layers': 'n_layer',
+    }, dict(
         vocab_size=('size', 50400), n_positions=('size', 2048), n_embd=('size', 4096), n_layer=('layers', 28),
         n_head=('heads', 16), rotary_dim=('size', 64), n_inner=('size?', None),
         activation_function=('act', 'gelu_new'), resid_pdrop=('prob', 0.0), embd_pdrop=('prob', 0.0),

@@ -27,8 +27,9 @@ def import_text(config: Any, exact: bool, *, source: str = SOURCE) -> str:
         raise BlockError([_located(d, source) for d in exc.diagnostics]) from None
     if len(text.encode("utf-8")) > MAX_BYTES:
         layers = role(FAMILIES[model_type], "num_hidden_layers")
+        where = json_span(source, (keys.get(layers, layers),))
         raise BlockError([error("E0808", f"the file for {layers}={values[layers]} would exceed the "
-                                f"{MAX_BYTES >> 20} MiB a .block file may hold", json_span(source, (keys.get(layers, layers),)),
+                                f"{MAX_BYTES >> 20} MiB a .block file may hold", where,
                                 hint="this family is written one declaration per layer; use fewer layers")])
     _self_check(text, source)
     return text
