@@ -13,7 +13,7 @@ from blockir.importers.hf_family import BASES  # noqa: E402
 from hf_configs import CONFIGS, MORE_CONFIGS  # noqa: E402
 
 ALL = {**CONFIGS, **MORE_CONFIGS}
-FAMILIES = ["llama", "gpt2", "gpt_neox", "opt", "falcon", "phi", "gemma2", "bloom", "gpt_neo", "cohere"]
+FAMILIES = ["llama", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gpt_neo"]
 EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}
 
 

@@ -146,3 +146,27 @@ def test_the_verifier_examples_render_as_documented_and_the_fix_is_clean(code: s
     found = [d for d in blockir.verify(blockir.parse(wrong, "example.block")) if d.is_error]
     assert "\n".join(render(d, {"example.block": wrong}) for d in found) == shown.rstrip("\n")
     assert [d for d in blockir.verify(blockir.parse(fixed, "example.block")) if d.is_error] == []
+
+
+def test_the_import_and_its_check_need_neither_torch_nor_transformers() -> None:
+    import subprocess
+    import sys
+    root = Path(__file__).parents[1]
+    code = ("import sys; from hf_configs import CONFIGS; from blockir.importers.hf import block_text; "
+            "block_text(CONFIGS['llama']); print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": f"{root}:{root / 'tests'}", "PATH": ""}, cwd=root)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_written_file_that_fails_its_check_is_an_internal_error_and_not_returned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from blockir.importers import hf
+    write = hf.WRITERS["llama"]
+    monkeypatch.setitem(hf.WRITERS, "llama", lambda c, t, e: write(c, t, e).replace("heads=4", "heads=3", 1))
+    with pytest.raises(blockir.BlockError) as info:
+        block_text(CONFIGS["llama"], source="config.json")
+    (d,) = info.value.diagnostics
+    assert (d.code, str(d.span)) == ("E0814", "config.json: $")
+    assert d.message == ("the file written for this config fails its own check: error[E0210] kv_heads=2 of "
+                         "'self_attn' does not divide heads=3")

@@ -8,7 +8,6 @@ config object is read through its ``to_dict()``.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from blockir.diagnostics import BlockError, json_span

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from blockir.diagnostics import BlockError
 from blockir.importers.hf_family import COMMON, REFUSED, Family
-from blockir.importers.hf_schema import FAMILIES, ROPE_LAYER_KEYS, _Checker, _show, check_kind, derive
+from blockir.importers.hf_schema import FAMILIES, ROPE_LAYER_KEYS, Checker, show, check_kind, derive
 
 # legacy RoPE keys -> where the config class puts them in rope_parameters
 ROPE_LEGACY = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "partial_rotary_factor":
@@ -35,9 +35,9 @@ def role(family: Family, name: str) -> str:
 def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, Any], dict[str, str]]:
     """The model type, the resolved value of every field the family reads, and the key each given field came
     under (for locating later diagnostics); a ``BlockError`` with every problem found otherwise."""
-    ch = _Checker(source)
+    ch = Checker(source)
     if not isinstance(raw, Mapping):
-        ch.add("E0806", (), f"a config is a JSON object, got {_show(raw)}", "transformers writes config.json as one "
+        ch.add("E0806", (), f"a config is a JSON object, got {show(raw)}", "transformers writes config.json as one "
                "object of fields")
         ch.raise_if_any()
     deep = _too_deep(raw)
@@ -50,7 +50,7 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
         ch.add("E0811", (), "the config has no model_type", "transformers writes it into every config.json; "
                "supported: " + ", ".join(sorted(FAMILIES)))
     elif not isinstance(model_type, str) or model_type not in FAMILIES:
-        ch.add("E0800", ("model_type",), f"model type {_show(model_type)} is not supported",
+        ch.add("E0800", ("model_type",), f"model type {show(model_type)} is not supported",
                "supported: " + ", ".join(sorted(FAMILIES)))
     ch.raise_if_any()
     family = FAMILIES[model_type]
@@ -70,7 +70,7 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
         before = len(ch.found)
         check_kind(ch, (keys[name],), fields[name][0], value)
         if len(ch.found) == before and name in REFUSED and value is not None and not _same(value, REFUSED[name][0]):
-            ch.add("E0800", (keys[name],), REFUSED[name][1], f"supported: {name}={_show(REFUSED[name][0])}")
+            ch.add("E0800", (keys[name],), REFUSED[name][1], f"supported: {name}={show(REFUSED[name][0])}")
     ch.raise_if_any()
     values = _resolve(family, fields, given)
     _fit(ch, family, fields, values, keys)
@@ -131,7 +131,7 @@ def _rope(values: dict[str, Any]) -> dict[str, Any]:
     return rope
 
 
-def _fit(ch: _Checker, family: Family, fields: dict[str, tuple[Any, ...]], values: dict[str, Any],
+def _fit(ch: Checker, family: Family, fields: dict[str, tuple[Any, ...]], values: dict[str, Any],
          keys: dict[str, str]) -> None:
     """The sizes against each other, each diagnostic at the field that breaks the fit."""
     at = lambda name: (keys.get(name, name),)  # noqa: E731
@@ -170,7 +170,7 @@ def _fit(ch: _Checker, family: Family, fields: dict[str, tuple[Any, ...]], value
                "HF builds the token table with padding_idx=pad_token_id, which must be a row")
 
 
-def _rotary(ch: _Checker, values: dict[str, Any], keys: dict[str, str], head_dim: int | None) -> None:
+def _rotary(ch: Checker, values: dict[str, Any], keys: dict[str, str], head_dim: int | None) -> None:
     """RoPE rotates pairs of channels: the rotated part of a head is even and fits in it."""
     if head_dim is None:
         return

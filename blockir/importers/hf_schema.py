@@ -15,7 +15,7 @@ from blockir.analyses.sizes import MAX_DIM
 from blockir.diagnostics import BlockError, Diagnostic, error, json_span
 from blockir.grammar.builder import MAX_LAYERS
 from blockir.ir.consts import MAX_MAGNITUDE
-from blockir.importers.hf_family import ACTS, COMMON, REFUSED, Family
+from blockir.importers.hf_family import ACTS, Family
 from blockir.importers.hf_fields_encoders import FAMILIES as _ENCODERS
 from blockir.importers.hf_fields_gpt import FAMILIES as _GPT
 from blockir.importers.hf_fields_llama import FAMILIES as _LLAMA
@@ -55,7 +55,7 @@ ROPE_LAYER_KEYS = LAYER_TYPES  # a dict of RoPE parameters per layer type (Gemma
 Path = tuple[str | int, ...]
 
 
-class _Checker:
+class Checker:
     """Collects the diagnostics of one config, each at the JSON path of the value it is about."""
 
     def __init__(self, source: str) -> None:
@@ -69,7 +69,7 @@ class _Checker:
             raise BlockError(self.found)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """A value in a message: scalars as JSON writes them, containers by their type only (they may be huge)."""
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
@@ -81,16 +81,16 @@ def _show(value: Any) -> str:
     return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
-def _number(ch: _Checker, path: Path, kind: str, value: Any) -> None:
+def _number(ch: Checker, path: Path, kind: str, value: Any) -> None:
     what, low, high, low_in, high_in = NUMBERS[kind]
     integer = kind in INTEGERS
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        ch.add("E0807", path, f"{_field(path)} must be {what}, got {_show(value)}",
+        ch.add("E0807", path, f"{_field(path)} must be {what}, got {show(value)}",
                "write the number without quotes" if isinstance(value, str) else None)
         return
     inside = (low < value or (low_in and value == low)) and (value < high or (high_in and value == high))
     if isinstance(value, float) and not math.isfinite(value) or not inside:
-        ch.add("E0808", path, f"{_field(path)} must be {what}, got {_show(value)}",
+        ch.add("E0808", path, f"{_field(path)} must be {what}, got {show(value)}",
                "the model would compute NaN or fail to build" if kind in ("eps", "positive", "fraction", "prob")
                else "the language bounds sizes and layer counts as it does in a .block file")
 
@@ -99,19 +99,19 @@ def _field(path: Path) -> str:
     return ".".join(str(p) for p in path if isinstance(p, str)) or "the config"
 
 
-def _layer_types(ch: _Checker, path: Path, value: Any) -> None:
+def _layer_types(ch: Checker, path: Path, value: Any) -> None:
     if not isinstance(value, list):
-        ch.add("E0807", path, f"{_field(path)} must be a list of layer types, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} must be a list of layer types, got {show(value)}")
         return
     for i, t in enumerate(value):
         if t not in LAYER_TYPES:
-            ch.add("E0808", (*path, i), f"layer type {_show(t)} is not one of {', '.join(LAYER_TYPES)}")
+            ch.add("E0808", (*path, i), f"layer type {show(t)} is not one of {', '.join(LAYER_TYPES)}")
             return
 
 
-def _list_of(ch: _Checker, path: Path, value: Any, kind: str, what: str) -> None:
+def _list_of(ch: Checker, path: Path, value: Any, kind: str, what: str) -> None:
     if not isinstance(value, list):
-        ch.add("E0807", path, f"{_field(path)} must be a list of {what}, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} must be a list of {what}, got {show(value)}")
         return
     for i, v in enumerate(value):
         before = len(ch.found)
@@ -120,23 +120,23 @@ def _list_of(ch: _Checker, path: Path, value: Any, kind: str, what: str) -> None
             return
 
 
-def _attention_types(ch: _Checker, path: Path, value: Any) -> None:
+def _attention_types(ch: Checker, path: Path, value: Any) -> None:
     """GPT-Neo's ``[[["global", "local"], 12]]``: patterns of attention kinds, each repeated a number of times."""
     if not isinstance(value, list):
-        ch.add("E0807", path, f"attention_types must be a list of [kinds, repeats] pairs, got {_show(value)}")
+        ch.add("E0807", path, f"attention_types must be a list of [kinds, repeats] pairs, got {show(value)}")
         return
     for i, item in enumerate(value):
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
-            ch.add("E0807", (*path, i), f"each attention_types entry must be [kinds, repeats], got {_show(item)}")
+            ch.add("E0807", (*path, i), f"each attention_types entry must be [kinds, repeats], got {show(item)}")
             return
         for j, kind in enumerate(item[0]):
             if kind not in ("global", "local"):
-                ch.add("E0808", (*path, i, 0, j), f"attention kind {_show(kind)} is not global or local")
+                ch.add("E0808", (*path, i, 0, j), f"attention kind {show(kind)} is not global or local")
                 return
         _number(ch, (*path, i, 1), "layers", item[1])
 
 
-def _ropes(ch: _Checker, path: Path, value: Any) -> None:
+def _ropes(ch: Checker, path: Path, value: Any) -> None:
     """RoPE parameters for all layers, or a dict of them per layer type (Gemma 3)."""
     if isinstance(value, dict) and value and all(k in ROPE_LAYER_KEYS for k in value):
         for k, v in value.items():
@@ -145,14 +145,14 @@ def _ropes(ch: _Checker, path: Path, value: Any) -> None:
     _rope(ch, path, value)
 
 
-def _rope(ch: _Checker, path: Path, value: Any) -> None:
+def _rope(ch: Checker, path: Path, value: Any) -> None:
     if not isinstance(value, dict):
-        ch.add("E0807", path, f"{_field(path)} must be an object of RoPE parameters, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} must be an object of RoPE parameters, got {show(value)}")
         return
     kind = value.get("rope_type", value.get("type", "default"))
     if not isinstance(kind, str) or kind not in ROPE_TYPES:
         key = "rope_type" if "rope_type" in value else "type"
-        ch.add("E0800", (*path, key), f"RoPE scaling type {_show(kind)} is not supported",
+        ch.add("E0800", (*path, key), f"RoPE scaling type {show(kind)} is not supported",
                "supported: " + ", ".join(ROPE_TYPES))
         return
     takes, needs = ROPE_TYPES[kind]
@@ -160,7 +160,7 @@ def _rope(ch: _Checker, path: Path, value: Any) -> None:
         if k in ("rope_type", "type"):
             continue
         if k not in ROPE_KINDS or (k not in takes and k not in ("rope_theta", "partial_rotary_factor")):
-            ch.add("E0810", (*path, k), f"RoPE scaling type '{kind}' has no parameter {_show(k)}",
+            ch.add("E0810", (*path, k), f"RoPE scaling type '{kind}' has no parameter {show(k)}",
                    f"{kind} reads: " + ", ".join(("rope_theta", "partial_rotary_factor", *takes)))
             continue
         check_kind(ch, (*path, k), ROPE_KINDS[k], v)
@@ -173,11 +173,11 @@ def _rope(ch: _Checker, path: Path, value: Any) -> None:
     low, high = value.get("low_freq_factor"), value.get("high_freq_factor")
     if kind == "llama3" and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) \
             and high <= low:
-        ch.add("E0810", (*path, "high_freq_factor"), f"high_freq_factor={_show(high)} must exceed "
-               f"low_freq_factor={_show(low)}", "llama3 interpolates between the two wavelengths they bound")
+        ch.add("E0810", (*path, "high_freq_factor"), f"high_freq_factor={show(high)} must exceed "
+               f"low_freq_factor={show(low)}", "llama3 interpolates between the two wavelengths they bound")
 
 
-STRUCTURED: dict[str, Callable[[_Checker, Path, Any], None]] = {
+STRUCTURED: dict[str, Callable[[Checker, Path, Any], None]] = {
     "layer_types": _layer_types, "rope": _rope, "ropes": _ropes, "attention_types": _attention_types,
     "flags": lambda ch, p, v: _list_of(ch, p, v, "flag", "0 or 1"),
     "tokens": lambda ch, p, v: _list_of(ch, p, v, "token", "token ids") if isinstance(v, list)
@@ -186,7 +186,7 @@ STRUCTURED: dict[str, Callable[[_Checker, Path, Any], None]] = {
 }
 
 
-def check_kind(ch: _Checker, path: Path, kind: str, value: Any) -> None:
+def check_kind(ch: Checker, path: Path, kind: str, value: Any) -> None:
     """``value`` is of ``kind`` (a trailing ``?`` also admits null), or a diagnostic at ``path`` says why not."""
     if kind.endswith("?"):
         if value is None:
@@ -197,16 +197,16 @@ def check_kind(ch: _Checker, path: Path, kind: str, value: Any) -> None:
     elif kind in STRUCTURED:
         STRUCTURED[kind](ch, path, value)
     elif kind == "bool" and not isinstance(value, bool):
-        ch.add("E0807", path, f"{_field(path)} must be true or false, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} must be true or false, got {show(value)}")
     elif kind == "flag" and (isinstance(value, bool) or value not in (0, 1)):
-        ch.add("E0807", path, f"{_field(path)} entries must be 0 or 1, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} entries must be 0 or 1, got {show(value)}")
     elif kind == "str" and not isinstance(value, str):
-        ch.add("E0807", path, f"{_field(path)} must be a string, got {_show(value)}")
+        ch.add("E0807", path, f"{_field(path)} must be a string, got {show(value)}")
     elif kind == "act":
         if not isinstance(value, str):
-            ch.add("E0807", path, f"{_field(path)} must be an activation name, got {_show(value)}")
+            ch.add("E0807", path, f"{_field(path)} must be an activation name, got {show(value)}")
         elif value not in ACTS:
-            ch.add("E0800", path, f"activation {_show(value)} is not supported", "supported: " + ", ".join(sorted(ACTS)))
+            ch.add("E0800", path, f"activation {show(value)} is not supported", "supported: " + ", ".join(sorted(ACTS)))
 
 
 def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
