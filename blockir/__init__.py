@@ -15,9 +15,12 @@ from blockir.ir.program import Program
 
 
 def from_hf_config(config: Any, exact: bool = False) -> Program:
-    """The program of a transformers config (dict or config object): ``compile`` its ``*ForCausalLM`` model."""
+    """The program of a transformers config (dict or config object): ``compile`` the class its ``architectures``
+    names (by default its ``*ForCausalLM``); a config the importer cannot honour raises a located BlockError."""
     from blockir.importers.hf import block_text
-    return parse(block_text(config, exact), f"<hf {getattr(config, 'model_type', None) or config.get('model_type')}>")
+    text = block_text(config, exact)
+    model_type = getattr(config, "model_type", None) or (config.get("model_type") if isinstance(config, dict) else None)
+    return parse(text, f"<hf {model_type}>")
 
 if TYPE_CHECKING:
     from blockir.analyses.keys import reconcile

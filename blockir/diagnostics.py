@@ -6,6 +6,7 @@ followed by the source line and a caret underline.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
@@ -32,6 +33,13 @@ class Span:
 
 
 UNKNOWN_SPAN = Span("<unknown>", 1, 1)
+
+
+def json_span(filename: str, path: Iterable[str | int] = ()) -> Span:
+    """A place in a JSON document as a JSONPath, ``config.json: $.rope_parameters.factor`` (line 0: no line)."""
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f"[{json.dumps(p)}]"
+                    for p in path)
+    return Span(f"{filename}: ${where}", 0, 0)
 
 
 @dataclass(frozen=True)

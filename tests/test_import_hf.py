@@ -9,54 +9,8 @@ transformers = pytest.importorskip("transformers")
 import blockir  # noqa: E402
 from blockir.importers.hf import block_text  # noqa: E402
 
-COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=64)
-CONFIGS: dict[str, dict] = {
-    "llama": dict(COMMON, model_type="llama", num_key_value_heads=2, attention_bias=True, rms_norm_eps=1e-5),
-    "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=5),
-    "qwen2": dict(COMMON, model_type="qwen2", num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen3": dict(COMMON, model_type="qwen3", num_key_value_heads=2, head_dim=8),
-    "gemma": dict(COMMON, model_type="gemma", num_key_value_heads=2, head_dim=16),
-    "olmo2": dict(COMMON, model_type="olmo2", num_key_value_heads=2),
-    "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
-    "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
-    "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25, use_parallel_residual=True),
-    "helium": dict(COMMON, model_type="helium", num_key_value_heads=2, head_dim=16, attention_bias=True,
-                   pad_token_id=3),
-    "granite": dict(COMMON, model_type="granite", num_key_value_heads=2, embedding_multiplier=12.0,
-                    residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
-    "smollm3": dict(COMMON, model_type="smollm3", num_key_value_heads=2, pad_token_id=2),
-    "olmo": dict(COMMON, model_type="olmo", num_key_value_heads=2, pad_token_id=1),
-    "starcoder2": dict(COMMON, model_type="starcoder2", num_key_value_heads=2, sliding_window=4),
-    "stablelm": dict(COMMON, model_type="stablelm", num_key_value_heads=2, use_qkv_bias=True, pad_token_id=0),
-    "stablelm-parallel": dict(COMMON, model_type="stablelm", num_key_value_heads=4, use_parallel_residual=True, partial_rotary_factor=0.5),
-    "phi": dict(COMMON, model_type="phi", partial_rotary_factor=0.5, pad_token_id=1),
-    "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125, pad_token_id=0),
-    "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=16, sliding_window=3,
-                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
-    "ministral": dict(COMMON, model_type="ministral", num_key_value_heads=2, head_dim=16, sliding_window=4),
-    "seed_oss": dict(COMMON, model_type="seed_oss", num_key_value_heads=2, head_dim=16, attention_bias=True,
-                     attention_out_bias=False, pad_token_id=2),
-    "arcee": dict(COMMON, model_type="arcee", num_key_value_heads=2, pad_token_id=0),
-    "gptj": dict(model_type="gptj", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8,
-                 bos_token_id=1, eos_token_id=1),
-    "codegen": dict(model_type="codegen", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
-                    rotary_dim=8, bos_token_id=1, eos_token_id=1),
-    # a period of sliding layers and one full layer: layer 5 of 7 and layer 3 of 5 are full
-    "gemma3_text": dict(COMMON, model_type="gemma3_text", num_hidden_layers=7, num_key_value_heads=2, head_dim=16,
-                        sliding_window=3, query_pre_attn_scalar=24),
-    "cohere2": dict(COMMON, model_type="cohere2", num_hidden_layers=5, num_key_value_heads=2, sliding_window=3,
-                    logit_scale=0.125),
-    # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
-    "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
-                                                                          rope_theta=10000.0)),
-    "llama-llama3": dict(COMMON, model_type="llama", num_key_value_heads=2, rope_parameters=dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=16, rope_theta=500000.0)),
-    "qwen2-yarn": dict(COMMON, model_type="qwen2", num_key_value_heads=4, rope_parameters=dict(rope_type="yarn", factor=4.0,
-                                                                        original_max_position_embeddings=16,
-                                                                        rope_theta=10000.0)),
-}
+from hf_configs import CONFIGS  # noqa: E402
+
 EAGER_ONLY = {"gemma2"}  # HF refuses SDPA for soft-capped attention: eager is the reference
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 
@@ -174,7 +128,8 @@ def test_periodic_layer_types_become_an_indicator_in_layer(model_type, types, wi
 
 def test_a_layer_mix_without_a_period_is_refused() -> None:
     with pytest.raises(blockir.BlockError) as info:
-        block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention"]))
+        block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention",
+                                                         "sliding_attention", "full_attention"]))
     assert info.value.diagnostics[0].message == "this mix of sliding and full attention layers is not supported"
 
 

@@ -14,35 +14,9 @@ from blockir.importers.hf import block_text  # noqa: E402
 from blockir.importers.hf_more import ENCODERS  # noqa: E402
 from blockir.ir.printer import format_program  # noqa: E402
 
-COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=64)
-FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=64)
-CONFIGS: dict[str, dict] = {
-    "bert": dict(COMMON, model_type="bert"),
-    "roberta": dict(COMMON, model_type="roberta", hidden_act="gelu_new"),
-    "xlm-roberta": dict(COMMON, model_type="xlm-roberta", type_vocab_size=1),
-    "camembert": dict(COMMON, model_type="camembert"),
-    "electra": dict(COMMON, model_type="electra", embedding_size=32),
-    "distilbert": dict(model_type="distilbert", vocab_size=97, dim=64, hidden_dim=96, n_layers=2, n_heads=4,
-                       max_position_embeddings=64),
-    "opt": dict(model_type="opt", vocab_size=97, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=64),
-    "opt-post-ln": dict(model_type="opt", vocab_size=97, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
-                        num_attention_heads=4, max_position_embeddings=64, do_layer_norm_before=False,
-                        word_embed_proj_dim=32),
-    "bloom": dict(model_type="bloom", vocab_size=97, hidden_size=48, n_layer=2, n_head=6),
-    "gpt_bigcode": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32),
-    "gpt_bigcode-mha": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=32,
-                            multi_query=False),
-    "biogpt": dict(COMMON, model_type="biogpt", activation_dropout=0.1, pad_token_id=3),
-    "gpt_neo": dict(model_type="gpt_neo", vocab_size=97, hidden_size=64, num_layers=2, num_heads=4,
-                    max_position_embeddings=64, attention_types=[[["global", "local"], 1]], window_size=3),
-    "falcon": dict(FALCON),
-    "falcon-sequential": dict(FALCON, multi_query=False, parallel_attn=False, bias=True),
-    "falcon-new": dict(FALCON, new_decoder_architecture=True, num_kv_heads=4),
-    "falcon-new-mqa": dict(FALCON, new_decoder_architecture=True, num_kv_heads=1),
-}
+from hf_configs import COMMON  # noqa: E402
+from hf_configs import MORE_CONFIGS as CONFIGS  # noqa: E402
+
 DECODERS = {"opt", "opt-post-ln", "bloom", "gpt_bigcode", "gpt_bigcode-mha", "biogpt", "gpt_neo", *(t for t in CONFIGS
                                                                                           if t.startswith("falcon"))}
 EAGER_ONLY = {"bloom", "gpt_neo"}  # transformers has only the eager attention for these: the fast path is compared with it
@@ -120,11 +94,12 @@ def test_roberta_positions_start_after_the_pad_row() -> None:
 
 
 def test_diff_bert_roberta_names_what_differs(tmp_path, capsys) -> None:
-    """Same keys and shapes; the one difference is where the position lookup starts (RoBERTa skips the pad row)."""
+    """Same keys and shapes; the one difference is where the position lookup starts (RoBERTa skips the pad row).
+    Both get pad token 1: their config classes default to different ones, which the token tables carry."""
     files = []
     for model_type in ("bert", "roberta"):
         path = tmp_path / f"{model_type}.block"
-        path.write_text(block_text(dict(COMMON, model_type=model_type)), encoding="utf-8")
+        path.write_text(block_text(dict(COMMON, model_type=model_type, pad_token_id=1)), encoding="utf-8")
         files.append(str(path))
     assert main(["diff", *files, "--block", "BertModel", "--block-b", "RobertaModel", "--format", "json"]) == 1
     [report] = json.loads(capsys.readouterr().out)

@@ -1,15 +1,18 @@
-"""A transformers config (dict or JSON) → the `.block` text of its ``*ForCausalLM`` class.
+"""A transformers config (dict or JSON) → the `.block` text of the class its ``architectures`` names.
 
 Names equal the HF classes' attribute names, so the compiled model loads the real state dict
-strictly; dims, norms, eps, placement and attention options come from the config fields. Only
-``json`` is imported: a config object is read through its ``to_dict()``.
+strictly; dims, norms, eps, placement and attention options come from the config fields, which
+``hf_config.read_fields`` checks against the family's table first. Only ``json`` is imported: a
+config object is read through its ``to_dict()``.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, Mapping
 
-from blockir.diagnostics import BlockError, Span, error
+from blockir.diagnostics import BlockError, json_span
+from blockir.diagnostics import error as _error
+from blockir.importers.hf_family import ACTS
 
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 # rope_parameters key -> the attention argument that states it
@@ -19,52 +22,54 @@ ROPE_ARGS = {"factor": "rope_factor", "original_max_position_embeddings": "rope_
 READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
                                            "high_freq_factor"),
          "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
-ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
-        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh", "relu2": "relu2", "quick_gelu": "quick_gelu",
-        "gelu_accurate": "gelu_accurate", "mish": "mish"}
+SOURCE = "<hf config>"  # the name diagnostics carry until block_text knows the file
 
 
-def _fail(message: str, hint: str | None = None) -> BlockError:
-    return BlockError([error("E0800", message, Span("<hf config>", 1, 1), hint=hint)])
+def _fail(message: str, hint: str | None = None, at: tuple[str | int, ...] = ()) -> BlockError:
+    """A config the file cannot state (E0800), at the JSON path of the field that asks for it."""
+    return BlockError([_error("E0800", message, json_span(SOURCE, at), hint=hint)])
 
 
 class _Config:
-    """Config fields with the defaults the transformers class applies."""
+    """The fields the family's HF code reads, checked and defaulted by ``hf_config.read_fields``."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = dict(raw)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The field's value; ``default`` where it is null, or where the family does not read it (HF's code then
+        behaves as that default)."""
         v = self.raw.get(key)
         return default if v is None else v
 
     def need(self, key: str) -> Any:
         if self.raw.get(key) is None:
-            raise _fail(f"the config of model type '{self.raw.get('model_type')}' has no '{key}'")
+            raise _fail(f"the config of model type '{self.raw.get('model_type')}' has no '{key}'", at=(key,))
         return self.raw[key]
 
     def rope(self) -> dict[str, Any]:
-        params = dict(self.get("rope_parameters") or self.get("rope_scaling") or {})
-        kind = params.get("rope_type", params.get("type", "default"))
+        params = dict(self.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0})
+        kind = params.get("rope_type", "default")
         if kind not in ROPE_SCALINGS:
-            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS))
+            raise _fail(f"RoPE scaling type '{kind}' is not supported", "supported: " + ", ".join(ROPE_SCALINGS),
+                        at=("rope_parameters", "rope_type"))
         if kind == "yarn" and params.get("truncate") is False:
-            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported")
+            raise _fail("YaRN without truncated correction bounds (truncate=false) is not supported",
+                        at=("rope_parameters", "truncate"))
         if kind == "yarn" and params.get("mscale") and params.get("mscale_all_dim"):
-            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead")
-        params.setdefault("rope_theta", self.get("rope_theta", 10000.0))
-        params["rope_type"] = kind
+            raise _fail("YaRN's mscale and mscale_all_dim are not supported", "give attention_factor instead",
+                        at=("rope_parameters", "mscale"))
         return params
 
     def act(self, key: str = "hidden_act", default: str = "silu") -> str:
         name = self.get(key, default)
         if name not in ACTS:
-            raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)))
+            raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)), at=(key,))
         return ACTS[name]
 
 
 def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+    return str(int(v)) if float(v).is_integer() and abs(v) < 2 ** 53 else repr(float(v))
 
 
 def _header(cls: str, model_type: str, c: _Config, extra: dict[str, int]) -> list[str]:
@@ -89,7 +94,7 @@ def _attn_opts(c: _Config, exact: bool, rotary: bool = True, head_dim: int | Non
     if rotary:
         rope = c.rope()
         opts += ["rope=true", f"rope_theta={_num(rope['rope_theta'])}"]
-        factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)))
+        factor = rope.get("partial_rotary_factor", 1.0)
         if factor != 1.0:
             opts.append(f"rotary_dim={int(hd * factor)}")
         if exact:  # model.to(dtype) casts HF's inv_freq buffer too
@@ -146,13 +151,13 @@ def _window(c: _Config) -> list[str]:
         if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
             return [f"window={window} * (1 {sign} (-1) ** layer) / 2"]
     raise _fail("this mix of sliding and full attention layers is not supported",
-                "supported: all sliding, all full, or alternating layer by layer")
+                "supported: all sliding, all full, or alternating layer by layer", at=("layer_types",))
 
 
 def _padding(c: _Config) -> list[str]:
     """The classes that pass ``pad_token_id`` to ``nn.Embedding``: that row learns nothing."""
     pad = c.get("pad_token_id")
-    return [f"padding_idx={pad}"] if pad is not None and 0 <= pad < c.need("vocab_size") else []
+    return [f"padding_idx={pad}"] if pad is not None else []
 
 
 def _model(cls: str, base: str, layer: str, c: _Config, norm: str, extra: list[str] | None = None,
@@ -180,10 +185,10 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
     def write(c: _Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
-        if c.get("clip_qkv") is not None:
-            raise _fail("clip_qkv (clamping q, k and v) is not supported")
-        if not all(c.get("no_rope_layers") or [1]):
-            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE")
+        layers = c.need("num_hidden_layers")
+        if not all((c.get("no_rope_layers") or [1])[:layers]):
+            raise _fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
+                        at=("no_rope_layers",))
         attn = _attn_opts(c, exact) + _window(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
@@ -201,6 +206,7 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
             mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
                    "fc2=down_proj"]
         n = norm(c) if norm else _rms(c, cast=cast)
+        drop = _drop(c.get("residual_dropout", 0.0))  # Seed-OSS drops each branch output
         lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
         attn_scale, res, emb, logits = _multipliers(c, model_type)
         if attn_scale is not None:
@@ -208,7 +214,8 @@ def _llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bo
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  input_layernorm: {n}", _decl("self_attn", "self_attention", attn),
                   f"  post_attention_layernorm: {n}", _decl("mlp", "gated_mlp" if gated else "mlp", mlp),
-                  f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + mlp(post_attention_layernorm(h)){res}",
+                  f"  h = x + {drop('self_attn(input_layernorm(x))')}{res}",
+                  f"  y = h + {drop('mlp(post_attention_layernorm(h))')}{res}",
                   "  return y", "}", ""]
         model = _model(cls, "model", layer, c, n)
         if emb or logits:
@@ -224,7 +231,7 @@ def _multipliers(c: _Config, model_type: str) -> tuple[float | None, str, str, s
     logits = float(c.get("logits_scaling", 1.0))
     mantissa, _ = math.frexp(logits)
     if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
-        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", "HF divides the logits by it; "
+        raise _fail(f"logits_scaling={_num(logits)} is not a power of two", at=("logits_scaling",), hint="HF divides the logits by it; "
                     "blockir multiplies by the reciprocal, which equals only for powers of two")
     res = _num(c.get("residual_multiplier", 1.0))
     emb = _num(c.get("embedding_multiplier", 1.0))
@@ -236,14 +243,13 @@ def _gemma(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
     norm = _rms(c, offset=1, cast="after_weight")
     attn = _attn_opts(c, exact) + (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
-    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    mlp = ["F", f"act={c.act('hidden_act', 'gelu_pytorch_tanh')}"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: {norm}", _decl("self_attn", "self_attention", attn),
               f"  post_attention_layernorm: {norm}", _decl("mlp", "gated_mlp", mlp),
               "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
               "  return y", "}", ""]
-    c.raw.setdefault("tie_word_embeddings", True)
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5")) + "\n"
 
 
@@ -269,7 +275,6 @@ def sandwich_text(cls: str, layer: str, model_type: str, c: _Config, norm: str, 
               _decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
               "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
               "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
-    c.raw.setdefault("tie_word_embeddings", True)
     return "\n".join(lines + _model(cls, "model", layer, c, norm, scale="D ** 0.5",
                                     softcap=c.get("final_logit_softcapping"))) + "\n"
 
@@ -314,8 +319,6 @@ def _gpt2(c: _Config, model_type: str, exact: bool) -> str:
     d = c.get("n_embd", c.get("hidden_size"))
     c.raw.setdefault("hidden_size", d)
     c.raw["num_attention_heads"] = c.get("n_head", c.get("num_attention_heads"))
-    if c.get("scale_attn_by_inverse_layer_idx", False) or c.get("reorder_and_upcast_attn", False):
-        raise _fail("GPT-2 options scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn are not supported")
     eps = _num(c.get("layer_norm_epsilon", 1e-5))
     attn = _attn_opts(c, exact, rotary=False) + ["bias=true", "out_bias=true", "fused=stacked", "conv1d=true",
                                                  "qkv=c_attn", "o=c_proj", "softmax_f32=false"]
@@ -350,9 +353,10 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
     mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     # HF's op order and summation order: the first fixes how autograd accumulates x's gradient
-    update = (["  a = attention(input_layernorm(x))", "  m = mlp(post_attention_layernorm(x))", "  y = m + a + x"]
-              if c.get("use_parallel_residual", True) else
-              ["  h = x + attention(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))"])
+    drop = _drop(c.get("hidden_dropout", 0.0))  # HF's post_attention_dropout and post_mlp_dropout
+    update = ([f"  a = {drop('attention(input_layernorm(x))')}", f"  m = {drop('mlp(post_attention_layernorm(x))')}",
+               "  y = m + a + x"] if c.get("use_parallel_residual", True) else
+              [f"  h = x + {drop('attention(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}"])
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: layernorm(D, eps={eps})", f"  post_attention_layernorm: layernorm(D, eps={eps})",
               _decl("attention", "self_attention", attn), _decl("mlp", "mlp", mlp), *update, "  return y", "}", "",
@@ -362,6 +366,15 @@ def _gpt_neox(c: _Config, model_type: str, exact: bool) -> str:
               _decl("lm_head", "head", ["V"] + (["tied=true"] if c.get("tie_word_embeddings", False) else [])),
               "  return lm_head(gpt_neox.final_layer_norm(gpt_neox.layers(gpt_neox.embed_in(input_ids))))", "}"]
     return "\n".join(lines) + "\n"
+
+
+def no_embedding_dropout(c: _Config, key: str) -> str:
+    """Dropout on the token embeddings is refused: the verifiers read it as dropout on the residual state (E0402)."""
+    if c.get(key, 0.0):
+        raise _fail(f"dropout on the token embeddings ({key}={_num(c.get(key))}) is not supported",
+                    f"the language reads it as dropout on the residual state; set {key} to 0 (it acts only in "
+                    "training)", at=(key,))
+    return ""
 
 
 def _drop(p: float) -> Callable[[str], str]:
@@ -383,14 +396,12 @@ def _starcoder2(c: _Config, model_type: str, exact: bool) -> str:
               f"  h = x + {drop('self_attn(input_layernorm(x))')}", f"  y = h + {drop('mlp(post_attention_layernorm(h))')}",
               "  return y", "}", ""]
     model = _model(cls, "model", layer, c, norm)
-    model[-2] = f"  return lm_head(model.norm(model.layers({_drop(c.get('embedding_dropout', 0.0))('model.embed_tokens(input_ids)')})))"
+    no_embedding_dropout(c, "embedding_dropout")
     return "\n".join(lines + model) + "\n"
 
 
 def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "StableLmForCausalLM", "StableLmDecoderLayer"
-    if c.get("qk_layernorm", False):
-        raise _fail("StableLM's per-head q/k LayerNorms (qk_layernorm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
     attn = _attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
     drop = _drop(c.get("hidden_dropout", 0.0))
@@ -408,8 +419,6 @@ def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
 
 def _phi(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
-    if c.get("qk_layernorm", False):
-        raise _fail("Phi's q/k LayerNorms (qk_layernorm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
     attn = _attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
     drop = _drop(c.get("resid_pdrop", 0.0))
@@ -422,19 +431,16 @@ def _phi(c: _Config, model_type: str, exact: bool) -> str:
               _decl("model.embed_tokens", "embedding", ["V", "D"] + _padding(c)), f"  model.layers: {layer} * L",
               f"  model.final_layernorm: {norm}",
               _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
-              "  x = " + _drop(c.get("embd_pdrop", 0.0))("model.embed_tokens(input_ids)"),
+              "  x = " + no_embedding_dropout(c, "embd_pdrop") + "model.embed_tokens(input_ids)",
               "  return lm_head(model.final_layernorm(model.layers(x)))", "}"]
     return "\n".join(lines) + "\n"
 
 
 def _cohere(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "CohereForCausalLM", "CohereDecoderLayer"
-    if c.get("use_qk_norm", False):
-        raise _fail("Cohere's q/k norms (use_qk_norm) are not supported")
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true, recenter=true)"
     attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"] + \
         (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
-    c.raw.setdefault("tie_word_embeddings", True)
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
               _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
@@ -472,18 +478,16 @@ WRITERS: dict[str, Callable[[_Config, str, bool], str]] = {
 }
 
 
-def block_text(config: Any, exact: bool = False) -> str:
-    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object).
+def block_text(config: Any, exact: bool = False, *, source: str = SOURCE) -> str:
+    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object), of the
+    class its ``architectures`` names; every problem is a ``BlockError`` located at ``source: $.field``.
 
     ``exact`` writes ``impl=eager`` on every attention: HF's eager reference op for op.
     """
-    raw = config.to_dict() if hasattr(config, "to_dict") else config
-    if not isinstance(raw, Mapping):
-        raise _fail(f"expected a config dict or object, got {type(config).__name__}")
-    model_type = raw.get("model_type")
-    if model_type not in WRITERS:
-        raise _fail(f"model type {model_type!r} is not supported", "supported: " + ", ".join(sorted(WRITERS)))
-    return WRITERS[model_type](_Config(raw), model_type, exact)
+    from blockir.importers.hf_import import import_text
+    return import_text(config, exact, source=source)
+
+
 from blockir.importers import hf_more  # noqa: E402,F401  (registers its writers into WRITERS)
 from blockir.importers import hf_gptj  # noqa: E402,F401  (registers its writers into WRITERS)
 from blockir.importers import hf_periodic  # noqa: E402,F401  (registers its writers into WRITERS)

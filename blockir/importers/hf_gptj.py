@@ -23,6 +23,9 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
     rotary = c.get("rotary_dim")
     if rotary and rotary != d // heads:
         attn.append(f"rotary_dim={rotary}")
+    if model_type == "codegen" and heads % 4:
+        raise hf._fail(f"CodeGen's fused qkv_proj splits the heads into 4 groups: n_head={heads} is not a multiple of 4",
+                       at=("n_head",))
     if model_type == "codegen":  # HF's fixed model-parallel split of the fused projection
         attn += ["fused=qvk_groups", "qkv_groups=4", "qkv=qkv_proj"]
     if c.get("attn_pdrop", 0.0):
@@ -41,7 +44,7 @@ def _gptj(c: _Config, model_type: str, exact: bool) -> str:
               "  transformer.wte: embedding(V, D)", f"  transformer.h: {layer} * L",
               f"  transformer.ln_f: layernorm(D, eps={eps})",
               _decl("lm_head", "head", ["V", "bias=true"] + (["tied=true"] if c.get("tie_word_embeddings") else [])),
-              "  x = " + _drop(c.get("embd_pdrop", 0.0))("transformer.wte(input_ids)"),
+              "  x = " + hf.no_embedding_dropout(c, "embd_pdrop") + "transformer.wte(input_ids)",
               "  return lm_head(transformer.ln_f(transformer.h(x)))", "}"]
     return "\n".join(lines) + "\n"
 

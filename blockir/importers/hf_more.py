@@ -34,7 +34,7 @@ def _pad(c: _Config) -> str:
 def _act(c: _Config, key: str, default: str) -> str:
     name = c.get(key, default)
     if name not in ACTS:
-        raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)))
+        raise _fail(f"activation '{name}' is not supported", "supported: " + ", ".join(sorted(ACTS)), at=(key,))
     return ACTS[name]
 
 
@@ -50,9 +50,6 @@ def _attention(c: _Config, heads: int, exact: bool, **names: str) -> list[str]:
 def _encoder(c: _Config, model_type: str, exact: bool) -> str:
     """BERT's Post-LN encoder; RoBERTa-style types differ only in their position offset."""
     cls, layer, style = ENCODERS[model_type]
-    if c.get("position_embedding_type", "absolute") != "absolute":
-        raise _fail(f"position_embedding_type '{c.get('position_embedding_type')}' is not supported",
-                    "supported: absolute")
     d, e = c.need("hidden_size"), c.get("embedding_size", c.need("hidden_size"))
     eps, p = _num(c.get("layer_norm_eps", 1e-12)), _num(c.get("hidden_dropout_prob", 0.1))
     dims = {"D": d, "E": e, "F": c.need("intermediate_size"), "V": c.need("vocab_size"),
@@ -95,9 +92,6 @@ def _encoder(c: _Config, model_type: str, exact: bool) -> str:
 def _distilbert(c: _Config, model_type: str, exact: bool) -> str:
     """DistilBERT: BERT without token types, its attention's output projection inside the attention."""
     cls, layer = "DistilBertModel", "TransformerBlock"
-    if c.get("sinusoidal_pos_embds", False):
-        raise _fail("DistilBERT's frozen sinusoidal position table (sinusoidal_pos_embds) is not supported",
-                    "set sinusoidal_pos_embds to false: the table is then learned")
     d, p = c.need("dim"), _num(c.get("dropout", 0.1))
     attn = _attention(c, c.need("n_heads"), exact, q="q_lin", k="k_lin", v="v_lin", o="out_lin")
     lines = _dims(cls, model_type, {"D": d, "F": c.need("hidden_dim"), "V": c.need("vocab_size"),
@@ -179,9 +173,6 @@ def _opt(c: _Config, model_type: str, exact: bool) -> str:
 def _bloom(c: _Config, model_type: str, exact: bool) -> str:
     """BLOOM: ALiBi, per-head fused query_key_value, a norm on the embeddings, Pre-LN."""
     cls, layer = "BloomForCausalLM", "BloomBlock"
-    if c.get("apply_residual_connection_post_layernorm", False):
-        raise _fail("BLOOM's apply_residual_connection_post_layernorm (the residual taken after the norm) is not "
-                    "supported", "the released BLOOM checkpoints set it to false")
     d, heads = c.get("hidden_size", c.get("n_embed")), c.get("n_head", c.get("num_attention_heads"))
     eps, p = _num(c.get("layer_norm_epsilon", 1e-5)), _num(c.get("hidden_dropout", 0.0))
     attn = [f"heads={heads}", "alibi=true", "bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value",
@@ -275,14 +266,12 @@ def _falcon(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "FalconForCausalLM", "FalconDecoderLayer"
     new, parallel = c.get("new_decoder_architecture", False), c.get("parallel_attn", True)
     heads = c.need("num_attention_heads")
-    if c.get("alibi", False):
-        raise _fail("Falcon with alibi=true is not supported", "supported: Falcon with rotary positions")
     if new and not parallel:
-        raise _fail("Falcon's new_decoder_architecture without parallel_attn is not supported")
-    kv = (c.get("num_kv_heads", heads) if new else 1 if c.get("multi_query", True) else heads)
+        raise _fail("Falcon's new_decoder_architecture without parallel_attn is not supported", at=("parallel_attn",))
+    kv = c.get("num_kv_heads", heads) if new or not c.get("multi_query", True) else 1
     if kv not in (1, heads):
         raise _fail(f"Falcon with {kv} key/value groups of {heads} heads is not supported",
-                    "supported: one key/value head, or one per query head")
+                    "supported: one key/value head, or one per query head", at=("num_kv_heads",))
     c.raw.update(num_key_value_heads=kv, attention_dropout=0.0)  # the rotary path applies no attention dropout
     bias = ["bias=true", "out_bias=true"] if c.get("bias", False) else []
     attn = _attn_opts(c, exact) + ["fused=" + ("stacked" if kv == 1 else "heads"), "qkv=query_key_value", "o=dense",

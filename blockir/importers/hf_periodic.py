@@ -22,7 +22,7 @@ def _period(c: _Config) -> tuple[int, str]:
                 return 1, "0"
             return period, f"(((layer + 1) % {period} + {period - 1}) // {period})"
     raise _fail("this mix of sliding and full attention layers is not supported",
-                "supported: every n-th layer full, the others sliding")
+                "supported: every n-th layer full, the others sliding", at=("layer_types",))
 
 
 def _mixed(value_sliding: float, value_full: float, indicator: str) -> str:
@@ -44,14 +44,12 @@ def _rope_by_type(c: _Config) -> tuple[dict, dict]:
     for p in (full, local):
         if p.get("rope_type", "default") != "default":
             raise _fail(f"RoPE scaling type '{p.get('rope_type')}' per layer type is not supported",
-                        "supported: default")
+                        "supported: default", at=("rope_parameters",))
     return local, full
 
 
 def _gemma3_text(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "Gemma3ForCausalLM", "Gemma3DecoderLayer"
-    if c.get("use_bidirectional_attention", False):
-        raise _fail("Gemma 3's bidirectional attention (use_bidirectional_attention) is not supported")
     period, sliding = _period(c)
     local, full = _rope_by_type(c)
     theta = _mixed(local.get("rope_theta", c.get("rope_local_base_freq", 10000.0)),
@@ -76,13 +74,13 @@ def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
     attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
-    if period != 1:
-        attn += [f"rotary_dim={hd} * {sliding}"]
+    if period != 1:  # the rotated channels on sliding layers, none on full ones
+        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
+        attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={rotated} * {sliding}"]
         if c.get("sliding_window"):
             attn.append(f"window={c.get('sliding_window')} * {sliding}")
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
-    c.raw.setdefault("tie_word_embeddings", True)
     lines = hf._header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
               _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),

@@ -14,6 +14,7 @@ from typing import Mapping
 
 from blockir.analyses.sizes import Env, contexts, layer_counts, program_env, uses_layer, value
 from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import CallOp
 from blockir.ir.program import Block, Program
@@ -70,6 +71,16 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
     scaling = _rope_scaling(decl)
     if scaling is not None:
         return scaling
+    p = value(decl.arg("dropout"), env) if decl.arg("dropout") is not None else None
+    if p is not None and not 0 <= p < 1:
+        return error("E0816", f"dropout of '{decl.name}' must lie in [0, 1), got {p}", decl.span,
+                     hint="the probability of dropping an attention weight while training; 1 would drop every one")
+    rotary = value(decl.arg("rotary_dim"), env) if decl.arg("rotary_dim") is not None else None
+    if decl.arg("rope") and rotary is not None and head_dim is not None and \
+            (not float(rotary).is_integer() or not 0 <= rotary <= head_dim or rotary % 2):
+        return error("E0817", f"rotary_dim of '{decl.name}' must be an even integer from 0 to its head_dim "
+                     f"{head_dim}, got {rotary}", decl.span,
+                     hint="the rotary embedding rotates pairs among the first rotary_dim channels of each head")
     if decl.arg("rope") and head_dim is not None and head_dim % 2:
         return error("E0211", f"the rotary embedding of '{decl.name}' needs an even head_dim, got {head_dim}",
                      decl.span, hint="rotary embeddings rotate pairs of channels")
@@ -148,18 +159,37 @@ def _joins(block: Block, env: Mapping[str, float | int], declared: Mapping[str, 
     return out
 
 
+def _drop_rates(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...]) -> list[Diagnostic]:
+    """A drop probability written in ``layer`` lies in [0, 1) in every layer (a constant one is checked as the
+    file is read, E0109)."""
+    out = []
+    for op in block.ops:
+        p = getattr(op, "p", None)
+        if not isinstance(p, C.EXPRS) or not uses_layer(p, block):
+            continue
+        for layer, n, env in contexts(base, block, counts, True):
+            v = value(p, env)
+            if v is not None and not 0 <= v < 1:
+                out.append(error("E0816", f"drop probability must lie in [0, 1), got {v}", op.span,
+                                 hint="p is the probability of dropping; 1 would drop everything",
+                                 notes=[Note(f"in layer {layer} of {n}")]))
+                break
+    return out
+
+
 def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int, ...],
                 declared: Mapping[str, float | int] | None = None) -> list[Diagnostic]:
     """Every attention declaration of ``block``, in each layer whose environment can change its sizes, and the
     linears that project a join, under ``base`` (``declared``: the file's own sizes, when ``base`` overrides them)."""
-    out = _joins(block, base, base if declared is None else declared)
+    out = _joins(block, base, base if declared is None else declared) + _drop_rates(block, base, counts)
     for decl in block.decls:
         if isinstance(decl, KindDecl) and decl.kind == "embedding":
             found = _padding_row(decl, dict(base))
             out += [found] if found is not None else []
         if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
             continue
-        per_layer = any(uses_layer(decl.arg(n), block) for n in (*COUNTS, "window") if decl.arg(n) is not None)
+        per_layer = any(uses_layer(decl.arg(n), block) for n in (*COUNTS, "window", "dropout", "rotary_dim")
+                        if decl.arg(n) is not None)
         for layer, n, env in contexts(base, block, counts, per_layer):
             found = _attention(block, decl, env)
             if found is not None:

@@ -1,0 +1,75 @@
+"""Every field a family's HF code reads reaches the file: changed to another valid value, it changes the `.block`,
+or the importer refuses it at that field, or it is listed here with the reason it cannot change the forward."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+import blockir
+from blockir.importers import hf_import
+from blockir.importers.hf import block_text
+from blockir.importers.hf_config import read_fields
+from blockir.importers.hf_schema import FAMILIES
+from hf_configs import CONFIGS, MORE_CONFIGS
+
+BASES: dict[str, dict[str, Any]] = {}
+for _config in (*CONFIGS.values(), *MORE_CONFIGS.values()):
+    BASES.setdefault(_config["model_type"], _config)  # the first, plainest config of each type
+# another valid value of a field of each kind
+OTHER: dict[str, Callable[[Any], Any]] = {
+    "size": lambda v: 2 * v if v else 32, "heads": lambda v: 1 if v != 1 else 2, "layers": lambda v: 3 if v != 3 else 2,
+    "window": lambda v: 3 if v != 3 else 4, "eps": lambda v: 1e-3 if v != 1e-3 else 1e-4,
+    "positive": lambda v: 2.5 if v != 2.5 else 3.5, "real": lambda v: 0.5 if v != 0.5 else 0.25,
+    "prob": lambda v: 0.25 if v != 0.25 else 0.0, "fraction": lambda v: 0.5 if v != 0.5 else 0.25,
+    "bool": lambda v: not v, "act": lambda v: "relu" if v != "relu" else "gelu", "token": lambda v: 1 if v != 1 else 2,
+}
+ROPE = {t for t, f in FAMILIES.items() if "rope_parameters" in f.fields} | {"gptj", "codegen"}
+ENCODERS = {"bert", "camembert", "distilbert", "electra", "roberta", "xlm-roberta"}
+# fields that cannot change the forward of the tested config, with the reason and the families it holds for
+NO_EFFECT: dict[str, tuple[str, set[str]]] = {
+    "max_position_embeddings": ("RoPE positions are computed, not looked up: the context length bounds nothing",
+                                ROPE - {"gptj", "codegen"}),
+    "n_positions": ("GPT-J-style rotary positions are computed, not looked up", {"gptj", "codegen"}),
+    "use_cache": ("read only by the exact mode (kv_cache=true), not by the default SDPA path", set(FAMILIES)),
+    "max_window_layers": ("without use_sliding_window no layer slides", {"qwen2", "qwen3"}),
+    "sliding_window": ("kept only with use_sliding_window, which the tested config leaves off",
+                       {"qwen2", "qwen3", "smollm3"}),
+    "use_sliding_window": ("the tested config has no sliding_window to switch on", {"qwen2", "qwen3", "smollm3"}),
+    "no_rope_layer_interval": ("the no_rope_layers it derives are refused at no_rope_layers", {"smollm3"}),
+    "tie_word_embeddings": ("the base model of an encoder has no head to tie", ENCODERS),
+    "attention_dropout": ("Falcon's rotary attention applies no dropout to the attention weights", {"falcon"}),
+    "original_max_position_embeddings": ("read only by longrope scaling, which is refused", {"phi3"}),
+    "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
+    "num_ln_in_parallel_attn": ("read only with new_decoder_architecture", {"falcon"}),
+}
+
+
+@pytest.fixture(autouse=True)
+def _writers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The texts are compared as written: the check of each written file (60 ms) is the fuzz test's part."""
+    monkeypatch.setattr(hf_import, "_self_check", lambda text, source: None)
+
+
+def _cases() -> list[tuple[str, str]]:
+    return [(t, name) for t in sorted(FAMILIES) for name, spec in FAMILIES[t].fields.items()
+            if len(spec) == 2 or spec[2] in ("row", "rope") or spec[2].startswith("=")
+            if spec[0].rstrip("?") in OTHER]
+
+
+@pytest.mark.parametrize("model_type, name", _cases(), ids=[f"{t}.{n}" for t, n in _cases()])
+def test_a_changed_field_changes_the_file_or_is_refused_there(model_type: str, name: str) -> None:
+    base = BASES[model_type]
+    _, values, _ = read_fields(dict(base))
+    current = values.get(name, base.get(name, FAMILIES[model_type].fields[name][1]))
+    kind = FAMILIES[model_type].fields[name][0].rstrip("?")
+    changed = dict(base, **{name: OTHER[kind](current)})
+    try:
+        text = block_text(changed)
+    except blockir.BlockError as exc:
+        assert {d.code for d in exc.diagnostics} <= {"E0800", "E0809"}, str(exc)
+        assert any(d.span.filename.endswith(f"$.{name}") for d in exc.diagnostics) or \
+            {d.code for d in exc.diagnostics} == {"E0809"}, str(exc)
+        return
+    reason, families = NO_EFFECT.get(name, ("", set()))
+    assert (text == block_text(dict(base))) == (model_type in families), (name, reason)
