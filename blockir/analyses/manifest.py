@@ -22,6 +22,7 @@ from blockir.analyses.norms import family
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
+from blockir.analyses.shortcut_weights import stack_weights
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.diagnostics import BlockError
 from blockir.ir.decls import KindDecl
@@ -122,6 +123,7 @@ def block_manifest(program: Program, block: Block, env: Env,
                          for m in c.members]
         fn = final_norm(block)
         out["final_norm"] = norm_site(block, fn, "final", env) if fn is not None else None
+        out["shortcut_weights"] = [s.data() for s in stack_weights(program, block, env)]
     else:
         out |= _update_fields(block, w.sublayers, c, env)
     out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
