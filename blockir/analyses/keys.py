@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import networkx as nx
 
+from blockir.analyses.key_roles import key_role
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes, reads_layer
 from blockir.analyses.summaries import call_graph, callees_first
@@ -39,6 +40,10 @@ class Key:
     family: str  # the owner's kind: layernorm, rmsnorm, self_attention, linear, scalar, …
     block: str = ""  # the block whose declaration owns it
     decl: str = ""  # that declaration's name inside the block
+    role: str = "parameter"  # parameter | buffer | counter (blockir/analyses/key_roles.py)
+    layout: str = ""  # out,in | in,out | rows | channel | scalar
+    fused: str | None = None  # the row order of a fused projection: q;k;v, gate;up, …
+    alias_of: str | None = None  # the key whose tensor this name shares (a tied head)
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,24 @@ class KeyTable:
     def shapes(self) -> dict[str, Shape]:
         return {k.name: k.shape for k in self.keys}
 
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Second name -> the key whose tensor it shares."""
+        return {k.name: k.alias_of for k in self.keys if k.alias_of is not None}
+
     def __str__(self) -> str:
         width = max((len(k.name) for k in self.keys), default=0)
-        lines = [f"{k.name:<{width}}  [{', '.join(map(str, k.shape))}]" for k in self.keys]
+        shapes = [f"[{', '.join(map(str, k.shape))}]" for k in self.keys]
+        wide = max((len(t) for t in shapes), default=0)
+        lines = [f"{k.name:<{width}}  {t:<{wide}}  {_facts(k)}".rstrip() for k, t in zip(self.keys, shapes)]
         lines += [f"{p}.*  (extern: keys bound from Python, unknown here)" for p in self.unknown]
         return "\n".join(lines)
+
+
+def _facts(k: Key) -> str:
+    """The text columns of a key: its role and layout, its fused row order, the key it aliases."""
+    extra = ([f"rows {k.fused}"] if k.fused else []) + ([f"= {k.alias_of} (tied: one tensor)"] if k.alias_of else [])
+    return "  ".join([f"{k.role:<9}  {k.layout:<7}", *extra])
 
 
 def _first_use(block: Block, decl: str) -> Op | None:
@@ -163,8 +181,9 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
                 unknown.append(path)
             elif isinstance(decl, KindDecl):
                 for name, shape in _kind_keys(current, decl, scope):
+                    r = key_role(current, decl, name, shape, path_prefix, current is block)
                     keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind, current.name,
-                                    decl.name))
+                                    decl.name, r.role, r.layout, r.fused, r.alias_of))
             elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
                 inner = program.block(decl.block)
                 work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards
@@ -337,7 +356,10 @@ def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, An
     expected = table.shapes
     given = {k: _shape(k, v) for k, v in state_dict_or_shapes.items()}
     unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
-    missing = {k for k in expected if k not in given}
+    # a tied head's table loads from either of its two names (the compiled module copies one to the other)
+    aliases = table.aliases
+    missing = {k for k in expected if k not in given and not (k in aliases and aliases[k] in given)
+               and not (k in aliases.values() and any(a in given for a, src in aliases.items() if src == k))}
     unexpected = {k for k in given if k not in expected and k not in unchecked}
     misshaped = tuple((k, expected[k], given[k]) for k in expected if k in given and not fits(expected[k], given[k]))
     return Reconciliation(name, tuple(sorted(missing)), tuple(sorted(unexpected)), misshaped,
