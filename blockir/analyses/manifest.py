@@ -21,6 +21,7 @@ from blockir.analyses.layouts import BlockLayouts, describe_layout, layouts, mes
 from blockir.analyses.norms import family
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
+from blockir.analyses.dropout_owners import dropout_owners
 from blockir.analyses.facts import stated
 from blockir.analyses.shortcut_weights import stack_weights
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
@@ -126,6 +127,7 @@ def block_manifest(program: Program, block: Block, env: Env,
         out["shortcut_weights"] = [s.data() for s in stack_weights(program, block, env)]
     else:
         out |= _update_fields(block, w.sublayers, c, env)
+    out["dropout_owners"] = [o.data() for o in dropout_owners(block, env)]
     out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
                      "output": t.dtype.value if t.dtype else None}
     if facts:
