@@ -23,16 +23,20 @@ from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
 from blockir.analyses.dropout_owners import dropout_owners
 from blockir.analyses.facts import stated
+from blockir.analyses.manifest_training import embedding_norm, initialisation, padding_policy
+from blockir.analyses.recipe_contract import recipe_contract
 from blockir.analyses.shortcut_weights import stack_weights
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.diagnostics import BlockError
+from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Role
 from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm
 
-PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final"}
+PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final",
+             "embedding": "embedding"}
 EQUATIONS = {t.name: t.equation for t in REGISTRY} | RECIPES
 
 
@@ -124,10 +128,21 @@ def block_manifest(program: Program, block: Block, env: Env,
                          for m in c.members]
         fn = final_norm(block)
         out["final_norm"] = norm_site(block, fn, "final", env) if fn is not None else None
+        en = embedding_norm(block)
+        if en is not None:  # Peri-LN's optional input norm, BERT's embedding LayerNorm: a stack-boundary choice
+            out["embedding_norm"] = norm_site(block, en, "embedding", env)
         out["shortcut_weights"] = [s.data() for s in stack_weights(program, block, env)]
     else:
         out |= _update_fields(block, w.sublayers, c, env)
+        contract = recipe_contract(block, c.topology, out["equation"], out["branch_order"],
+                                   env.get(C.NUM_LAYERS) if c.topology != "custom" else None, env)
+        if contract is not None:
+            out["recipe_contract"] = contract
+    init = initialisation(block, env)
+    if init:
+        out["initialisation"] = init
     out["dropout_owners"] = [o.data() for o in dropout_owners(block, env)]
+    out["padding"] = padding_policy(program, block)
     out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
                      "output": t.dtype.value if t.dtype else None}
     if facts:
