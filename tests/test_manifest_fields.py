@@ -181,3 +181,17 @@ def test_runtime_parallel_layout_and_backend(tmp_path) -> None:
     data = json.loads(out.getvalue())
     assert data["runtime"]["backend"] == "fused" and "fused_boundaries" in data["tensors"]
     assert set(data) == {"file", "blocks", "training", "runtime", "tensors"}
+
+
+def test_manifest_records_aliases_layouts_buffers_and_counters() -> None:
+    from test_verify_keys import TIED
+    blocks = program_manifest(blockir.parse(TIED, "tied.block"))["blocks"]
+    head = next(k for k in blocks["LM"]["checkpoint"] if k["key"] == "lm_head.weight")
+    assert head == {"key": "lm_head.weight", "shape": [32, 16], "role": "parameter", "layout": "out,in",
+                    "alias_of": "embed_tokens.weight"}
+    layer = {k["key"]: k for k in blocks["Layer"]["checkpoint"]}
+    assert (layer["attn.qkv_proj.weight"]["layout"], layer["attn.qkv_proj.weight"]["fused"]) == ("in,out", "q;k;v")
+    assert [k for k, v in layer.items() if v["role"] != "parameter"] == [
+        "ln_2.running_mean", "ln_2.running_var", "ln_2.num_batches_tracked", "ln_2.calibrated_at"]
+    assert [v["role"] for v in layer.values() if v["role"] != "parameter"] == ["buffer", "buffer", "counter", "counter"]
+    assert all(not k.startswith("layers.") for k in (e["key"] for e in blocks["LM"]["checkpoint"]))

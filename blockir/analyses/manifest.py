@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from blockir.analyses.keys import key_table
 from blockir.analyses.layouts import BlockLayouts, describe_layout, layouts, meshes, placement
 from blockir.analyses.norms import family
 from blockir.analyses.parallel import derive_plan
@@ -141,6 +142,7 @@ def block_manifest(program: Program, block: Block, env: Env,
     init = initialisation(block, env)
     if init:
         out["initialisation"] = init
+    out["checkpoint"] = checkpoint_keys(program, block)
     out["dropout_owners"] = [o.data() for o in dropout_owners(block, env)]
     out["padding"] = padding_policy(program, block)
     out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
@@ -171,6 +173,18 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
     if inner:
         fields["inner_dropout"] = inner
     return fields
+
+
+def checkpoint_keys(program: Program, block: Block) -> list[dict[str, Any]] | str:
+    """The keys the block's own declarations own (a stack's layers list theirs under their block), each with
+    its role, layout, fused row order and alias; a sentence when a size the keys need is open."""
+    try:
+        table = key_table(program, block, Sizes.of(program))
+    except BlockError as exc:
+        return f"keys need every size: {exc.diagnostics[0].message}"
+    return [{"key": k.name, "shape": list(k.shape), "role": k.role, "layout": k.layout,
+             **({"fused": k.fused} if k.fused else {}), **({"alias_of": k.alias_of} if k.alias_of else {})}
+            for k in table.keys if k.block == block.name]
 
 
 STREAM_ROLES = {Role.SEQ: "sequence", Role.MODEL: "hidden"}
