@@ -195,3 +195,11 @@ def test_manifest_records_aliases_layouts_buffers_and_counters() -> None:
         "ln_2.running_mean", "ln_2.running_var", "ln_2.num_batches_tracked", "ln_2.calibrated_at"]
     assert [v["role"] for v in layer.values() if v["role"] != "parameter"] == ["buffer", "buffer", "counter", "counter"]
     assert all(not k.startswith("layers.") for k in (e["key"] for e in blocks["LM"]["checkpoint"]))
+
+
+def test_parameter_count_skips_buffers_counters_and_aliases() -> None:
+    from test_verify_keys import TIED
+    from blockir.reports.model_size import model_size
+    program = blockir.parse(TIED, "tied.block")
+    m = blockir.compile(program, "LM", dims={"B": 2, "S": 4}, seed=0)
+    assert model_size(program, "LM", {"B": 2, "S": 4}).parameters == sum(p.numel() for p in m.parameters())
