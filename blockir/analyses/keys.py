@@ -6,11 +6,14 @@ Keys follow the declarations: a norm owns its family's state (LayerNorm
 models they mirror (``q_proj`` … ``o_proj``, ``fc1``/``fc2``,
 ``gate_proj``/``up_proj``/``down_proj``), a learned scale is its own key, a
 stack prefixes each layer with ``name.i.``. An extern is bound from Python, so
-its keys are unknown and reported as such.
+its keys are unknown and reported as such. Each key carries its role (parameter,
+buffer, counter), its layout and, for a tied head, the key whose tensor it shares
+(blockir/analyses/key_roles.py).
 
 Reconciliation never loads anything: it reports every missing, unexpected and
 mis-shaped key (a single number stored 0-d or as ``[1]`` fits either way) and explains family mismatches (a LayerNorm bias offered to an
-RMSNorm), because a partial load silently changes the model.
+RMSNorm), because a partial load silently changes the model. A tied table is complete under either of its
+names, as the compiled module loads it.
 """
 from __future__ import annotations
 
