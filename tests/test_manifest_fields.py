@@ -203,3 +203,15 @@ def test_parameter_count_skips_buffers_counters_and_aliases() -> None:
     program = blockir.parse(TIED, "tied.block")
     m = blockir.compile(program, "LM", dims={"B": 2, "S": 4}, seed=0)
     assert model_size(program, "LM", {"B": 2, "S": 4}).parameters == sum(p.numel() for p in m.parameters())
+
+
+def test_recipe_command_reports_the_contract() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["recipe", "tfixup", str(ROOT / "examples" / "llama.block"), "--block", "LlamaDecoderLayer",
+                     "--format", "json"]) == 0
+    contract = json.loads(out.getvalue())["contract"]
+    assert list(contract) == ["recipe", *FIELDS] and contract["recipe"] == "T-Fixup"
+    assert contract["optimizer_warmup_regularization"] == "no warmup; no norms"
+    assert contract["branch_count_and_depth"] == {"branches_per_layer": 2, "layers": 2,
+                                                  "convention": "encoder and decoder layer counts"}

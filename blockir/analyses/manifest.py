@@ -113,7 +113,8 @@ def _branch_fields(block: Block, b: Branch, env: Env) -> dict[str, Any]:
 
 
 def block_manifest(program: Program, block: Block, env: Env,
-                   cache: dict[str, Classification] | None = None) -> dict[str, Any]:
+                   cache: dict[str, Classification] | None = None, recipe: str | None = None) -> dict[str, Any]:
+    """The manifest of one block; ``recipe`` names the recipe its contract follows (default: by topology)."""
     c = classify(program, block, cache)
     w = wrapper(block)
     t = block.result
@@ -136,7 +137,7 @@ def block_manifest(program: Program, block: Block, env: Env,
     else:
         out |= _update_fields(block, w.sublayers, c, env)
         contract = recipe_contract(block, c.topology, out["equation"], out["branch_order"],
-                                   env.get(C.NUM_LAYERS) if c.topology != "custom" else None, env)
+                                   env.get(C.NUM_LAYERS), env, recipe)
         if contract is not None:
             out["recipe_contract"] = contract
     init = initialisation(block, env)
@@ -227,6 +228,14 @@ def parallel_layout(program: Program, blocks: list[Block], base: Env) -> dict[st
                 entry |= {"stream": stream, "params": dict(plan.params)}
         out["blocks"][b.name] = entry
     return out
+
+
+def contract_of(program: Program, name: str, recipe: str) -> dict[str, Any] | None:
+    """The recipe contract of block ``name`` of ``program`` (a recipe's result) under ``recipe``."""
+    base = program_env(program)
+    block = program.block(name)
+    env = block_env(base, block, 0, layer_counts(program, base).get(name, (1,))[0])
+    return block_manifest(program, block, env, recipe=recipe).get("recipe_contract")
 
 
 def program_manifest(program: Program, blocks: list[Block] | None = None) -> dict[str, Any]:

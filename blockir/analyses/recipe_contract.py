@@ -93,10 +93,16 @@ def _learned(block: Block) -> list[dict[str, Any]]:
             and (d.category in ("scale", "shift") or d.kind == "dyt")]
 
 
+# the recipes `blockir recipe` applies, by their command-line names
+CLI_NAMES = {"deepnorm": "DeepNorm", "rezero": "ReZero", "layerscale": "LayerScale", "tfixup": "T-Fixup",
+             "fixup": "Fixup", "deepscalelm": "DeepScaleLM", "dyt_llm": "DyT", "admin": "Admin"}
+
+
 def recipe_contract(block: Block, topology: str, equation: str, branch_order: list[str], layers: int | None,
-                    env: Env) -> dict[str, Any] | None:
-    """The seven fields for ``block``, or None when its topology is no recipe."""
-    name = recipe_name(topology, block)
+                    env: Env, recipe: str | None = None) -> dict[str, Any] | None:
+    """The seven fields for ``block`` under ``recipe`` (default: the recipe its topology names), or None when
+    its topology is no recipe."""
+    name = recipe or recipe_name(topology, block)
     if name is None:
         return None
     src = SOURCES[name]
