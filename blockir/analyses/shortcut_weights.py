@@ -173,3 +173,15 @@ def route_summary(stack: StackWeights) -> dict[str, Any]:
     return {"updates": len(stack.updates), "identity_routes": sum(u.identity_route for u in stack.updates),
             "later_product_min": min(products) if products else None,
             "later_product_max": max(products) if products else None}
+
+
+def describe(stack: StackWeights) -> str:
+    """One line: the range of the later products and how many depths reach the output by an identity route."""
+    r = route_summary(stack)
+    weights = f"from {r['later_product_max']:.6g} to {r['later_product_min']:.6g}" \
+        if r["later_product_min"] is not None else "none constant"
+    posts = sorted({u.post_norm for u in stack.updates if u.post_norm is not None})
+    broken = f" (norms on the stream: {', '.join(posts)})" if posts else ""
+    norm = f"; final norm '{stack.final_norm}' on every route to the output" if stack.final_norm else ""
+    return (f"shortcut weights of '{stack.stack}' ({stack.layers} × {stack.block}, {r['updates']} updates): later "
+            f"products {weights}; identity route from {r['identity_routes']} of {r['updates']} depths{broken}{norm}")

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from blockir.analyses.norms import FAMILIES, family
 from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_layer, uses_layer, value
-from blockir.analyses.shortcut_weights import StackWeights, route_summary, stack_weights
+from blockir.analyses.shortcut_weights import StackWeights, describe, route_summary, stack_weights
 from blockir.analyses.structure import interpolation, wrapper
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -509,22 +509,11 @@ def format_ledger(led: Ledger) -> str:
              "saved: what backward keeps (a norm's input and row statistics, a learned scale's input, a fused "
              "op's residual_out and statistics, plus its branch under a learned scale); dropout keeps no mask; "
              f"parameters are not counted. {SCOPE[0].upper()}{SCOPE[1:]}.")
-    lines += [""] * bool(led.depth) + [_depth_line(s) for s in led.depth]
+    lines += [""] * bool(led.depth) + [describe(s) for s in led.depth]
     if led.size is not None:
         lines += ["", f"parameters {led.size.parameters:,}; forward matmul FLOPs {led.size.matmul_flops:,} "
                   "(2 × tokens × each projection matrix, plus 4 × B × S² × heads × head_dim per self-attention)"]
     return "\n".join(head + [""] + lines + [""] + textwrap.wrap(notes, 100)) + "\n"
-
-
-def _depth_line(s: StackWeights) -> str:
-    r = route_summary(s)
-    weights = f"from {r['later_product_max']:.6g} to {r['later_product_min']:.6g}" \
-        if r["later_product_min"] is not None else "none constant"
-    posts = sorted({u.post_norm for u in s.updates if u.post_norm is not None})
-    broken = f" (norms on the stream: {', '.join(posts)})" if posts else ""
-    norm = f"; final norm '{s.final_norm}' on every route to the output" if s.final_norm else ""
-    return (f"shortcut weights of '{s.stack}' ({s.layers} × {s.block}, {r['updates']} updates): later products "
-            f"{weights}; identity route from {r['identity_routes']} of {r['updates']} depths{broken}{norm}")
 
 
 def _tally_data(t: Tally) -> dict[str, Any]:
