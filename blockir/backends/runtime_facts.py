@@ -10,8 +10,9 @@ from typing import Any
 # dropout written in the graph (dropout, drop_path, layer_drop): blockir/backends/rng.py, fx.dropout_site
 KEYED_DROPOUT: dict[str, Any] = {
     "key": ["seed", "layer", "site", "row", "column"],
-    "seed": "one draw from torch's generator per training forward",
-    "layer": "the layer's index in its stack (0 outside a stack)",
+    "seed": "one draw from torch's generator per training forward of each block that drops (each layer its own)",
+    "layer": "the index of the block's own layer in the stack that instantiates it (0 for a block no stack "
+             "instantiates)",
     "site": "CRC-32 of the name of the value the dropout writes",
     "layer_drop": "keyed by seed and layer only: one draw per layer",
     "hash": "MurmurHash3 fmix32; keep an element when the top 24 bits reach the threshold of p",
