@@ -63,7 +63,8 @@ def dropout_owners(block: Block, env: Env) -> tuple[DropoutOwner, ...]:
     for d in block.decls:
         if isinstance(d, KindDecl) and d.kind in ATTENTION:
             out.append(DropoutOwner(d.name, "attention_probabilities", value(d.arg("dropout"), env),
-                                    f"the attention probabilities inside '{d.name}' (per head, query and key row)", d.span))
+                                    f"the attention probabilities inside '{d.name}' (per head, query and key row)",
+                                    d.span))
         elif isinstance(d, ExternDecl):
             out.append(DropoutOwner(d.name, "extern", None, f"whatever the module bound to '{d.name}' drops",
                                     d.span))

@@ -55,7 +55,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
            "the added scalar multipliers and biases remain or fold"),
     Source("T-Fixup", "encoder and decoder layer counts", "paper-specific NMT scaling of the matrices",
            "no warmup; no norms", "none", "an ordinary linear graph with trained scaled weights"),
-    Source("Admin", "the Post-LN layers whose outputs are profiled", "standard initialisation, then ω from the profile",
+    Source("Admin", "the Post-LN layers whose outputs are profiled",
+           "standard initialisation, then ω from the profile",
            "standard training after the profile and reinitialisation", "a profile pass on data sets the shortcut "
            "vectors ω_i", "the paper gives a module-specific exact fold"),
     Source("DeepNorm", "N (encoder) and M (decoder) layers, by architecture row",

@@ -11,8 +11,9 @@ A shortcut weight is a constant only when the shortcut is the state times
 numbers (DeepNorm's α, DeepScaleLM's λ, ``alpha * x``). A learned or gated
 shortcut, nGPT's interpolation (the state keeps ``1 - α`` of a learned α), a
 projection, a norm or dropout on the shortcut, and an update without a
-shortcut have no constant weight: from there on the product is ``None``. ReZero and LayerScale keep the shortcut at weight 1 and scale the
-branch instead; the branch's initial multiplier is reported beside it
+shortcut have no constant weight: from there on the product is ``None``.
+ReZero and LayerScale keep the shortcut at weight 1 and scale the branch
+instead; the branch's initial multiplier is reported beside it
 (``branch_init``: 0 for ReZero, CaiT's ε for LayerScale), never folded into
 the product, since it multiplies the update and not the stream.
 
@@ -162,8 +163,8 @@ def stack_weights(program: Program, block: Block, env: Env | None = None) -> tup
         updates: list[Update] = []
         for i in range(n):
             _updates(program, inner, scope.for_block(inner, i, n), f"{d.name}.{i}.", i, updates)
-        last = fn is not None and fn.operand in op.results  # type: ignore[union-attr]
-        out.append(StackWeights(d.name, inner.name, n, _unrolled(updates), fn.decl if last else None))  # type: ignore[union-attr]
+        closing = fn.decl if fn is not None and fn.operand in op.results else None  # type: ignore[union-attr]
+        out.append(StackWeights(d.name, inner.name, n, _unrolled(updates), closing))
     return tuple(out)
 
 
