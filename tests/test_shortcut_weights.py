@@ -9,6 +9,7 @@ import io
 import json
 from contextlib import redirect_stdout
 
+import pytest
 import torch
 
 import blockir
@@ -127,3 +128,24 @@ def test_manifest_and_cost_report_the_stack(tmp_path) -> None:
     assert data["summary"] == {"updates": 10, "identity_routes": 10, "later_product_min": min(expected),
                                "later_product_max": max(expected)}
     assert [u["later_product"] for u in data["updates"]] == expected
+
+
+def test_a_deep_stack_of_alike_layers_is_summarised_from_one_layer(monkeypatch) -> None:
+    from blockir.analyses import shortcut_weights
+    from blockir.analyses.shortcut_weights import route_summary
+    program = blockir.load(ROOT / "examples" / "deepscalelm.block")
+    (stack,) = stack_weights(program, program.block("DeepScaleLMDecoder"))
+    listed = route_summary(stack)
+    monkeypatch.setattr(shortcut_weights, "LISTED", 0)  # the same stack, summarised from its pattern
+    (stack,) = stack_weights(program, program.block("DeepScaleLMDecoder"))
+    pattern = route_summary(stack)
+    assert "updates" not in vars(stack)  # never unrolled
+    assert pattern["updates"] == listed["updates"] == 24 and pattern["identity_routes"] == listed["identity_routes"]
+    assert pattern["later_product_min"] == pytest.approx(listed["later_product_min"], rel=1e-14)
+    assert pattern["later_product_max"] == listed["later_product_max"] == 1.0
+    data = stack.data()
+    assert data["layer_product"] == ((1 - 2 / 12) ** 0.5) ** 2 and len(data["layer_pattern"]) == 2
+    deep = blockir.parse((ROOT / "examples" / "deepnorm.block").read_text().replace("* 24", "* 100000"), "d.block")
+    (stack,) = stack_weights(deep, deep.block("DeepNormDecoder"))
+    assert route_summary(stack) == {"updates": 200_000, "identity_routes": 1, "later_product_min": 1.0,
+                                    "later_product_max": float("inf")}

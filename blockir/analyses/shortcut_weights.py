@@ -26,10 +26,12 @@ model's output.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
-from blockir.analyses.sizes import Env, Sizes, program_env
+from blockir.analyses.sizes import Env, Sizes, program_env, reads_layer
 from blockir.analyses.structure import Sublayer, decl_kind, interpolation, normalized_shortcut, wrapper
 from blockir.analyses.summaries import callee
 from blockir.analyses.classify import final_norm
@@ -57,17 +59,39 @@ class Update:
                 "identity_route": self.identity_route, **({"post_norm": self.post_norm} if self.post_norm else {})}
 
 
+LISTED = 1024  # a stack of alike layers with more updates than this lists one layer's pattern
+
+
 @dataclass(frozen=True)
 class StackWeights:
+    """The updates of one stack. When its layers are alike (the layer block does not read its index) only
+    one layer's ``pattern`` is computed, so the analysis takes time independent of the depth; ``updates``
+    unrolls it on demand."""
+
     stack: str  # the declaration of the stack in its owner
     block: str  # the layer block
     layers: int
-    updates: tuple[Update, ...]
+    pattern: tuple[Update, ...]  # layer 0's updates (paths inside the layer), or every update when layers differ
+    uniform: bool
     final_norm: str | None  # the owner's norm on the stack's output
 
+    @cached_property
+    def updates(self) -> tuple[Update, ...]:
+        if not self.uniform:
+            return _unrolled(list(self.pattern))
+        return _unrolled([replace(u, path=f"{self.stack}.{i}.{u.path}", layer=i)
+                          for i in range(self.layers) for u in self.pattern])
+
+    @property
+    def listed(self) -> bool:
+        return not self.uniform or self.layers * len(self.pattern) <= LISTED
+
     def data(self) -> dict[str, Any]:
-        return {"stack": self.stack, "block": self.block, "layers": self.layers, "final_norm": self.final_norm,
-                "updates": [u.data() for u in self.updates]}
+        head = {"stack": self.stack, "block": self.block, "layers": self.layers, "final_norm": self.final_norm}
+        if self.listed:
+            return head | {"updates": [u.data() for u in self.updates]}
+        inner = _unrolled(list(self.pattern))
+        return head | {"layer_product": _product(self.pattern), "layer_pattern": [u.data() for u in inner]}
 
 
 def _shortcut(block: Block, s: Sublayer, scope: Sizes) -> tuple[str, float | None]:
@@ -149,6 +173,21 @@ def _unrolled(updates: list[Update]) -> tuple[Update, ...]:
     return tuple(reversed(out))
 
 
+def _product(updates: tuple[Update, ...]) -> float | None:
+    """The product of the weights of ``updates`` (one layer's ∏ a_j), None when one has no constant weight."""
+    p: float | None = 1.0
+    for u in updates:
+        p = None if p is None or u.weight is None else p * u.weight
+    return p
+
+
+def _power(base: float, exponent: int) -> float:
+    try:
+        return base ** exponent
+    except OverflowError:  # as a running product does, the magnitude goes to infinity
+        return math.copysign(math.inf, base) if exponent % 2 else math.inf
+
+
 def stack_weights(program: Program, block: Block, env: Env | None = None) -> tuple[StackWeights, ...]:
     """The cumulative shortcut weights of every stack ``block`` applies, in declaration order."""
     scope = Sizes(program_env(program) if env is None else env, program.filename).for_block(block)
@@ -161,17 +200,30 @@ def stack_weights(program: Program, block: Block, env: Env | None = None) -> tup
         inner = program.block(d.block)
         n = int(scope.value(d.count))
         updates: list[Update] = []
-        for i in range(n):
-            _updates(program, inner, scope.for_block(inner, i, n), f"{d.name}.{i}.", i, updates)
+        uniform = not reads_layer(inner)
+        for i in range(1 if uniform else n):
+            _updates(program, inner, scope.for_block(inner, i, n), "" if uniform else f"{d.name}.{i}.", i, updates)
         closing = fn.decl if fn is not None and fn.operand in op.results else None  # type: ignore[union-attr]
-        out.append(StackWeights(d.name, inner.name, n, _unrolled(updates), closing))
+        out.append(StackWeights(d.name, inner.name, n, tuple(updates), uniform, closing))
     return tuple(out)
 
 
 def route_summary(stack: StackWeights) -> dict[str, Any]:
-    """How many depths have an identity route, and the smallest and largest later product."""
-    products = [u.later for u in stack.updates if u.later is not None]
-    return {"updates": len(stack.updates), "identity_routes": sum(u.identity_route for u in stack.updates),
+    """How many depths have an identity route, and the smallest and largest later product; from one layer's
+    pattern for a long stack of alike layers (layer i's products are the pattern's times P^(L-1-i))."""
+    if stack.listed:
+        products = [u.later for u in stack.updates if u.later is not None]
+        routes, count = sum(u.identity_route for u in stack.updates), len(stack.updates)
+    else:
+        inner, p, n = _unrolled(list(stack.pattern)), _product(stack.pattern), stack.layers
+        whole = p is not None and all(u.post_norm is None for u in stack.pattern)
+        own = sum(u.identity_route for u in inner)
+        routes, count = own + (n - 1) * own * whole, n * len(inner)
+        # a power of P is monotonic in the exponent when P >= 0; a negative P alternates, so take two exponents
+        exponents = [0] + ([] if p is None else [n - 1] + ([n - 2] if p < 0 and n > 2 else []))
+        products = [u.later * _power(p, e) if e else u.later for u in inner if u.later is not None  # type: ignore[operator]
+                    for e in exponents]
+    return {"updates": count, "identity_routes": routes,
             "later_product_min": min(products) if products else None,
             "later_product_max": max(products) if products else None}
 
