@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import networkx as nx
 
-from blockir.analyses.key_roles import key_role
+from blockir.analyses.key_roles import KeyRole, key_role
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes, reads_layer
 from blockir.analyses.summaries import call_graph, callees_first
@@ -175,6 +175,7 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
     """Every key under ``block``, in declaration order, through sub-blocks and stacks (an explicit work list:
     nesting depth is bounded by memory, not by Python's stack)."""
     work: list[tuple[Block, Sizes, str, int]] = [(block, s, prefix, 0)]
+    roles: dict[tuple[str, str, str, Shape], KeyRole] = {}  # a stack's layers repeat their declarations' roles
     while work:
         current, scope, path_prefix, start = work.pop()
         for index in range(start, len(current.decls)):
@@ -184,7 +185,10 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
                 unknown.append(path)
             elif isinstance(decl, KindDecl):
                 for name, shape in _kind_keys(current, decl, scope):
-                    r = key_role(current, decl, name, shape, path_prefix, current is block)
+                    memo = (current.name, decl.name, name, shape)
+                    r = roles.get(memo)
+                    if r is None:
+                        r = roles[memo] = key_role(current, decl, name, shape, path_prefix, current is block)
                     keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind, current.name,
                                     decl.name, r.role, r.layout, r.fused, r.alias_of))
             elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
