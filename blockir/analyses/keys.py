@@ -171,9 +171,10 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     return []  # activations own no state
 
 
-def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str]) -> None:
-    """Every key under ``block``, in declaration order, through sub-blocks and stacks (an explicit work list:
-    nesting depth is bounded by memory, not by Python's stack)."""
+def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str],
+             nested: bool = True) -> None:
+    """Every key under ``block``, in declaration order, through sub-blocks and stacks unless not ``nested`` (an
+    explicit work list: nesting depth is bounded by memory, not by Python's stack)."""
     work: list[tuple[Block, Sizes, str, int]] = [(block, s, prefix, 0)]
     roles: dict[tuple[str, str, str, Shape], KeyRole] = {}  # a stack's layers repeat their declarations' roles
     while work:
@@ -191,7 +192,7 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
                         r = roles[memo] = key_role(current, decl, name, shape, path_prefix, current is block)
                     keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind, current.name,
                                     decl.name, r.role, r.layout, r.fused, r.alias_of))
-            elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+            elif nested and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
                 inner = program.block(decl.block)
                 work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards
                 if decl.count is None:
@@ -254,11 +255,12 @@ def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = Non
     return key_table(program, program.block(name), Sizes.of(program, dims))
 
 
-def key_table(program: Program, block: Block, sizes: Sizes) -> KeyTable:
-    """``param_keys`` of ``block`` under program-level ``sizes`` the caller already holds."""
+def key_table(program: Program, block: Block, sizes: Sizes, nested: bool = True) -> KeyTable:
+    """``param_keys`` of ``block`` under program-level ``sizes`` the caller already holds; without ``nested``
+    only the keys of the block's own declarations (not of the blocks and stacks it instantiates)."""
     keys: list[Key] = []
     unknown: list[str] = []
-    _collect(program, block, sizes.for_block(block), "", keys, unknown)
+    _collect(program, block, sizes.for_block(block), "", keys, unknown, nested)
     return KeyTable(block.name, tuple(keys), tuple(unknown))
 
 

@@ -180,12 +180,12 @@ def checkpoint_keys(program: Program, block: Block) -> list[dict[str, Any]] | st
     """The keys the block's own declarations own (a stack's layers list theirs under their block), each with
     its role, layout, fused row order and alias; a sentence when a size the keys need is open."""
     try:
-        table = key_table(program, block, Sizes.of(program))
+        table = key_table(program, block, Sizes.of(program), nested=False)
     except BlockError as exc:
         return f"keys need every size: {exc.diagnostics[0].message}"
     return [{"key": k.name, "shape": list(k.shape), "role": k.role, "layout": k.layout,
              **({"fused": k.fused} if k.fused else {}), **({"alias_of": k.alias_of} if k.alias_of else {})}
-            for k in table.keys if k.block == block.name]
+            for k in table.keys]
 
 
 STREAM_ROLES = {Role.SEQ: "sequence", Role.MODEL: "hidden"}
