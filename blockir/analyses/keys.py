@@ -6,11 +6,14 @@ Keys follow the declarations: a norm owns its family's state (LayerNorm
 models they mirror (``q_proj`` … ``o_proj``, ``fc1``/``fc2``,
 ``gate_proj``/``up_proj``/``down_proj``), a learned scale is its own key, a
 stack prefixes each layer with ``name.i.``. An extern is bound from Python, so
-its keys are unknown and reported as such.
+its keys are unknown and reported as such. Each key carries its role (parameter,
+buffer, counter), its layout and, for a tied head, the key whose tensor it shares
+(blockir/analyses/key_roles.py).
 
 Reconciliation never loads anything: it reports every missing, unexpected and
 mis-shaped key (a single number stored 0-d or as ``[1]`` fits either way) and explains family mismatches (a LayerNorm bias offered to an
-RMSNorm), because a partial load silently changes the model.
+RMSNorm), because a partial load silently changes the model. A tied table is complete under either of its
+names, as the compiled module loads it.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import networkx as nx
 
+from blockir.analyses.key_roles import KeyRole, key_role
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes, reads_layer
 from blockir.analyses.summaries import call_graph, callees_first
@@ -39,6 +43,10 @@ class Key:
     family: str  # the owner's kind: layernorm, rmsnorm, self_attention, linear, scalar, …
     block: str = ""  # the block whose declaration owns it
     decl: str = ""  # that declaration's name inside the block
+    role: str = "parameter"  # parameter | buffer | counter (blockir/analyses/key_roles.py)
+    layout: str = ""  # out,in | in,out | rows | channel | scalar
+    fused: str | None = None  # the row order of a fused projection: q;k;v, gate;up, …
+    alias_of: str | None = None  # the key whose tensor this name shares (a tied head)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,24 @@ class KeyTable:
     def shapes(self) -> dict[str, Shape]:
         return {k.name: k.shape for k in self.keys}
 
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Second name -> the key whose tensor it shares."""
+        return {k.name: k.alias_of for k in self.keys if k.alias_of is not None}
+
     def __str__(self) -> str:
         width = max((len(k.name) for k in self.keys), default=0)
-        lines = [f"{k.name:<{width}}  [{', '.join(map(str, k.shape))}]" for k in self.keys]
+        shapes = [f"[{', '.join(map(str, k.shape))}]" for k in self.keys]
+        wide = max((len(t) for t in shapes), default=0)
+        lines = [f"{k.name:<{width}}  {t:<{wide}}  {_facts(k)}".rstrip() for k, t in zip(self.keys, shapes)]
         lines += [f"{p}.*  (extern: keys bound from Python, unknown here)" for p in self.unknown]
         return "\n".join(lines)
+
+
+def _facts(k: Key) -> str:
+    """The text columns of a key: its role and layout, its fused row order, the key it aliases."""
+    extra = ([f"rows {k.fused}"] if k.fused else []) + ([f"= {k.alias_of} (tied: one tensor)"] if k.alias_of else [])
+    return "  ".join([f"{k.role:<9}  {k.layout:<7}", *extra])
 
 
 def _first_use(block: Block, decl: str) -> Op | None:
@@ -150,10 +171,12 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     return []  # activations own no state
 
 
-def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str]) -> None:
-    """Every key under ``block``, in declaration order, through sub-blocks and stacks (an explicit work list:
-    nesting depth is bounded by memory, not by Python's stack)."""
+def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str],
+             nested: bool = True) -> None:
+    """Every key under ``block``, in declaration order, through sub-blocks and stacks unless not ``nested`` (an
+    explicit work list: nesting depth is bounded by memory, not by Python's stack)."""
     work: list[tuple[Block, Sizes, str, int]] = [(block, s, prefix, 0)]
+    roles: dict[tuple[str, str, str, Shape], KeyRole] = {}  # a stack's layers repeat their declarations' roles
     while work:
         current, scope, path_prefix, start = work.pop()
         for index in range(start, len(current.decls)):
@@ -163,9 +186,13 @@ def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[K
                 unknown.append(path)
             elif isinstance(decl, KindDecl):
                 for name, shape in _kind_keys(current, decl, scope):
+                    memo = (current.name, decl.name, name, shape)
+                    r = roles.get(memo)
+                    if r is None:
+                        r = roles[memo] = key_role(current, decl, name, shape, path_prefix, current is block)
                     keys.append(Key(f"{path}.{name}" if name else path, shape, path, decl.kind, current.name,
-                                    decl.name))
-            elif isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+                                    decl.name, r.role, r.layout, r.fused, r.alias_of))
+            elif nested and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
                 inner = program.block(decl.block)
                 work.append((current, scope, path_prefix, index + 1))  # the rest of this block, afterwards
                 if decl.count is None:
@@ -228,11 +255,12 @@ def param_keys(program: Program, name: str, dims: Mapping[str, int] | None = Non
     return key_table(program, program.block(name), Sizes.of(program, dims))
 
 
-def key_table(program: Program, block: Block, sizes: Sizes) -> KeyTable:
-    """``param_keys`` of ``block`` under program-level ``sizes`` the caller already holds."""
+def key_table(program: Program, block: Block, sizes: Sizes, nested: bool = True) -> KeyTable:
+    """``param_keys`` of ``block`` under program-level ``sizes`` the caller already holds; without ``nested``
+    only the keys of the block's own declarations (not of the blocks and stacks it instantiates)."""
     keys: list[Key] = []
     unknown: list[str] = []
-    _collect(program, block, sizes.for_block(block), "", keys, unknown)
+    _collect(program, block, sizes.for_block(block), "", keys, unknown, nested)
     return KeyTable(block.name, tuple(keys), tuple(unknown))
 
 
@@ -337,7 +365,10 @@ def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, An
     expected = table.shapes
     given = {k: _shape(k, v) for k, v in state_dict_or_shapes.items()}
     unchecked = sorted(k for k in given if any(k.startswith(p + ".") for p in table.unknown))
-    missing = {k for k in expected if k not in given}
+    # a tied head's table loads from either of its two names (the compiled module copies one to the other)
+    aliases = table.aliases
+    missing = {k for k in expected if k not in given and not (k in aliases and aliases[k] in given)
+               and not (k in aliases.values() and any(a in given for a, src in aliases.items() if src == k))}
     unexpected = {k for k in given if k not in expected and k not in unchecked}
     misshaped = tuple((k, expected[k], given[k]) for k in expected if k in given and not fits(expected[k], given[k]))
     return Reconciliation(name, tuple(sorted(missing)), tuple(sorted(unexpected)), misshaped,

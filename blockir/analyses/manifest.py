@@ -17,20 +17,27 @@ from typing import Any
 
 import yaml
 
+from blockir.analyses.keys import key_table
 from blockir.analyses.layouts import BlockLayouts, describe_layout, layouts, meshes, placement
 from blockir.analyses.norms import family
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
+from blockir.analyses.dropout_owners import dropout_owners
 from blockir.analyses.facts import stated
+from blockir.analyses.manifest_training import embedding_norm, initialisation, padding_policy
+from blockir.analyses.recipe_contract import recipe_contract
+from blockir.analyses.shortcut_weights import stack_weights
 from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wrapper
 from blockir.diagnostics import BlockError
+from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
 from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Role
 from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm
 
-PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final"}
+PLACEMENT = {"pre": "pre_branch", "out": "branch_output", "post": "post_add", "final": "final",
+             "embedding": "embedding"}
 EQUATIONS = {t.name: t.equation for t in REGISTRY} | RECIPES
 
 
@@ -106,7 +113,8 @@ def _branch_fields(block: Block, b: Branch, env: Env) -> dict[str, Any]:
 
 
 def block_manifest(program: Program, block: Block, env: Env,
-                   cache: dict[str, Classification] | None = None) -> dict[str, Any]:
+                   cache: dict[str, Classification] | None = None, recipe: str | None = None) -> dict[str, Any]:
+    """The manifest of one block; ``recipe`` names the recipe its contract follows (default: by topology)."""
     c = classify(program, block, cache)
     w = wrapper(block)
     t = block.result
@@ -122,8 +130,22 @@ def block_manifest(program: Program, block: Block, env: Env,
                          for m in c.members]
         fn = final_norm(block)
         out["final_norm"] = norm_site(block, fn, "final", env) if fn is not None else None
+        en = embedding_norm(block)
+        if en is not None:  # Peri-LN's optional input norm, BERT's embedding LayerNorm: a stack-boundary choice
+            out["embedding_norm"] = norm_site(block, en, "embedding", env)
+        out["shortcut_weights"] = [s.data() for s in stack_weights(program, block, env)]
     else:
         out |= _update_fields(block, w.sublayers, c, env)
+        contract = recipe_contract(block, c.topology, out["equation"], out["branch_order"],
+                                   env.get(C.NUM_LAYERS), env, recipe)
+        if contract is not None:
+            out["recipe_contract"] = contract
+    init = initialisation(block, env)
+    if init:
+        out["initialisation"] = init
+    out["checkpoint"] = checkpoint_keys(program, block)
+    out["dropout_owners"] = [o.data() for o in dropout_owners(block, env)]
+    out["padding"] = padding_policy(program, block)
     out["dtypes"] = {"inputs": {p.name: p.type.dtype.value if p.type.dtype else None for p in block.params},
                      "output": t.dtype.value if t.dtype else None}
     if facts:
@@ -152,6 +174,18 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
     if inner:
         fields["inner_dropout"] = inner
     return fields
+
+
+def checkpoint_keys(program: Program, block: Block) -> list[dict[str, Any]] | str:
+    """The keys the block's own declarations own (a stack's layers list theirs under their block), each with
+    its role, layout, fused row order and alias; a sentence when a size the keys need is open."""
+    try:
+        table = key_table(program, block, Sizes.of(program), nested=False)
+    except BlockError as exc:
+        return f"keys need every size: {exc.diagnostics[0].message}"
+    return [{"key": k.name, "shape": list(k.shape), "role": k.role, "layout": k.layout,
+             **({"fused": k.fused} if k.fused else {}), **({"alias_of": k.alias_of} if k.alias_of else {})}
+            for k in table.keys]
 
 
 STREAM_ROLES = {Role.SEQ: "sequence", Role.MODEL: "hidden"}
@@ -194,6 +228,14 @@ def parallel_layout(program: Program, blocks: list[Block], base: Env) -> dict[st
                 entry |= {"stream": stream, "params": dict(plan.params)}
         out["blocks"][b.name] = entry
     return out
+
+
+def contract_of(program: Program, name: str, recipe: str) -> dict[str, Any] | None:
+    """The recipe contract of block ``name`` of ``program`` (a recipe's result) under ``recipe``."""
+    base = program_env(program)
+    block = program.block(name)
+    env = block_env(base, block, 0, layer_counts(program, base).get(name, (1,))[0])
+    return block_manifest(program, block, env, recipe=recipe).get("recipe_contract")
 
 
 def program_manifest(program: Program, blocks: list[Block] | None = None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
+from blockir.analyses.key_roles import token_table
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.backends import batchnorm, branches, numerics, rotary
@@ -213,12 +214,32 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
 
 
 def tie_heads(module: nn.Module, block: Block) -> None:
-    """Give every ``head(tied=true)`` of ``block`` the weight of the block's token embedding (one tensor)."""
-    table = next((d.name for d in block.decls if isinstance(d, KindDecl) and d.kind == "embedding"
-                  and not d.arg("positions")), None)
+    """Give every ``head(tied=true)`` of ``block`` the weight of the block's token embedding (one tensor).
+
+    The state dict then holds the tensor under both names, and ``load_state_dict`` (strict or not)
+    accepts a checkpoint that stores either name or both: a load-time hook copies the one given to
+    the one omitted. Given both, each is copied into the one shared tensor in declaration order, so the
+    later declaration's tensor is the one kept.
+    """
+    table = token_table(block)
+    pairs = []
     for d in block.decls:
         if isinstance(d, KindDecl) and d.kind == "head" and d.arg("tied") and table is not None:
             module.get_submodule(d.name).weight = module.get_submodule(table).weight
+            pairs.append((f"{table}.weight", f"{d.name}.weight"))
+    if pairs:
+        module.register_load_state_dict_pre_hook(partial(_fill_alias, tuple(pairs)))
+
+
+def _fill_alias(pairs: tuple[tuple[str, str], ...], module: nn.Module, state_dict: dict[str, Any],
+                prefix: str, *_: Any) -> None:
+    """Load-time hook: a tied table stored under one of its two names is loaded under the other as well."""
+    for source, alias in pairs:
+        a, b = prefix + source, prefix + alias
+        if a in state_dict and b not in state_dict:
+            state_dict[b] = state_dict[a]
+        elif b in state_dict and a not in state_dict:
+            state_dict[a] = state_dict[b]
 
 
 def bound_extern(d: ExternDecl, bind: Mapping[str, Binding], s: Sizes) -> BoundExtern:

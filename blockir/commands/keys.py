@@ -1,4 +1,8 @@
-"""`blockir keys FILE [--block NAME] [--dims D=64,…] [--format json]`: the parameter keys and shapes a block owns."""
+"""`blockir keys FILE [--block NAME] [--dims D=64,…] [--format json]`: the checkpoint keys a block owns.
+
+Each key with its shape, its role (parameter, buffer, counter), its layout (``out,in``, GPT-2's
+``in,out``, …, with a fused projection's row order) and, for a tied head, the key it shares.
+"""
 from __future__ import annotations
 
 import argparse
@@ -14,8 +18,12 @@ def run(args: argparse.Namespace) -> int:
         table = param_keys(program, block.name, args.dims)  # a size error is a located diagnostic
         if args.format == "json":
             print_json({"block": block.name, "kind": block.kind,
-                        "keys": [{"name": k.name, "shape": list(k.shape), "owner": k.owner, "family": k.family}
+                        "keys": [{"name": k.name, "shape": list(k.shape), "owner": k.owner, "family": k.family,
+                                  "role": k.role, "layout": k.layout,
+                                  **({"fused": k.fused} if k.fused else {}),
+                                  **({"alias_of": k.alias_of} if k.alias_of else {})}
                                  for k in table.keys],
+                        "aliases": table.aliases,
                         "unknown": list(table.unknown)})
         else:
             print(f"{block.kind} {table.block}:\n" + "\n".join("  " + line for line in str(table).splitlines()))

@@ -30,6 +30,15 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {"side": args.side}
 
 
+def _text(v: Any) -> str:
+    """A contract field on one line: mappings as key=value, lists comma-separated."""
+    if isinstance(v, dict):
+        return "; ".join(f"{k}={_text(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return ", ".join(_text(x) for x in v) or "none"
+    return str(v)
+
+
 def run(args: argparse.Namespace) -> int:
     def apply(program: Program, block: Block) -> int:
         from blockir.ir.printer import format_program
@@ -40,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
             result = RECIPES[args.recipe](program, block.name, **_options(args))
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
+        from blockir.analyses.manifest import contract_of
+        from blockir.analyses.recipe_contract import CLI_NAMES, FIELDS
+        contract = contract_of(result.program, block.name, CLI_NAMES[args.recipe])
         if args.format == "json":
             print_json({"recipe": args.recipe, "block": block.name, "report": str(result.report),
-                        "program": format_program(result.program)})
+                        "contract": contract, "program": format_program(result.program)})
         else:
             log(str(result.report))
+            log("  contract:\n" + "\n".join(f"    {f}: {_text(contract[f])}" for f in FIELDS))  # type: ignore[index]
             print(format_program(result.program), end="")
         return EXIT_OK
     return with_program(args, apply)

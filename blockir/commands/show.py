@@ -2,8 +2,10 @@
 
 Without ``--block`` the whole file is shown; with it, that block (IR text: with the blocks it
 calls and the file's dims and constants, so the output is a valid ``.block`` file).
-``--format manifest`` prints the architecture manifest of every block (topology, branch order,
-norms, scales, dropout, final norm, dtypes) as YAML, or as JSON with ``--manifest-format json``.
+``--format manifest`` prints the manifest of every block (topology, branch order, norms, scales,
+dropout owners, initialisation, padding policy, final and embedding norms, shortcut weights, recipe
+contract, dtypes) and the training, runtime and tensor sections, as YAML, or as JSON with
+``--manifest-format json`` (docs/manifest.md lists every field).
 """
 from __future__ import annotations
 
@@ -65,7 +67,9 @@ def _render(args: argparse.Namespace, program: Program, blocks: list[Block], who
         blocks = [program.block(b.name) for b in blocks]
     if args.format == "manifest":
         from blockir.analyses.manifest import program_manifest, to_yaml
-        data = program_manifest(program, None if whole else blocks)
+        from blockir.reports.run_manifest import run_manifest
+        data = program_manifest(program, None if whole else blocks) | \
+            run_manifest(program, "fused" if args.fuse else "fx")
         return to_yaml(data) if args.manifest_format == "yaml" else json.dumps(data, indent=2) + "\n"
     if args.format == "dot":
         from blockir.reports.dot import blocks_to_dot

@@ -405,13 +405,18 @@ def _stablelm(c: _Config, model_type: str, exact: bool) -> str:
     norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))})"
     attn = _attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
     drop = _drop(c.get("hidden_dropout", 0.0))
+    # StableLM drops the MLP update only; where it also drops attention probabilities, p=0 on the attention
+    # update says the missing residual dropout is the architecture's, not a confusion of the two settings
+    kept = (lambda e: f"dropout({e}, p=0)") if c.get("hidden_dropout", 0.0) and c.get("attention_dropout", 0.0) \
+        else (lambda e: e)
     lines = _header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
               _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"])]
     if c.get("use_parallel_residual", False):  # one norm feeds both branches; HF runs attention first
-        lines += ["  n = input_layernorm(x)", "  a = self_attn(n)", f"  m = {drop('mlp(n)')}", "  y = x + a + m"]
+        lines += ["  n = input_layernorm(x)", f"  a = {kept('self_attn(n)')}", f"  m = {drop('mlp(n)')}",
+                  "  y = x + a + m"]
     else:
-        lines += [f"  post_attention_layernorm: {norm}", "  h = x + self_attn(input_layernorm(x))",
+        lines += [f"  post_attention_layernorm: {norm}", f"  h = x + {kept('self_attn(input_layernorm(x))')}",
                   f"  y = h + {drop('mlp(post_attention_layernorm(h))')}"]
     lines += ["  return y", "}", ""]
     return "\n".join(lines + _model(cls, "model", layer, c, norm)) + "\n"

@@ -94,13 +94,15 @@ def _distilbert(c: _Config, model_type: str, exact: bool) -> str:
     cls, layer = "DistilBertModel", "TransformerBlock"
     d, p = c.need("dim"), _num(c.get("dropout", 0.1))
     attn = _attention(c, c.need("n_heads"), exact, q="q_lin", k="k_lin", v="v_lin", o="out_lin")
+    # DistilBERT drops the FFN update only: p=0 on the attention update says so beside its probabilities' dropout
+    update = "dropout(attention(x), p=0)" if c.get("attention_dropout", 0.0) else "attention(x)"
     lines = _dims(cls, model_type, {"D": d, "F": c.need("hidden_dim"), "V": c.need("vocab_size"),
                                     "P": c.get("max_position_embeddings", 512)}, c.need("n_layers"))
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               _decl("attention", "self_attention", attn), "  sa_layer_norm: layernorm(D, eps=1e-12)",
               _decl("ffn", "mlp", ["F", f"act={_act(c, 'activation', 'gelu')}", "fc1=lin1", "fc2=lin2"]),
               "  output_layer_norm: layernorm(D, eps=1e-12)",
-              "  h = sa_layer_norm(attention(x) + x)",
+              f"  h = sa_layer_norm({update} + x)",
               f"  y = output_layer_norm(dropout(ffn(h), p={p}) + h)",
               "  return y", "}", "",
               f"model {cls}(input_ids: [B, S]) -> [B, S, D] {{",

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from blockir.analyses.norms import FAMILIES, family
 from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_layer, uses_layer, value
+from blockir.analyses.shortcut_weights import StackWeights, describe, route_summary, stack_weights
 from blockir.analyses.structure import interpolation, wrapper
 from blockir.ir import consts as C
 from blockir.ir import ops as O
@@ -176,6 +177,7 @@ class Ledger:
     dtype: DType
     blocks: tuple[BlockCost, ...]  # every block reached, innermost first; the root (the whole model) last
     size: ModelSize | None = None  # parameters and forward matmul FLOPs of the whole root
+    depth: tuple[StackWeights, ...] = ()  # the cumulative shortcut weights of the root's stacks
 
     @property
     def total(self) -> BlockCost:
@@ -451,7 +453,8 @@ def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
     root_state = _state(program.block(name))
     sizes = {a.name: _size(a.name, base) for a in root_state.axes}
     return Ledger(program.filename, name, sizes, dtype, tuple(blocks),
-                  model_size(program, name, {a.name: base[a.name] for a in program.dims if a.name in base}))
+                  model_size(program, name, {a.name: base[a.name] for a in program.dims if a.name in base}),
+                  stack_weights(program, program.block(name), base))
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -506,6 +509,7 @@ def format_ledger(led: Ledger) -> str:
              "saved: what backward keeps (a norm's input and row statistics, a learned scale's input, a fused "
              "op's residual_out and statistics, plus its branch under a learned scale); dropout keeps no mask; "
              f"parameters are not counted. {SCOPE[0].upper()}{SCOPE[1:]}.")
+    lines += [""] * bool(led.depth) + [describe(s) for s in led.depth]
     if led.size is not None:
         lines += ["", f"parameters {led.size.parameters:,}; forward matmul FLOPs {led.size.matmul_flops:,} "
                   "(2 × tokens × each projection matrix, plus 4 × B × S² × heads × head_dim per self-attention)"]
@@ -530,4 +534,5 @@ def ledger_data(led: Ledger) -> dict[str, Any]:
     return {"file": led.filename, "block": led.root, "dims": dict(led.dims), "dtype": led.dtype.value,
             "mode": "train", "scope": SCOPE, "blocks": [block(b) for b in led.blocks], "total": block(led.total),
             **({"parameters": led.size.parameters, "matmul_flops_forward": led.size.matmul_flops}
-               if led.size is not None else {})}
+               if led.size is not None else {}),
+            "shortcut_weights": [{**s.data(), "summary": route_summary(s)} for s in led.depth]}

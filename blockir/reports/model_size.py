@@ -1,7 +1,7 @@
 """A model's parameter count and forward matmul FLOPs in closed form, from its parameter keys.
 
-Parameters: every key's elements, with a tied head's weight counted once (it is the token
-embedding's). Forward matmul FLOPs: ``2 × tokens × weights`` for every projection matrix (every
+Parameters: every parameter key's elements (buffers and schedule counters are not parameters), with a
+tied head's weight counted once (it is an alias of the token embedding's). Forward matmul FLOPs: ``2 × tokens × weights`` for every projection matrix (every
 two-axis key but an embedding table, which is looked up, not multiplied; a tied head multiplies
 by the embedding's matrix, so it counts), plus ``4 × B × S × S × heads × head_dim`` per
 self-attention (the ``Q Kᵀ`` scores and ``P V`` over every query-key pair, as a dense kernel
@@ -37,8 +37,8 @@ def model_size(program: Program, name: str, sizes: Mapping[str, int]) -> ModelSi
     for key in table.keys:
         decl = program.block(key.block).decl_map[key.decl]
         assert isinstance(decl, KindDecl)
-        tied = key.family == "head" and bool(decl.arg("tied")) and key.name == f"{key.owner}.weight"
-        parameters += 0 if tied else math.prod(key.shape)
+        # a tied head's weight is the embedding's tensor; buffers and counters are state, not parameters
+        parameters += math.prod(key.shape) if key.role == "parameter" and key.alias_of is None else 0
         if len(key.shape) == 2 and key.family != "embedding":
             flops += 2 * tokens * math.prod(key.shape)
         out = f"{key.owner}.{layer_names(decl.kind, dict(decl.args)).get('o')}.weight"
