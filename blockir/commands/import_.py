@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 from blockir.cli import EXIT_OK
@@ -22,27 +20,8 @@ def _destination(output: str, force: bool) -> Path:
     return path
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write aside and rename into place: a reader sees the old file or the whole new one, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _umask() -> int:
-    """The process's file-creation mask (read by setting it, then restored at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def run(args: argparse.Namespace) -> int:
+    from blockir.backends.atomic import write_file
     from blockir.importers.hf import block_text
     from blockir.importers.hf_read import read_config
     destination = _destination(args.output, args.force) if args.output else None
@@ -52,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         print(text, end="")
         return EXIT_OK
     try:
-        write_atomic(destination, text)
+        write_file(destination, text.encode())
     except OSError as exc:
         raise BlockError([error("E0815", f"cannot write {args.output}: {exc.strerror or exc}",
                                 Span(args.output, 0, 0))]) from None

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +21,8 @@ def _write(path: str, text: str, force: bool) -> None:
     target = Path(path)
     if target.exists() and not force:
         raise UsageError(f"{path} exists; pass --force to replace it")
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from blockir.backends.atomic import write_file
+    write_file(target, text.encode())
 
 
 def _constructor_args(text: str | None) -> tuple[list[Any], dict[str, Any]]:
