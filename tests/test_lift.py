@@ -22,10 +22,15 @@ def _lift(name: str) -> blockir.lift.LiftResult:
     return blockir.lift(getattr(C, name)(), _x())
 
 
+# DeepNet's alpha on the shortcut: one lifted layer cannot say which row of the DeepNet table (or which
+# depth) the constant belongs to, so the verifiers report each constant shortcut weight as undeclared
+WARNED = {"DeepNorm": ["W0403", "W0403"]}
+
+
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_blocks_lift_without_diagnostics_and_certify_equal(name: str) -> None:
     result = _lift(name)
-    assert result.diagnostics == [], result.render()
+    assert [d.code for d in result.diagnostics] == WARNED.get(name, []), result.render()
     # built-in norms written as nn.LayerNorm / RMSNorm reproduce the original bit for bit; the
     # hand-written LayerNorm's division order differs from the built-in's by one rounding
     assert result.max_error is not None and result.max_error <= (1e-6 if name == "HandLN" else 0.0)

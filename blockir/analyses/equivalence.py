@@ -34,6 +34,7 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
+from blockir.ir.types import TensorType
 
 # the categories of a comparison, from closest to farthest
 IDENTICAL = "identical"  # one function, the same parameter keys
@@ -52,8 +53,9 @@ def _identity(block: Block) -> Block:
 
 
 def fold(expr: C.ConstExpr, defs: Mapping[str, C.ConstExpr], seen: frozenset[str] = frozenset()) -> C.ConstExpr:
-    """``expr`` with every constant replaced by its definition and every closed subexpression evaluated;
-    dims and the per-layer names stay names (so does a constant met again inside its own definition)."""
+    """``expr`` with every constant and sized dim replaced by its definition and every closed subexpression
+    evaluated; unsized dims and the per-layer names stay names (so does a constant met again inside its own
+    definition)."""
     if isinstance(expr, C.Name):
         if expr.name in defs and expr.name not in seen:
             return fold(defs[expr.name], defs, seen | {expr.name})
@@ -75,9 +77,19 @@ def fold(expr: C.ConstExpr, defs: Mapping[str, C.ConstExpr], seen: frozenset[str
 def _text(value: Any, defs: Mapping[str, C.ConstExpr]) -> Any:
     if isinstance(value, C.EXPRS):
         return C.format_expr(fold(value, defs))
+    if isinstance(value, TensorType):
+        return _type_text(value, defs)
     if isinstance(value, tuple):
         return tuple(_text(v, defs) for v in value)
     return repr(value)
+
+
+def _type_text(t: TensorType, defs: Mapping[str, C.ConstExpr]) -> str:
+    """A tensor type with each axis size folded through the file's dims and constants: ``F = 2 * D`` and
+    ``F = 128`` with ``D = 64`` are one axis (the files are compared at the sizes they declare)."""
+    axes = ", ".join(f"{a.name}:{a.role.value}" + (f"={_text(a.size, defs)}" if a.size is not None else "")
+                     for a in t.axes)
+    return f"[{axes}] {t.dtype}"
 
 
 def _rng_site(op: O.Op) -> str | None:
@@ -129,7 +141,8 @@ class _Builder:
 
     def __init__(self, interner: Interner, program: Program, block: Block, view: View) -> None:
         self.interner, self.program, self.block, self.view = interner, program, block, view
-        self.defs = {c.name: c.value for c in (*program.consts, *block.consts)}
+        self.defs = {**{a.name: a.size for a in program.dims if a.size is not None},
+                     **{c.name: c.value for c in (*program.consts, *block.consts)}}
 
     def decl_label(self, d: Decl) -> tuple:
         name = (d.name,) if self.interner.named else ()
@@ -139,16 +152,18 @@ class _Builder:
             count = _text(d.count, self.defs) if d.count is not None else None
             return ("instance", callee, count, *name)
         if isinstance(d, ExternDecl):
-            return ("extern", tuple((str(p.type), p.layout) for p in d.params), str(d.result), d.result_layout, *name)
+            return ("extern", tuple((_type_text(p.type, self.defs), p.layout) for p in d.params),
+                    _type_text(d.result, self.defs), d.result_layout, *name)
         assert isinstance(d, KindDecl)
         return ("kind", d.kind, tuple((k, _text(v, self.defs)) for k, v in d.args), *name)
 
     def op_label(self, op: O.Op) -> tuple:
         if isinstance(op, O.InputOp):
             index = [p.name for p in self.block.params].index(op.result)
-            return ("input", index, str(op.type), self.block.params[index].layout)
+            return ("input", index, _type_text(op.type, self.defs), self.block.params[index].layout)
         if isinstance(op, O.OutputOp):
-            return ("output", tuple(str(t) for t in self.block.results), self.block.result_layout, self.block.kind)
+            return ("output", tuple(_type_text(t, self.defs) for t in self.block.results), self.block.result_layout,
+                    self.block.kind)
         attrs = []
         for f in fields(op):  # type: ignore[arg-type]
             role = f.metadata.get("role")

@@ -251,22 +251,28 @@ def spine(block: Block, start: str | None) -> tuple[str, ...]:
     return tuple(_stream_value(block, ops[i]) for i in reversed(chain))
 
 
-def _sum_tree(block: Block, root: AddOp, on_spine: frozenset[str],
+def _sum_tree(block: Block, root: AddOp | FusedAddNormOp, on_spine: frozenset[str],
               pos: dict[int, int]) -> tuple[list[AddOp], list[str]]:
-    """The adds folded into ``root`` (single-use adds off the spine) and its leaf operands."""
+    """The adds folded into ``root`` (single-use adds off the spine) and its leaf operands. A fused add+norm
+    sums its shortcut and branch operands, so a partial sum feeding it (a parallel block's first update)
+    unfolds the same way as under a plain add."""
     adds: list[AddOp] = []
     leaves: list[str] = []
 
-    def visit(op: AddOp) -> None:
-        adds.append(op)
-        for v in op.operands:
+    def operands(values: tuple[str, ...]) -> None:
+        for v in values:
             prod = block.producers.get(v)
             if isinstance(prod, AddOp) and v not in on_spine and len(block.users.get(v, ())) == 1:
-                visit(prod)
+                adds.append(prod)
+                operands(prod.operands)
             else:
                 leaves.append(v)
 
-    visit(root)
+    if isinstance(root, FusedAddNormOp):
+        operands((root.shortcut, root.branch))
+    else:
+        adds.append(root)
+        operands(root.operands)
     adds.sort(key=lambda a: pos[id(a)])
     return adds, leaves
 
@@ -403,11 +409,7 @@ def _post_norm(block: Block, value: str) -> NormOp | None:
 
 def _sublayer(block: Block, root: AddOp | FusedAddNormOp, state: str, stop: frozenset[str],
               state_in: str | None, pos: dict[int, int]) -> Sublayer:
-    if isinstance(root, FusedAddNormOp):
-        adds: list[AddOp] = []
-        leaves = [root.shortcut, root.branch]
-    else:
-        adds, leaves = _sum_tree(block, root, stop, pos)
+    adds, leaves = _sum_tree(block, root, stop, pos)
     paths = [(_shortcut_path(block, leaf, state), i) for i, leaf in enumerate(leaves)]
     found = [(p, i) for p, i in paths if p is not None]
     shortcut, shortcut_ops = None, ()

@@ -222,7 +222,7 @@ class Lifter:
             if not out.expr:
                 self.names[node] = inputs[0]
                 return inputs[0]
-            name = self._fresh(node.name)
+            name = self._fresh(out.name or node.name)
             self.names[node] = name
             self.block.eqs.append(Line(f"{name} = {out.expr.format(*inputs)}", self.site(out.key or node),
                                        detail_span(out.key or node)))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.fx as fx
 
+from blockir.backends.fx import site_id
 from blockir.lift.match import Pat, arguments, canonical, compile_pattern
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class Out:
     inputs: tuple[fx.Node, ...]
     axes: tuple[str, ...] | None = None  # the result's axes when not those of the first input
     key: fx.Node | None = None  # the node that locates the operation, when not the rule's root
+    name: str | None = None  # the value's name when the traced code states it (a compiled dropout site's key)
 
 
 Builder = Callable[["Lifter", fx.Node, dict[str, Any]], Out | None]
@@ -182,11 +184,19 @@ def compiled_layer_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out
     return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
 
 
+def _site_name(lift: "Lifter", site: Any) -> str | None:
+    """The value name a compiled module keys this dropout's mask by: masks are drawn per (seed, layer, value
+    name), so the lift keeps the name and with it the masks."""
+    names = getattr(lift.traced.module, "blockir_values", None) or {}
+    return next((ssa for ssa in names if isinstance(site, int) and site_id(ssa) == site), None)
+
+
 def compiled_dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    name = _site_name(lift, c["SITE"])
     if c["MASK"] == "sample":
-        return Out(f"drop_path({{0}}, p={_num(c['P'])})", (c["X"],))
+        return Out(f"drop_path({{0}}, p={_num(c['P'])})", (c["X"],), name=name)
     mask = "" if c["MASK"] == "element" else f", mask={c['MASK']}"
-    return Out(f"dropout({{0}}, p={_num(c['P'])}{mask})", (c["X"],))
+    return Out(f"dropout({{0}}, p={_num(c['P'])}{mask})", (c["X"],), name=name)
 
 
 def l2_normalize(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
@@ -311,7 +321,7 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM)", compiled_rms_norm),
     ("blockir layernorm", "blockir_layer_norm(X, W, BIAS, EPS, ACCUM, OFFSET, TWO_PASS, RECENTER, UPCAST)",
      compiled_layer_norm),
-    ("blockir dropout", "blockir_dropout(X, P, MASK, _, _, _, _)", compiled_dropout),
+    ("blockir dropout", "blockir_dropout(X, P, MASK, _, _, _, SITE)", compiled_dropout),
     ("dropout", "dropout(X, P, _, _)", dropout),
     ("drop_path", "mul(X, M)", drop_path),
     ("drop_path keep", "mul(div(X, _), M)", drop_path),
