@@ -8,9 +8,12 @@ arguments and ``ctx`` the extra keyword arguments given to the compiled
 module's forward. Each adapter returns exactly the tensor the real layer adds
 to (or, for Post-LN layers, normalises together with) its residual stream.
 
-Every adapter takes the keyword arguments its real parent passes and ignores
-any others, so one ``ctx`` can feed every branch of a layer and every layer of
-a stack. ``ctx`` carries what the parent model builds once per forward:
+Each adapter's signature names the keyword arguments its real parent passes,
+and nothing else: blockir inspects it once at compile, adds those keywords to
+what the compiled module accepts, and calls the adapter with only those, so
+one ``ctx`` can feed every branch of a layer and every layer of a stack. An
+adapter that takes ``**ctx`` accepts any keyword (and makes the compiled
+module accept any). ``ctx`` carries what the parent model builds once per forward:
 
 * HF models: ``attention_mask`` in the format the model's attention
   implementation expects (for ``eager``: an additive float mask
@@ -34,6 +37,7 @@ from typing import Any, Callable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from blockir.backends.boundary import signature_keywords
 from blockir.diagnostics import BlockError, argument_error
 
 Adapter = Callable[..., Tensor]
@@ -45,7 +49,7 @@ def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
     return {} if position_ids is None else {"position_ids": position_ids}
 
 
-def call_module(module: nn.Module, *inputs: Tensor, **ctx: Any) -> Tensor:
+def call_module(module: nn.Module, *inputs: Tensor) -> Tensor:
     """Any branch whose real call is ``module(*inputs)`` with no side inputs."""
     return module(*inputs)
 
@@ -69,17 +73,20 @@ class PlainCall:
 
 
 def plain_call(module: nn.Module, inputs: int) -> PlainCall:
-    """The default adapter for ``module`` called with ``inputs`` positional tensors."""
+    """The default adapter for ``module`` called with ``inputs`` positional tensors.
+
+    A compiled module reads the keywords of its own call contract, whatever its generated ``forward`` says.
+    """
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):  # a forward without a Python signature takes no keywords we can know
         return PlainCall(frozenset(), frozenset())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     taken = frozenset(p.name for p in positional[:inputs])
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return PlainCall(None, taken)
-    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return PlainCall(frozenset(keywords - taken), taken)
+    contract = getattr(module, "blockir_contract", None)
+    if contract is not None:
+        return PlainCall(contract.keywords, taken)
+    return PlainCall(signature_keywords(module.forward, inputs), taken)
 
 
 # ---------------------------------------------------------------- Llama family
@@ -92,7 +99,6 @@ def llama_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
-    **ctx: Any,
 ) -> Tensor:
     """``LlamaAttention`` as ``LlamaDecoderLayer.forward`` calls it.
 
@@ -121,7 +127,6 @@ def gemma2_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | dict[str, Tensor | None] | None = None,
     position_ids: Tensor | None = None,
-    **ctx: Any,
 ) -> Tensor:
     """``Gemma2Attention`` as ``Gemma2DecoderLayer.forward`` calls it.
 
@@ -137,7 +142,7 @@ def gemma2_attention(
                            position_ids=position_ids)
 
 
-def gated_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
+def gated_mlp(module: nn.Module, x: Tensor) -> Tensor:
     """``LlamaMLP`` / ``Gemma2MLP`` / ``Olmo2MLP``: ``self.mlp(hidden_states)``."""
     return module(x)
 
@@ -151,7 +156,6 @@ def gpt2_attention(
     *,
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
-    **ctx: Any,
 ) -> Tensor:
     """``GPT2Attention`` (self-attention) as ``GPT2Block.forward`` calls it.
 
@@ -165,7 +169,7 @@ def gpt2_attention(
     return out
 
 
-def gpt2_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
+def gpt2_mlp(module: nn.Module, x: Tensor) -> Tensor:
     """``GPT2MLP``: ``self.mlp(hidden_states)``, its trailing dropout included."""
     return module(x)
 
@@ -178,7 +182,6 @@ def bert_self_attention(
     x: Tensor,
     *,
     attention_mask: Tensor | None = None,
-    **ctx: Any,
 ) -> Tensor:
     """``BertSelfAttention`` (``layer.attention.self``) as ``BertAttention`` calls it.
 
@@ -199,7 +202,6 @@ def gpt_neox_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
-    **ctx: Any,
 ) -> Tensor:
     """``GPTNeoXAttention`` as ``GPTNeoXLayer.forward`` calls it.
 
@@ -216,7 +218,7 @@ def gpt_neox_attention(
     return out
 
 
-def gpt_neox_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
+def gpt_neox_mlp(module: nn.Module, x: Tensor) -> Tensor:
     """``GPTNeoXMLP``: ``self.mlp(h)``; ``post_mlp_dropout`` is the block's."""
     return module(x)
 
@@ -224,7 +226,7 @@ def gpt_neox_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
 # ------------------------------------------------------------------------- T5
 
 
-def t5_dense_relu_dense(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
+def t5_dense_relu_dense(module: nn.Module, x: Tensor) -> Tensor:
     """``T5DenseActDense`` / ``T5DenseGatedActDense`` as ``T5LayerFF`` calls them.
 
     ``wi`` → act → inner dropout → (cast to ``wo``'s dtype) → ``wo``; the
@@ -243,7 +245,6 @@ def multihead_attention(
     src_mask: Tensor | None = None,
     src_key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
-    **ctx: Any,
 ) -> Tensor:
     """``nn.MultiheadAttention`` as ``nn.TransformerEncoderLayer._sa_block`` calls it.
 

@@ -5,11 +5,14 @@ Submodule names follow the HF LLaMA layout (``q_proj``/``k_proj``/``v_proj``/
 branch weights load with a strict ``load_state_dict``. Every forward takes
 the block's whole context as keyword arguments and ignores the keys it does
 not use, so a compiled block can pass one context to all of its branches.
+Each module states the context keywords it reads as ``blockir_context``,
+beside its ``forward``: a compiled module accepts exactly the keywords that
+something it calls reads (``blockir.backends.boundary``).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,7 @@ from torch import Tensor, nn
 
 from blockir.backends.masks import MaskBuilder
 from blockir.backends import numerics, rotary
+from blockir.backends.boundary import NOTHING
 from blockir.backends.numerics import ACTIVATIONS
 from blockir.diagnostics import UNKNOWN_SPAN, Span
 
@@ -438,6 +442,12 @@ class SelfAttention(_Projections):
                           rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
                           kv_broadcast=kv_broadcast)
 
+    @property
+    def blockir_context(self) -> frozenset[str]:
+        """The masks it obeys, and the caller's rotary tables when it rotates."""
+        masks = frozenset({"attention_mask", "src_key_padding_mask"})
+        return masks | {"position_embeddings"} if self.rope else masks
+
     def forward(
         self,
         x: Tensor,
@@ -497,6 +507,8 @@ class CrossAttention(_Projections):
         kwargs.setdefault("core", AttentionCore(causal=False))
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
+    blockir_context: ClassVar[frozenset[str]] = frozenset({"memory_mask", "memory_key_padding_mask"})
+
     def forward(self, x: Tensor, memory: Tensor, scores: Tensor | None = None, *,
                 memory_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, **ctx: object) -> Tensor:
@@ -525,6 +537,8 @@ class MLP(nn.Module):
         self.add_module(fc1, dense(width, hidden, bias, conv1d))
         self.add_module(fc2, dense(hidden, width, bias, conv1d))
 
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
+
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         return getattr(self, self.names["fc2"])(self.act(getattr(self, self.names["fc1"])(x)))
 
@@ -551,6 +565,8 @@ class GatedMLP(nn.Module):
             self.add_module(gate, nn.Linear(width, hidden, bias=bias))
             self.add_module(up, nn.Linear(width, hidden, bias=bias))
         self.add_module(down, nn.Linear(hidden, width, bias=bias))
+
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         if self.fused:
@@ -582,6 +598,11 @@ class Embedding(nn.Module):
         self.positions, self.scale, self.offset, self.mask_positions = positions, scale, offset, mask_positions
         self.padding_idx = padding_idx
 
+    @property
+    def blockir_context(self) -> frozenset[str]:
+        """A position table numbered by the keep-mask reads ``attention_mask``; any other table reads nothing."""
+        return frozenset({"attention_mask"}) if self.positions and self.mask_positions else NOTHING
+
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
             keep = ctx.get("attention_mask")
@@ -606,6 +627,8 @@ class Head(nn.Module):
         self.weight = nn.Parameter(torch.randn(vocab, width) * 0.02)
         self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
         self.softcap = softcap
+
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         logits = F.linear(x, self.weight, self.bias)
