@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.backends import adapters as A
+from conftest import ROOT
 
 HEADER = "dim B: batch\ndim S: seq\ndim T: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"
 
@@ -43,7 +44,7 @@ CROSS = "  n: rmsnorm(D)\n  c: cross_attention(heads=H)\n  y = x + c(n(x), memor
 READS = {
     "attention": (ATTENTION.format(rope=""), "x: [B, S, D]", ("attention_mask", "src_key_padding_mask")),
     "rotary attention": (ATTENTION.format(rope=", rope=true"), "x: [B, S, D]",
-                         ("attention_mask", "position_embeddings", "src_key_padding_mask")),
+                         ("attention_mask", "position_embeddings", "position_ids", "src_key_padding_mask")),
     "mlp": (MLP, "x: [B, S, D]", ()),
     "batchnorm": (BATCHNORM, "x: [B, S, D]", ("attention_mask",)),
     "cross attention": (CROSS, "x: [B, S, D], memory: [B, T, D]", ("memory_key_padding_mask", "memory_mask")),
@@ -69,7 +70,8 @@ def test_a_misspelt_keyword_names_the_module_and_what_it_reads() -> None:
     d = _refused(m, _x(2, 3, 8), atention_mask=mask)
     assert (d.code, str(d.span)) == ("E0710", "t.block:13:7")
     assert d.message == "M takes no keyword argument 'atention_mask': nothing in it reads it"
-    assert d.hint == "did you mean 'attention_mask'? M reads: attention_mask, position_embeddings, src_key_padding_mask"
+    assert d.hint == ("did you mean 'attention_mask'? M reads: attention_mask, position_embeddings, position_ids, "
+                      "src_key_padding_mask")
     d = _refused(_compile(MLP), _x(2, 3, 8), attention_mask=mask)
     assert d.hint == "M reads no keyword arguments: nothing in it takes a mask or position table"
 
@@ -213,3 +215,15 @@ def test_dims_whose_parameters_would_not_fit_are_refused_before_allocating() -> 
     count = 2 * layer + d_
     assert d.message.startswith(f"compiling 'M' would allocate {count * 4 / (1 << 30):,.1f} GiB of parameters "
                                 f"({count:,} of 4 bytes), more than the ")
+
+
+def test_a_rotary_attention_rotates_by_the_position_ids_it_is_given() -> None:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    m = blockir.compile(ROOT / "examples" / "llama.block", "LlamaDecoderLayer", seed=0).eval()
+    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))
+    x, strided = _x(2, 5, 64), 2 * torch.arange(5)[None]
+    with torch.no_grad():
+        got = m(x, position_ids=strided)
+        torch.testing.assert_close(got, m(x, position_embeddings=rotary(x, strided)), rtol=1e-6, atol=1e-6)
+        assert (got - m(x)).abs().max() > 1e-2  # the positions were not ignored

@@ -148,15 +148,15 @@ def keyword_error(contract: CallContract, key: str) -> BlockError:
 
 
 def _arity(contract: CallContract, inputs: tuple[Any, ...], extra: tuple[Any, ...]) -> None:
+    missing = [n for n, t in zip(contract.inputs, inputs) if t is Missing.INPUT]
+    if not (extra or missing):
+        return
     names = contract.inputs
     takes = f"{contract.block} takes {len(names)} input{'s' if len(names) != 1 else ''} ({', '.join(names)})"
     call = f"call it as m({', '.join(names)}, **context)"
     if extra:
         raise BlockError([error("E0711", f"{takes}, got {len(names) + len(extra)}", contract.span, hint=call)])
-    missing = [n for n, t in zip(names, inputs) if t is Missing.INPUT]
-    if missing:
-        raise BlockError([error("E0711", f"{takes}; {', '.join(map(repr, missing))} not given", contract.span,
-                                hint=call)])
+    raise BlockError([error("E0711", f"{takes}; {', '.join(map(repr, missing))} not given", contract.span, hint=call)])
 
 
 def _input_error(filename: str, spec: InputSpec, message: str, hint: str | None = None,
@@ -179,7 +179,7 @@ def _token_range(contract: CallContract, spec: InputSpec, ids: torch.Tensor) -> 
 
 def _place(contract: CallContract, spec: InputSpec, t: torch.Tensor) -> None:
     name = spec.name
-    if contract.dtype is not None and spec.declared is None and t.dtype != contract.dtype:
+    if contract.dtype is not None and spec.declared is None and t.dtype is not contract.dtype:
         raise _input_error(contract.filename, spec, f"input '{name}' of {contract.block} is {t.dtype}, but the "
                                                     f"module computes in {contract.dtype}",
                            hint=f"cast it first: x.to({contract.dtype}), or convert the module: m.to({t.dtype})")
@@ -199,16 +199,16 @@ def check_inputs(contract: CallContract, specs: tuple[InputSpec, ...], ctx: dict
     that size (batch and sequence axes excepted), and an axis named by several inputs must have one
     size across them.
     """
-    _arity(contract, inputs, extra)
-    accepted = contract.keywords
+    block, filename, _, _, names, accepted, module_dtype, device, _ = contract
+    if extra or len(inputs) != len(names) or any(t is Missing.INPUT for t in inputs):
+        _arity(contract, inputs, extra)
     if accepted is not None:
         for key in ctx:
             if key not in accepted:
                 raise keyword_error(contract, key)
-    block, filename = contract.block, contract.filename
     seen: dict[str, tuple[int, str]] = {}
     for spec, t in zip(specs, inputs):
-        name, axes, sizes, declared = spec.name, spec.axes, spec.sizes, spec.declared
+        name, axes, sizes, declared = spec[:4]
         if not isinstance(t, torch.Tensor):
             raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor [{', '.join(axes)}], "
                                                f"got {type(t).__name__}")
@@ -222,7 +222,8 @@ def check_inputs(contract: CallContract, specs: tuple[InputSpec, ...], ctx: dict
         elif declared is not None and dt != spec.dtype:
             raise _input_error(filename, spec, f"input '{name}' of {block} is declared {declared}, got {dt}",
                                hint=f"cast it first: x.to({spec.dtype})")
-        if declared != IDS:
+        if declared != IDS and ((module_dtype is not None and declared is None and dt is not module_dtype)
+                                or (device is not None and t.device != device)):
             _place(contract, spec, t)
         if len(shape) != len(axes):
             raise _input_error(filename, spec, f"input '{name}' of {block} has {len(shape)} axes {list(shape)}, "

@@ -54,6 +54,7 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
     interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: rotary.RopeScaling | None = None,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -62,13 +63,16 @@ def rope_cos_sin(
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
     ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
     module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
-    ``scaling`` is a context-extension scheme (see ``rotary``).
+    ``scaling`` is a context-extension scheme (see ``rotary``). ``positions`` (``[B or 1, S]``, HF's
+    ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
     """
     inv_freq = rotary.inv_freq(head_dim, theta, device, scaling)
     if freqs_dtype is not None:
         inv_freq = inv_freq.to(freqs_dtype).float()
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = positions[None, :, None] * inv_freq
+    if positions is None:
+        freqs = torch.arange(seq_len, device=device, dtype=torch.float32)[None, :, None] * inv_freq
+    else:
+        freqs = positions.to(device=device, dtype=torch.float32)[:, :, None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     factor = scaling.table_factor() if scaling is not None else 1.0
@@ -446,7 +450,7 @@ class SelfAttention(_Projections):
     def blockir_context(self) -> frozenset[str]:
         """The masks it obeys, and the caller's rotary tables when it rotates."""
         masks = frozenset({"attention_mask", "src_key_padding_mask"})
-        return masks | {"position_embeddings"} if self.rope else masks
+        return masks | {"position_embeddings", "position_ids"} if self.rope else masks
 
     def forward(
         self,
@@ -456,14 +460,16 @@ class SelfAttention(_Projections):
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         attention_mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
         **ctx: object,
     ) -> Tensor:
         """``x`` [B, S, D] -> [B, S, D]; with score_residual, ``(x, scores)`` -> ``(y, scores)``.
 
         Caller-provided ``position_embeddings`` (cos, sin) win over the
         internal tables so that scaled RoPE variants computed by a host model
-        are honoured. ``attention_mask`` (HF's forms) and ``src_key_padding_mask``
-        (torch's) both apply, together with the block's causality.
+        are honoured; without them, ``position_ids`` (HF's ``[B or 1, S]``) are
+        the positions the internal tables rotate by. ``attention_mask`` (HF's forms)
+        and ``src_key_padding_mask`` (torch's) both apply, together with the block's causality.
         """
         masks = self.masks(x, x.shape[1])
         masks.attention_mask(attention_mask, "attention_mask")
@@ -478,7 +484,7 @@ class SelfAttention(_Projections):
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs, self.rope_scaling)
+                                                   interleaved, freqs, self.rope_scaling, position_ids)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             dtype = q.dtype

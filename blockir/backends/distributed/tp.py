@@ -159,7 +159,8 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
     plan = getattr(module, "blockir_plan", None)
     if plan is not None:
-        raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} ranks)",
+        raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
+                   f"rank{'s' if plan.world != 1 else ''})",
                    "compile a fresh module to parallelise it another way")
     if isinstance(program, (str, Path)):
         program = load(program)
