@@ -16,8 +16,7 @@ from torch import nn
 
 import blockir
 from blockir.backends import adapters as A
-from blockir.backends.boundary import check_inputs
-from blockir.backends.fx import _input_specs
+from blockir.backends.boundary import check_inputs, input_specs
 from blockir.analyses.sizes import Sizes
 
 TEXT = """dim B: batch
@@ -52,7 +51,7 @@ def main() -> None:
     mha = nn.MultiheadAttention(64, 4, batch_first=True)
     m = blockir.compile(program, "L", bind={"f": (mha, A.multihead_attention)}, seed=0)
     contract, block = m.blockir_contract, program.block("L")
-    specs = _input_specs(block, Sizes.of(program).for_block(block), program)
+    specs = input_specs(block, Sizes.of(program).for_block(block), program)
     x = torch.randn(1, 8, 64)
     ctx = {"attention_mask": None, "position_embeddings": None}
     extern = m.get_submodule("f")

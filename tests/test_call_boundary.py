@@ -173,6 +173,19 @@ def test_token_ids_outside_the_vocabulary_are_e0712() -> None:
         assert d.message == f"input 'ids' of E holds token id {given}, outside the vocabulary [0, 11)"
 
 
+def test_a_position_table_looks_up_the_position_ids_it_is_given() -> None:
+    text = HEADER + ("dim V: vocab = 11\nmodel E(ids: [B, S]) -> [B, S, D] {\n  embed: embedding(V, D)\n"
+                     "  pos: embedding(S, D, positions=true)\n  n: rmsnorm(D)\n  x = embed(ids) + pos(ids)\n"
+                     "  return n(x)\n}\n")
+    m = blockir.compile(blockir.parse(text, "e.block"), "E", dims={"S": 4}, seed=0)
+    assert m.blockir_contract.keywords == ("position_ids",)
+    ids, reversed_ = torch.tensor([[0, 10, 3, 4]]), torch.tensor([[3, 2, 1, 0]])
+    table, positions = m.get_parameter("embed.weight"), m.get_parameter("pos.weight")
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids, position_ids=reversed_), m.n(table[ids] + positions[reversed_]))
+        torch.testing.assert_close(m(ids), m.n(table[ids] + positions[:4]))
+
+
 # ------------------------------------------------------------ public functions
 
 

@@ -8,12 +8,14 @@ arguments and ``ctx`` the extra keyword arguments given to the compiled
 module's forward. Each adapter returns exactly the tensor the real layer adds
 to (or, for Post-LN layers, normalises together with) its residual stream.
 
-Each adapter's signature names the keyword arguments its real parent passes,
-and nothing else: blockir inspects it once at compile, adds those keywords to
-what the compiled module accepts, and calls the adapter with only those, so
-one ``ctx`` can feed every branch of a layer and every layer of a stack. An
-adapter that takes ``**ctx`` accepts any keyword (and makes the compiled
-module accept any). ``ctx`` carries what the parent model builds once per forward:
+Every adapter takes the keyword arguments its real parent passes and ignores
+any others, so one ``ctx`` can feed every branch of a layer and every layer of
+a stack. Those it names are what it reads: each adapter here is marked
+:func:`named_context`, so a compiled module binding it accepts the keywords its
+signature names (its ``**ctx`` only absorbs what other branches read) and calls
+it with those alone. An unmarked adapter that takes ``**ctx`` may pass anything
+on, and makes the compiled module accept any keyword. ``ctx`` carries what the
+parent model builds once per forward:
 
 * HF models: ``attention_mask`` in the format the model's attention
   implementation expects (for ``eager``: an additive float mask
@@ -41,6 +43,14 @@ from blockir.backends.boundary import signature_keywords
 from blockir.diagnostics import BlockError, argument_error
 
 Adapter = Callable[..., Tensor]
+NAMED_CONTEXT = "blockir_named_context"  # the attribute named_context sets
+
+
+def named_context(adapter: Adapter) -> Adapter:
+    """Mark an adapter as reading exactly the keywords its signature names: its ``**ctx`` only absorbs the
+    keywords other branches read, so a compiled module binding it accepts no more for its sake."""
+    setattr(adapter, NAMED_CONTEXT, True)
+    return adapter
 
 
 def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
@@ -49,7 +59,8 @@ def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
     return {} if position_ids is None else {"position_ids": position_ids}
 
 
-def call_module(module: nn.Module, *inputs: Tensor) -> Tensor:
+@named_context
+def call_module(module: nn.Module, *inputs: Tensor, **ctx: Any) -> Tensor:
     """Any branch whose real call is ``module(*inputs)`` with no side inputs."""
     return module(*inputs)
 
@@ -89,9 +100,18 @@ def plain_call(module: nn.Module, inputs: int) -> PlainCall:
     return PlainCall(signature_keywords(module.forward, inputs), taken)
 
 
+def adapter_keywords(adapter: Adapter, inputs: int) -> frozenset[str] | None:
+    """The context keywords an adapter reads (None: any): a plain call's, a :func:`named_context` adapter's named
+    keywords, else those its signature names after the module and the inputs (any, when it takes ``**ctx``)."""
+    if isinstance(adapter, PlainCall):
+        return adapter.keywords
+    return signature_keywords(adapter, 1 + inputs, named_only=getattr(adapter, NAMED_CONTEXT, False))
+
+
 # ---------------------------------------------------------------- Llama family
 
 
+@named_context
 def llama_attention(
     module: nn.Module,
     x: Tensor,
@@ -99,6 +119,7 @@ def llama_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
+    **ctx: Any,
 ) -> Tensor:
     """``LlamaAttention`` as ``LlamaDecoderLayer.forward`` calls it.
 
@@ -120,6 +141,7 @@ def llama_attention(
 olmo2_attention = llama_attention
 
 
+@named_context
 def gemma2_attention(
     module: nn.Module,
     x: Tensor,
@@ -127,6 +149,7 @@ def gemma2_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | dict[str, Tensor | None] | None = None,
     position_ids: Tensor | None = None,
+    **ctx: Any,
 ) -> Tensor:
     """``Gemma2Attention`` as ``Gemma2DecoderLayer.forward`` calls it.
 
@@ -142,7 +165,8 @@ def gemma2_attention(
                            position_ids=position_ids)
 
 
-def gated_mlp(module: nn.Module, x: Tensor) -> Tensor:
+@named_context
+def gated_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``LlamaMLP`` / ``Gemma2MLP`` / ``Olmo2MLP``: ``self.mlp(hidden_states)``."""
     return module(x)
 
@@ -150,12 +174,14 @@ def gated_mlp(module: nn.Module, x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------- GPT-2
 
 
+@named_context
 def gpt2_attention(
     module: nn.Module,
     x: Tensor,
     *,
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
+    **ctx: Any,
 ) -> Tensor:
     """``GPT2Attention`` (self-attention) as ``GPT2Block.forward`` calls it.
 
@@ -169,7 +195,8 @@ def gpt2_attention(
     return out
 
 
-def gpt2_mlp(module: nn.Module, x: Tensor) -> Tensor:
+@named_context
+def gpt2_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``GPT2MLP``: ``self.mlp(hidden_states)``, its trailing dropout included."""
     return module(x)
 
@@ -177,11 +204,13 @@ def gpt2_mlp(module: nn.Module, x: Tensor) -> Tensor:
 # ----------------------------------------------------------------------- BERT
 
 
+@named_context
 def bert_self_attention(
     module: nn.Module,
     x: Tensor,
     *,
     attention_mask: Tensor | None = None,
+    **ctx: Any,
 ) -> Tensor:
     """``BertSelfAttention`` (``layer.attention.self``) as ``BertAttention`` calls it.
 
@@ -195,6 +224,7 @@ def bert_self_attention(
 # ------------------------------------------------------------------- GPT-NeoX
 
 
+@named_context
 def gpt_neox_attention(
     module: nn.Module,
     x: Tensor,
@@ -202,6 +232,7 @@ def gpt_neox_attention(
     position_embeddings: tuple[Tensor, Tensor],
     attention_mask: Tensor | None = None,
     position_ids: Tensor | None = None,
+    **ctx: Any,
 ) -> Tensor:
     """``GPTNeoXAttention`` as ``GPTNeoXLayer.forward`` calls it.
 
@@ -218,7 +249,8 @@ def gpt_neox_attention(
     return out
 
 
-def gpt_neox_mlp(module: nn.Module, x: Tensor) -> Tensor:
+@named_context
+def gpt_neox_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``GPTNeoXMLP``: ``self.mlp(h)``; ``post_mlp_dropout`` is the block's."""
     return module(x)
 
@@ -226,7 +258,8 @@ def gpt_neox_mlp(module: nn.Module, x: Tensor) -> Tensor:
 # ------------------------------------------------------------------------- T5
 
 
-def t5_dense_relu_dense(module: nn.Module, x: Tensor) -> Tensor:
+@named_context
+def t5_dense_relu_dense(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``T5DenseActDense`` / ``T5DenseGatedActDense`` as ``T5LayerFF`` calls them.
 
     ``wi`` → act → inner dropout → (cast to ``wo``'s dtype) → ``wo``; the
@@ -238,6 +271,7 @@ def t5_dense_relu_dense(module: nn.Module, x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------- torch
 
 
+@named_context
 def multihead_attention(
     module: nn.MultiheadAttention,
     x: Tensor,
@@ -245,6 +279,7 @@ def multihead_attention(
     src_mask: Tensor | None = None,
     src_key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
+    **ctx: Any,
 ) -> Tensor:
     """``nn.MultiheadAttention`` as ``nn.TransformerEncoderLayer._sa_block`` calls it.
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from blockir.backends.adapters import Adapter, PlainCall, plain_call
-from blockir.backends.boundary import TORCH_DTYPES, Keywords, signature_keywords
+from blockir.backends.adapters import Adapter, adapter_keywords, plain_call
+from blockir.backends.boundary import TORCH_DTYPES
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -170,14 +170,6 @@ def _sizes_seen(axes: tuple[tuple[str, ...], ...], inputs: tuple[Any, ...]) -> d
 
 _RESULT_HINT = ("the adapter must return the one tensor the layer adds to its residual stream; HF attention "
                 "modules return a tuple: bind (module, adapter) with an adapter from blockir.backends.adapters")
-
-
-def adapter_keywords(adapter: Callable[..., Any], inputs: int) -> Keywords:
-    """The context keywords an adapter reads: those its signature names after the module and the inputs
-    (None when it takes ``**ctx``: it may pass anything on); a plain call reads what the module's forward takes."""
-    if isinstance(adapter, PlainCall):
-        return adapter.keywords
-    return signature_keywords(adapter, 1 + inputs)
 
 
 class BoundExtern(nn.Module):

@@ -23,9 +23,13 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.grammar.scope import suggest
-from blockir.ir.types import DType
+from blockir.ir import ops as O
+from blockir.ir.decls import InstanceDecl, KindDecl
+from blockir.ir.program import Block, Program
+from blockir.ir.types import DType, Role
 
 Keywords = frozenset[str] | None  # None: any keyword (a callee that takes **kwargs)
 NOTHING: frozenset[str] = frozenset()
@@ -55,6 +59,51 @@ class Missing(enum.Enum):
     INPUT = "not given"
 
 
+FREE_ROLES = (Role.BATCH, Role.SEQ)
+
+
+def _token_rows(program: Program | None, block: Block, value: str, sizes: Sizes) -> tuple[bool, int | None]:
+    """Whether an embedding reads ``value`` (directly, or as an input of a sub-block or stack), and the
+    fewest rows of a token table that indexes by it (None when only position tables read its shape)."""
+    reads, rows = False, None
+    for op in block.users.get(value, ()):
+        if not isinstance(op, O.CallOp):
+            continue
+        decl = block.decl_map[op.decl]
+        found: tuple[bool, int | None] = (False, None)
+        if isinstance(decl, KindDecl) and decl.kind == "embedding":
+            vocab = sizes.env.get(decl.arg("vocab"))
+            found = True, None if decl.arg("positions") or vocab is None else int(vocab)
+        elif isinstance(decl, InstanceDecl) and program is not None:
+            sub = program.block(decl.block)
+            for a, p in zip(op.args, sub.params):
+                if a == value:
+                    inner = _token_rows(program, sub, p.name, sizes)
+                    found = (found[0] or inner[0], _fewest(found[1], inner[1]))
+        reads, rows = reads or found[0], _fewest(rows, found[1])
+    return reads, rows
+
+
+def _fewest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
+    """What the check reads of each input of ``block`` under ``sizes``."""
+    specs = []
+    for p in block.params:
+        # batch and sequence sizes stay free even when dims= gave them (a run compiles at its training
+        # batch and evaluates at another); every other size shapes the parameters
+        fixed = tuple(None if a.role in FREE_ROLES else int(sizes.env[a.name]) if a.name in sizes.env else
+                      (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
+        ids, rows = _token_rows(program, block, p.name, sizes)
+        declared = IDS if ids else p.type.dtype.value if p.type.dtype is not None else None
+        dtype = TORCH_DTYPES[p.type.dtype] if declared not in (None, IDS) else None
+        specs.append(InputSpec(p.name, tuple(a.name for a in p.type.axes), fixed, declared, dtype, rows,
+                               p.span.line, p.span.column))
+    return tuple(specs)
+
+
 def union(parts: Iterable[Keywords]) -> Keywords:
     """The keywords read by several callees together: None as soon as one takes any."""
     out: set[str] = set()
@@ -77,8 +126,9 @@ def reads(module: Any, key: str) -> bool:
     return contract is None or contract.keywords is None or key in contract.keywords
 
 
-def signature_keywords(fn: Callable[..., Any], positional: int) -> Keywords:
-    """The keywords ``fn`` takes besides its first ``positional`` positional parameters; None with ``**kwargs``.
+def signature_keywords(fn: Callable[..., Any], positional: int, named_only: bool = False) -> Keywords:
+    """The keywords ``fn`` takes besides its first ``positional`` positional parameters; None with ``**kwargs``
+    unless ``named_only`` (its ``**kwargs`` absorbs keywords it does not read).
 
     A callable without a Python signature takes no keyword that can be known.
     """
@@ -86,7 +136,7 @@ def signature_keywords(fn: Callable[..., Any], positional: int) -> Keywords:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return NOTHING
-    if any(p.kind is p.VAR_KEYWORD for p in params):
+    if not named_only and any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     ordered = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     taken = {p.name for p in ordered[:positional]}

@@ -591,7 +591,8 @@ def mask_positions(keep: Tensor) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
+    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1`` (or the
+    caller's ``position_ids``).
 
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
     ``padding_idx`` names a row that receives no gradient, as ``nn.Embedding``'s does.
@@ -606,12 +607,17 @@ class Embedding(nn.Module):
 
     @property
     def blockir_context(self) -> frozenset[str]:
-        """A position table numbered by the keep-mask reads ``attention_mask``; any other table reads nothing."""
-        return frozenset({"attention_mask"}) if self.positions and self.mask_positions else NOTHING
+        """A position table reads ``position_ids`` (and, numbered by the keep-mask, ``attention_mask``); a token
+        table reads nothing."""
+        if not self.positions:
+            return NOTHING
+        return frozenset({"position_ids", "attention_mask"} if self.mask_positions else {"position_ids"})
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
-            keep = ctx.get("attention_mask")
+            given, keep = ctx.get("position_ids"), ctx.get("attention_mask")
+            if isinstance(given, Tensor):  # the caller's positions win, as in HF's models
+                return F.embedding(given.long() + self.offset, self.weight).expand(*ids.shape, -1)
             if self.mask_positions and isinstance(keep, Tensor) and keep.dim() == 2:
                 return F.embedding(mask_positions(keep) + self.offset, self.weight)
             index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)

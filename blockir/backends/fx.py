@@ -43,8 +43,8 @@ from blockir.analyses.keys import SINGLE
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.backends import numerics
-from blockir.backends.boundary import (IDS, TORCH_DTYPES, CallContract, Missing, accepted, InputSpec, Keywords, check_inputs, context_of,
-                                      placed_contract, union)
+from blockir.backends.boundary import (TORCH_DTYPES, CallContract, Keywords, Missing, accepted, check_inputs,
+                                      context_of, input_specs, placed_contract, union)
 from blockir.backends.modules import bound_extern, kind_factory
 from blockir.backends.rng import dropout_key
 from blockir.diagnostics import BlockError, Span, error
@@ -52,7 +52,7 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import DType, Role, TensorType
+from blockir.ir.types import TensorType
 
 SEED_HIGH = 1 << 62
 SPLAT = "**"  # the keyword under which a node passes the whole context on; printed as **ctx
@@ -112,52 +112,6 @@ def layer_drop_site(x: torch.Tensor, p: float, training: bool, seed: torch.Tenso
     if not training or p == 0.0:
         return x
     return numerics.layer_drop(x, p, training, dropout_key(seed, layer, LAYER_DROP_SITE))
-
-
-# ---------------------------------------------------------------- input checks
-
-FREE_ROLES = (Role.BATCH, Role.SEQ)
-
-
-def _token_rows(program: Program | None, block: Block, value: str, sizes: Sizes) -> tuple[bool, int | None]:
-    """Whether an embedding reads ``value`` (directly, or as an input of a sub-block or stack), and the
-    fewest rows of a token table that indexes by it (None when only position tables read its shape)."""
-    reads, rows = False, None
-    for op in block.users.get(value, ()):
-        if not isinstance(op, O.CallOp):
-            continue
-        decl = block.decl_map[op.decl]
-        found: tuple[bool, int | None] = (False, None)
-        if isinstance(decl, KindDecl) and decl.kind == "embedding":
-            vocab = sizes.env.get(decl.arg("vocab"))
-            found = True, None if decl.arg("positions") or vocab is None else int(vocab)
-        elif isinstance(decl, InstanceDecl) and program is not None:
-            sub = program.block(decl.block)
-            for a, p in zip(op.args, sub.params):
-                if a == value:
-                    inner = _token_rows(program, sub, p.name, sizes)
-                    found = (found[0] or inner[0], _fewest(found[1], inner[1]))
-        reads, rows = reads or found[0], _fewest(rows, found[1])
-    return reads, rows
-
-
-def _fewest(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
-    specs = []
-    for p in block.params:
-        # batch and sequence sizes stay free even when dims= gave them (a run compiles at its training
-        # batch and evaluates at another); every other size shapes the parameters
-        fixed = tuple(None if a.role in FREE_ROLES else int(sizes.env[a.name]) if a.name in sizes.env else
-                      (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
-        ids, rows = _token_rows(program, block, p.name, sizes)
-        declared = IDS if ids else p.type.dtype.value if p.type.dtype is not None else None
-        dtype = TORCH_DTYPES[p.type.dtype] if declared not in (None, IDS) else None
-        specs.append(InputSpec(p.name, tuple(a.name for a in p.type.axes), fixed, declared, dtype, rows,
-                               p.span.line, p.span.column))
-    return tuple(specs)
 
 
 class Stack(nn.ModuleList):
@@ -638,7 +592,7 @@ def build_graph(block: Block, sizes: Sizes, *, mode: str = "train", donated: boo
     b.ctx = b.fn(context, (raw_ctx,))
     if check:
         contract = b.graph.create_node("get_attr", CONTRACT_ATTR, name="contract")
-        b.fn(check_inputs, (contract, _input_specs(block, sizes, program), b.ctx, extra, *inputs), wrapped=True)
+        b.fn(check_inputs, (contract, input_specs(block, sizes, program), b.ctx, extra, *inputs), wrapped=True)
     for op in block.ops:
         if not isinstance(op, O.InputOp):
             _lower_op(b, op)
