@@ -228,15 +228,17 @@ def test_dims_whose_parameters_would_not_fit_are_refused_before_allocating() -> 
     count = 2 * layer + d_
     assert d.message.startswith(f"compiling 'M' would allocate {count * 4 / (1 << 30):,.1f} GiB of parameters "
                                 f"({count:,} of 4 bytes), more than the ")
+    # on the meta device nothing is allocated: the same sizes build
+    assert _compile(MLP, dims={"D": 1 << 20, "F": 1 << 22}, device="meta").blockir_contract.device.type == "meta"
 
 
 def test_a_rotary_attention_rotates_by_the_position_ids_it_is_given() -> None:
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     m = blockir.compile(ROOT / "examples" / "llama.block", "LlamaDecoderLayer", seed=0).eval()
-    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))
     x, strided = _x(2, 5, 64), 2 * torch.arange(5)[None]
+    # RoPE's tables at those positions, rotate-half layout: head_dim 16, theta 10000
+    angles = strided[..., None].float() / 10000.0 ** (torch.arange(0, 16, 2).float() / 16)
+    angles = torch.cat((angles, angles), dim=-1)
     with torch.no_grad():
         got = m(x, position_ids=strided)
-        torch.testing.assert_close(got, m(x, position_embeddings=rotary(x, strided)), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, m(x, position_embeddings=(angles.cos(), angles.sin())), rtol=1e-6, atol=1e-6)
         assert (got - m(x)).abs().max() > 1e-2  # the positions were not ignored

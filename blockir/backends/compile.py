@@ -44,6 +44,8 @@ def _device(device: torch.device | str | None) -> torch.device | None:
 def _capacity(place: torch.device | None) -> tuple[int, str]:
     """The memory of the device parameters are built on, in bytes, and its name."""
     place = place or torch.get_default_device()
+    if place.type == "meta":  # shapes only: nothing is allocated
+        return 1 << 62, str(place)
     if place.type == "cuda":
         return torch.cuda.get_device_properties(place).total_memory, str(place)
     try:
