@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 from blockir.api import load, parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span
 from blockir.ir.program import Program
+from blockir.signatures import public
 
 
+@public("from_hf_config")
 def from_hf_config(config: Any, exact: bool = False) -> Program:
     """The program of a transformers config (dict or config object): ``compile`` the class its ``architectures``
     names (by default its ``*ForCausalLM``); a config the importer cannot honour raises a located BlockError."""

@@ -8,9 +8,11 @@ from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, er
 from blockir.grammar.builder import build
 from blockir.grammar.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
+from blockir.signatures import public
 from blockir.verifiers.registry import run_verifiers
 
 
+@public("parse")
 def parse(text: str, filename: str = "<string>") -> Program:
     """Parse and type one .block text (syntax, names, arguments, types).
 
@@ -42,6 +44,7 @@ def read_source(path: str | Path) -> str:
     return decode(data, str(path))
 
 
+@public("verify")
 def verify(program: Program) -> list[Diagnostic]:
     """Run every registered verifier; returns errors and warnings sorted by position."""
     if not isinstance(program, Program):
@@ -52,6 +55,7 @@ def verify(program: Program) -> list[Diagnostic]:
         return run_verifiers(program)
 
 
+@public("load")
 def load(path: str | Path) -> Program:
     """Read, parse and verify a file; raise BlockError if any verifier reports an error."""
     text = read_source(path)

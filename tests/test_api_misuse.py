@@ -262,8 +262,15 @@ def test_a_plain_binding_is_called_with_the_ctx_its_forward_takes() -> None:
     m = blockir.compile(_one(), "E", bind={"f": scaled})
     x = _x()
     with torch.no_grad():
-        # `scale` reaches the module; `attention_mask`, which its forward does not take, is left out
-        torch.testing.assert_close(m(x, scale=3.0, attention_mask=None), x + 3.0 * scaled.lin(x))
+        torch.testing.assert_close(m(x, scale=3.0), x + 3.0 * scaled.lin(x))
+    # `attention_mask`, which nothing in the module reads, is refused rather than dropped
+    with pytest.raises(blockir.BlockError) as info:
+        m(x, scale=3.0, attention_mask=None)
+    (d,) = info.value.diagnostics
+    assert (d.code, str(d.span), d.message, d.hint) == (
+        "E0710", "one.block:4:7", "E takes no keyword argument 'attention_mask': nothing in it reads it",
+        "E reads: scale")
+    # a forward that takes **kwargs reads any keyword, and gets every one
     recorder = Recorder()
     blockir.compile(_one(), "E", bind={"f": recorder})(x, scale=3.0, attention_mask=None)
     assert recorder.seen == {"scale": 3.0, "attention_mask": None}

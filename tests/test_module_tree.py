@@ -148,7 +148,10 @@ def test_an_extern_bound_without_adapter_gets_the_keywords_its_forward_takes() -
     lin = nn.Linear(8, 8)
     m = _compile(text, "T", bind={"f": lin})
     x = _x(2, 3, 8)
-    torch.testing.assert_close(m(x, attention_mask=None), x + lin(x))
+    torch.testing.assert_close(m(x), x + lin(x))
+    # Linear.forward takes no keyword: the module reads none, and refuses one
+    with pytest.raises(blockir.BlockError, match="T takes no keyword argument 'attention_mask'"):
+        m(x, attention_mask=None)
 
 
 def test_an_interpreter_run_drops_the_context_like_non_strict_export() -> None:

@@ -148,7 +148,8 @@ def test_inputs_named_like_generated_code_globals_keep_their_positions() -> None
     m = blockir.compile(blockir.parse(text, "t.block"), "T", seed=0)
     a, b, c = _x(2, 3, 8), _x(2, 3, 8, seed=1), _x(2, 3, 8, seed=2)
     torch.testing.assert_close(_runs(m, a, b, c), a + m.n(b) + c)
-    assert "def forward(self, torch_, self_, ctx_, **ctx)" in m.code
+    assert "def forward(self, torch_ = Missing.INPUT, self_ = Missing.INPUT, ctx_ = Missing.INPUT, *extra, **ctx)" \
+        in m.code
 
 
 # ------------------------------------------------------------ built-in functions in every form

@@ -31,6 +31,7 @@ from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import layer_names
 from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
+from blockir.signatures import public
 
 Shape = tuple[int, ...]
 
@@ -357,6 +358,7 @@ def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[
     return out
 
 
+@public("reconcile")
 def reconcile(program: Program, name: str, state_dict_or_shapes: Mapping[str, Any],
               dims: Mapping[str, int] | None = None) -> Reconciliation:
     """Compare block ``name``'s keys with a state_dict (tensors) or a key → shape mapping."""

@@ -10,7 +10,12 @@ to (or, for Post-LN layers, normalises together with) its residual stream.
 
 Every adapter takes the keyword arguments its real parent passes and ignores
 any others, so one ``ctx`` can feed every branch of a layer and every layer of
-a stack. ``ctx`` carries what the parent model builds once per forward:
+a stack. Those it names are what it reads: each adapter here is marked
+:func:`named_context`, so a compiled module binding it accepts the keywords its
+signature names (its ``**ctx`` only absorbs what other branches read) and calls
+it with those alone. An unmarked adapter that takes ``**ctx`` may pass anything
+on, and makes the compiled module accept any keyword. ``ctx`` carries what the
+parent model builds once per forward:
 
 * HF models: ``attention_mask`` in the format the model's attention
   implementation expects (for ``eager``: an additive float mask
@@ -34,9 +39,18 @@ from typing import Any, Callable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from blockir.backends.boundary import signature_keywords
 from blockir.diagnostics import BlockError, argument_error
 
 Adapter = Callable[..., Tensor]
+NAMED_CONTEXT = "blockir_named_context"  # the attribute named_context sets
+
+
+def named_context(adapter: Adapter) -> Adapter:
+    """Mark an adapter as reading exactly the keywords its signature names: its ``**ctx`` only absorbs the
+    keywords other branches read, so a compiled module binding it accepts no more for its sake."""
+    setattr(adapter, NAMED_CONTEXT, True)
+    return adapter
 
 
 def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
@@ -45,6 +59,7 @@ def _passthrough(position_ids: Tensor | None) -> dict[str, Any]:
     return {} if position_ids is None else {"position_ids": position_ids}
 
 
+@named_context
 def call_module(module: nn.Module, *inputs: Tensor, **ctx: Any) -> Tensor:
     """Any branch whose real call is ``module(*inputs)`` with no side inputs."""
     return module(*inputs)
@@ -69,22 +84,34 @@ class PlainCall:
 
 
 def plain_call(module: nn.Module, inputs: int) -> PlainCall:
-    """The default adapter for ``module`` called with ``inputs`` positional tensors."""
+    """The default adapter for ``module`` called with ``inputs`` positional tensors.
+
+    A compiled module reads the keywords of its own call contract, whatever its generated ``forward`` says.
+    """
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):  # a forward without a Python signature takes no keywords we can know
         return PlainCall(frozenset(), frozenset())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     taken = frozenset(p.name for p in positional[:inputs])
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return PlainCall(None, taken)
-    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return PlainCall(frozenset(keywords - taken), taken)
+    contract = getattr(module, "blockir_contract", None)
+    if contract is not None:
+        return PlainCall(contract.keywords, taken)
+    return PlainCall(signature_keywords(module.forward, inputs), taken)
+
+
+def adapter_keywords(adapter: Adapter, inputs: int) -> frozenset[str] | None:
+    """The context keywords an adapter reads (None: any): a plain call's, a :func:`named_context` adapter's named
+    keywords, else those its signature names after the module and the inputs (any, when it takes ``**ctx``)."""
+    if isinstance(adapter, PlainCall):
+        return adapter.keywords
+    return signature_keywords(adapter, 1 + inputs, named_only=getattr(adapter, NAMED_CONTEXT, False))
 
 
 # ---------------------------------------------------------------- Llama family
 
 
+@named_context
 def llama_attention(
     module: nn.Module,
     x: Tensor,
@@ -114,6 +141,7 @@ def llama_attention(
 olmo2_attention = llama_attention
 
 
+@named_context
 def gemma2_attention(
     module: nn.Module,
     x: Tensor,
@@ -137,6 +165,7 @@ def gemma2_attention(
                            position_ids=position_ids)
 
 
+@named_context
 def gated_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``LlamaMLP`` / ``Gemma2MLP`` / ``Olmo2MLP``: ``self.mlp(hidden_states)``."""
     return module(x)
@@ -145,6 +174,7 @@ def gated_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
 # ---------------------------------------------------------------------- GPT-2
 
 
+@named_context
 def gpt2_attention(
     module: nn.Module,
     x: Tensor,
@@ -165,6 +195,7 @@ def gpt2_attention(
     return out
 
 
+@named_context
 def gpt2_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``GPT2MLP``: ``self.mlp(hidden_states)``, its trailing dropout included."""
     return module(x)
@@ -173,6 +204,7 @@ def gpt2_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
 # ----------------------------------------------------------------------- BERT
 
 
+@named_context
 def bert_self_attention(
     module: nn.Module,
     x: Tensor,
@@ -192,6 +224,7 @@ def bert_self_attention(
 # ------------------------------------------------------------------- GPT-NeoX
 
 
+@named_context
 def gpt_neox_attention(
     module: nn.Module,
     x: Tensor,
@@ -216,6 +249,7 @@ def gpt_neox_attention(
     return out
 
 
+@named_context
 def gpt_neox_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``GPTNeoXMLP``: ``self.mlp(h)``; ``post_mlp_dropout`` is the block's."""
     return module(x)
@@ -224,6 +258,7 @@ def gpt_neox_mlp(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
 # ------------------------------------------------------------------------- T5
 
 
+@named_context
 def t5_dense_relu_dense(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
     """``T5DenseActDense`` / ``T5DenseGatedActDense`` as ``T5LayerFF`` calls them.
 
@@ -236,6 +271,7 @@ def t5_dense_relu_dense(module: nn.Module, x: Tensor, **ctx: Any) -> Tensor:
 # ---------------------------------------------------------------------- torch
 
 
+@named_context
 def multihead_attention(
     module: nn.MultiheadAttention,
     x: Tensor,

@@ -21,7 +21,7 @@ the two agree, and ``num_batches_tracked - calibrated_at`` is their age in batch
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -101,6 +101,8 @@ class BatchNorm(nn.Module):
                 self.running_var.mul_(1 - m).add_(m * unbiased.detach().to(self.running_var.dtype))
         return mean, var
 
+    blockir_context: ClassVar[frozenset[str]] = frozenset({"attention_mask"})  # the padded rows it leaves out
+
     def forward(self, x: Tensor, attention_mask: object = None, **_: Any) -> Tensor:
         work = x.to(self.accum)
         mean, var = self.moments(work, attention_mask)
@@ -134,6 +136,8 @@ class PRepBN(nn.Module):
     def gamma(self) -> Tensor:
         """The LayerNorm share at the current step (a 0-d tensor, so no host sync in the graph)."""
         return ((self.transition - self.step) / self.transition).clamp(0.0, 1.0)
+
+    blockir_context: ClassVar[frozenset[str]] = frozenset({"attention_mask"})  # its BatchNorm's padded rows
 
     def forward(self, x: Tensor, attention_mask: object = None, **_: Any) -> Tensor:
         g = self.gamma().to(x.dtype)

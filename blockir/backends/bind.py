@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from blockir.backends.adapters import Adapter, plain_call
+from blockir.backends.adapters import Adapter, adapter_keywords, plain_call
+from blockir.backends.boundary import TORCH_DTYPES
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -172,11 +173,12 @@ _RESULT_HINT = ("the adapter must return the one tensor the layer adds to its re
 
 
 class BoundExtern(nn.Module):
-    """An extern branch: ``adapter(module, *inputs, **ctx)``, its result checked against the declared shape.
+    """An extern branch: ``adapter(module, *inputs, **ctx)``, its result checked against the declared type.
 
     The wrapper shares ``module``'s tables of parameters, buffers and children rather than holding the
     module as a child, so ``state_dict`` keys, ``named_parameters`` and ``get_submodule`` paths under the
-    extern are the module's own; the module itself is only referenced.
+    extern are the module's own; the module itself is only referenced. ``blockir_context`` is what the
+    adapter reads (its signature, inspected once here); the adapter is called with that part of the context.
     """
 
     def __init__(self, d: ExternDecl, module: nn.Module, adapter: Callable[..., Any], sizes: Sizes) -> None:
@@ -191,8 +193,13 @@ class BoundExtern(nn.Module):
         self.input_axes = tuple(p.type.names for p in d.params)
         self.result_axes = d.result.names
         self.known = {a: int(sizes.env[a]) for a in d.result.names if a in sizes.env}
+        self.result_dtype = TORCH_DTYPES[d.result.dtype] if d.result.dtype is not None else None
+        self.blockir_context = adapter_keywords(adapter, len(d.params))
 
     def forward(self, *inputs: Tensor, **ctx: Any) -> Tensor:
+        reads = self.blockir_context
+        if reads is not None and ctx:
+            ctx = {k: v for k, v in ctx.items() if k in reads}
         out = self.adapter(self.bound, *inputs, **ctx)
         self._check(out, inputs)
         return out
@@ -208,6 +215,17 @@ class BoundExtern(nn.Module):
             want = ", ".join("?" if e is None else str(e) for e in expected)
             raise BlockError([error("E0721", f"extern '{self.decl}' returned shape [{', '.join(map(str, out.shape))}], "
                                     f"expected {shape} = [{want}]", self.span, hint=_RESULT_HINT)])
+        first = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
+        want_dtype = self.result_dtype or (first.dtype if first is not None else None)
+        if want_dtype is not None and out.dtype != want_dtype and not torch.is_autocast_enabled(out.device.type):
+            raise BlockError([error("E0721", f"extern '{self.decl}' returned a {out.dtype} tensor, expected "
+                                    f"{want_dtype}", self.span,
+                                    hint="the result joins the residual stream in its dtype: return it in that "
+                                         "dtype (cast inside the adapter if the module computes in another)")])
+        if first is not None and out.device != first.device:
+            raise BlockError([error("E0721", f"extern '{self.decl}' returned a tensor on {out.device}, expected "
+                                    f"{first.device}, where its input is", self.span,
+                                    hint="keep the bound module on the compiled module's device")])
 
     def train(self, mode: bool = True) -> BoundExtern:
         # the bound module's forward reads its own flag; its children are shared already

@@ -5,11 +5,14 @@ Submodule names follow the HF LLaMA layout (``q_proj``/``k_proj``/``v_proj``/
 branch weights load with a strict ``load_state_dict``. Every forward takes
 the block's whole context as keyword arguments and ignores the keys it does
 not use, so a compiled block can pass one context to all of its branches.
+Each module states the context keywords it reads as ``blockir_context``,
+beside its ``forward``: a compiled module accepts exactly the keywords that
+something it calls reads (``blockir.backends.boundary``).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,7 @@ from torch import Tensor, nn
 
 from blockir.backends.masks import MaskBuilder
 from blockir.backends import numerics, rotary
+from blockir.backends.boundary import NOTHING
 from blockir.backends.numerics import ACTIVATIONS
 from blockir.diagnostics import UNKNOWN_SPAN, Span
 
@@ -50,6 +54,7 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
     interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: rotary.RopeScaling | None = None,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -58,13 +63,16 @@ def rope_cos_sin(
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
     ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
     module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
-    ``scaling`` is a context-extension scheme (see ``rotary``).
+    ``scaling`` is a context-extension scheme (see ``rotary``). ``positions`` (``[B or 1, S]``, HF's
+    ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
     """
     inv_freq = rotary.inv_freq(head_dim, theta, device, scaling)
     if freqs_dtype is not None:
         inv_freq = inv_freq.to(freqs_dtype).float()
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = positions[None, :, None] * inv_freq
+    if positions is None:
+        freqs = torch.arange(seq_len, device=device, dtype=torch.float32)[None, :, None] * inv_freq
+    else:
+        freqs = positions.to(device=device, dtype=torch.float32)[:, :, None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     factor = scaling.table_factor() if scaling is not None else 1.0
@@ -438,6 +446,12 @@ class SelfAttention(_Projections):
                           rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
                           kv_broadcast=kv_broadcast)
 
+    @property
+    def blockir_context(self) -> frozenset[str]:
+        """The masks it obeys, and the caller's rotary tables when it rotates."""
+        masks = frozenset({"attention_mask", "src_key_padding_mask"})
+        return masks | {"position_embeddings", "position_ids"} if self.rope else masks
+
     def forward(
         self,
         x: Tensor,
@@ -446,14 +460,16 @@ class SelfAttention(_Projections):
         position_embeddings: tuple[Tensor, Tensor] | None = None,
         attention_mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
         **ctx: object,
     ) -> Tensor:
         """``x`` [B, S, D] -> [B, S, D]; with score_residual, ``(x, scores)`` -> ``(y, scores)``.
 
         Caller-provided ``position_embeddings`` (cos, sin) win over the
         internal tables so that scaled RoPE variants computed by a host model
-        are honoured. ``attention_mask`` (HF's forms) and ``src_key_padding_mask``
-        (torch's) both apply, together with the block's causality.
+        are honoured; without them, ``position_ids`` (HF's ``[B or 1, S]``) are
+        the positions the internal tables rotate by. ``attention_mask`` (HF's forms)
+        and ``src_key_padding_mask`` (torch's) both apply, together with the block's causality.
         """
         masks = self.masks(x, x.shape[1])
         masks.attention_mask(attention_mask, "attention_mask")
@@ -468,7 +484,7 @@ class SelfAttention(_Projections):
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs, self.rope_scaling)
+                                                   interleaved, freqs, self.rope_scaling, position_ids)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             dtype = q.dtype
@@ -496,6 +512,8 @@ class CrossAttention(_Projections):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("core", AttentionCore(causal=False))
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    blockir_context: ClassVar[frozenset[str]] = frozenset({"memory_mask", "memory_key_padding_mask"})
 
     def forward(self, x: Tensor, memory: Tensor, scores: Tensor | None = None, *,
                 memory_mask: Tensor | None = None,
@@ -525,6 +543,8 @@ class MLP(nn.Module):
         self.add_module(fc1, dense(width, hidden, bias, conv1d))
         self.add_module(fc2, dense(hidden, width, bias, conv1d))
 
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
+
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         return getattr(self, self.names["fc2"])(self.act(getattr(self, self.names["fc1"])(x)))
 
@@ -552,6 +572,8 @@ class GatedMLP(nn.Module):
             self.add_module(up, nn.Linear(width, hidden, bias=bias))
         self.add_module(down, nn.Linear(hidden, width, bias=bias))
 
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
+
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         if self.fused:
             gate, up = getattr(self, self.names["gate_up"])(x).chunk(2, dim=-1)
@@ -569,7 +591,8 @@ def mask_positions(keep: Tensor) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1``.
+    """A lookup table under the key ``weight``: token ids, or (``positions``) positions ``0..S-1`` (or the
+    caller's ``position_ids``).
 
     ``scale`` multiplies the rows in the table's dtype, as Gemma's embedding normaliser does.
     ``padding_idx`` names a row that receives no gradient, as ``nn.Embedding``'s does.
@@ -582,9 +605,19 @@ class Embedding(nn.Module):
         self.positions, self.scale, self.offset, self.mask_positions = positions, scale, offset, mask_positions
         self.padding_idx = padding_idx
 
+    @property
+    def blockir_context(self) -> frozenset[str]:
+        """A position table reads ``position_ids`` (and, numbered by the keep-mask, ``attention_mask``); a token
+        table reads nothing."""
+        if not self.positions:
+            return NOTHING
+        return frozenset({"position_ids", "attention_mask"} if self.mask_positions else {"position_ids"})
+
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
-            keep = ctx.get("attention_mask")
+            given, keep = ctx.get("position_ids"), ctx.get("attention_mask")
+            if isinstance(given, Tensor):  # the caller's positions win, as in HF's models
+                return F.embedding(given.long() + self.offset, self.weight).expand(*ids.shape, -1)
             if self.mask_positions and isinstance(keep, Tensor) and keep.dim() == 2:
                 return F.embedding(mask_positions(keep) + self.offset, self.weight)
             index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)
@@ -606,6 +639,8 @@ class Head(nn.Module):
         self.weight = nn.Parameter(torch.randn(vocab, width) * 0.02)
         self.bias = nn.Parameter(torch.zeros(vocab)) if bias else None
         self.softcap = softcap
+
+    blockir_context: ClassVar[frozenset[str]] = NOTHING
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
         logits = F.linear(x, self.weight, self.bias)

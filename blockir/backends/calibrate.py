@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from blockir.backends.batchnorm import BatchNorm, PRepBN
 from blockir.diagnostics import BlockError, Span, argument_error, error
+from blockir.signatures import public
 
 HERE = Span("blockir.calibrate", 0, 0)
 
@@ -70,6 +71,7 @@ def norm_states(module: nn.Module) -> list[NormState]:
     return out
 
 
+@public("calibrate")
 def calibrate(module: nn.Module, batches: Iterable[Any], **ctx: Any) -> list[NormState]:
     """Recompute the running moments of every batch-coupled norm in ``module`` from ``batches``.
 

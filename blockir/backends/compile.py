@@ -1,6 +1,7 @@
 """blockir.compile: a verified program → a torch module."""
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Mapping
@@ -14,6 +15,7 @@ from blockir.backends.modules import tie_heads
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.program import Program
+from blockir.signatures import public
 
 BACKENDS = ("fx", "fused")
 MODES = ("train", "infer")
@@ -39,6 +41,19 @@ def _device(device: torch.device | str | None) -> torch.device | None:
     return place
 
 
+def _capacity(place: torch.device | None) -> tuple[int, str]:
+    """The memory of the device parameters are built on, in bytes, and its name."""
+    place = place or torch.get_default_device()
+    if place.type == "meta":  # shapes only: nothing is allocated
+        return 1 << 62, str(place)
+    if place.type == "cuda":
+        return torch.cuda.get_device_properties(place).total_memory, str(place)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine"
+    except (AttributeError, ValueError, OSError):  # no sysconf: nothing to compare with
+        return 1 << 62, str(place)
+
+
 def _check_arguments(name: Any, backend: Any, dtype: Any, seed: Any, mode: Any) -> None:
     if not isinstance(name, str):
         raise _bad("name", f"the block name must be a str, got {type(name).__name__}")
@@ -53,6 +68,7 @@ def _check_arguments(name: Any, backend: Any, dtype: Any, seed: Any, mode: Any) 
         raise _bad("seed", f"seed must be an int in [-2**63, 2**64), got {seed!r}")
 
 
+@public("compile")
 def compile(program: Program | str | Path, name: str, backend: str = "fx", *, dims: Mapping[str, int] | None = None,
             bind: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None, seed: int | None = None,
@@ -88,9 +104,11 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
         raise BlockError([error("E0700", f"no block named '{name}' (blocks: {', '.join(program.block_map)})",
                                 Span(program.filename, 1, 1))])
     sizes = Sizes.of(program, dims)
-    from blockir.reports.budget import budget_diagnostics
+    from blockir.reports.budget import budget_diagnostics, parameter_diagnostics
     from blockir.verifiers.arguments import check_arguments  # sizes given here can break what check accepted
-    wrong = [d for d in check_arguments(program, dims) if d.is_error] or budget_diagnostics(program, name, dims)  # before anything is built
+    wrong = [d for d in check_arguments(program, dims) if d.is_error] or budget_diagnostics(program, name, dims) \
+        or parameter_diagnostics(program, name, dims, (dtype or torch.get_default_dtype()).itemsize,
+                                 *_capacity(place))  # before anything is built
     if wrong:
         raise BlockError(wrong)
     bindings = check_bind(program, program.block(name), sizes, bind, dtype)

@@ -43,6 +43,8 @@ from blockir.analyses.keys import SINGLE
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.backends import numerics
+from blockir.backends.boundary import (TORCH_DTYPES, CallContract, Keywords, Missing, accepted, check_inputs,
+                                      context_of, input_specs, placed_contract, union)
 from blockir.backends.modules import bound_extern, kind_factory
 from blockir.backends.rng import dropout_key
 from blockir.diagnostics import BlockError, Span, error
@@ -50,13 +52,12 @@ from blockir.ir import consts as C
 from blockir.ir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import DType, Role, TensorType
+from blockir.ir.types import TensorType
 
-TORCH_DTYPES = {DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
-                DType.BF16: torch.bfloat16}
 SEED_HIGH = 1 << 62
 SPLAT = "**"  # the keyword under which a node passes the whole context on; printed as **ctx
 LAYER_ATTR = "blockir_layer"
+CONTRACT_ATTR = "blockir_contract"  # the root's CallContract, read by its input check
 
 # Lowering of ops that need more than one node; registered by the fused backend.
 OpLowering = Callable[["GraphBuilder", Any], fx.Node]
@@ -113,86 +114,6 @@ def layer_drop_site(x: torch.Tensor, p: float, training: bool, seed: torch.Tenso
     return numerics.layer_drop(x, p, training, dropout_key(seed, layer, LAYER_DROP_SITE))
 
 
-# ---------------------------------------------------------------- input checks
-
-# (name, axis names, compiled sizes (None: open), declared dtype, "ids" or None, line, column)
-InputSpec = tuple[str, tuple[str, ...], tuple[int | None, ...], str | None, int, int]
-
-
-def _input_error(filename: str, spec: InputSpec, message: str, hint: str | None = None) -> BlockError:
-    name, *_, line, column = spec
-    return BlockError([error("E0708", message, Span(filename, line, column, column + len(name)), hint=hint)])
-
-
-def check_inputs(block: str, filename: str, specs: tuple[InputSpec, ...], *inputs: Any) -> None:
-    """Check the inputs of a compiled block against its declared axes; raise BlockError naming the axis.
-
-    Each input must be a floating tensor (of the declared dtype, when the type states one), or an
-    integer one when an embedding reads it (token ids), with one size per declared axis; an
-    axis with a size at compile time must have that size (batch and sequence axes excepted),
-    and an axis named by several inputs must have one size across them.
-    """
-    seen: dict[str, tuple[int, str]] = {}
-    for spec, t in zip(specs, inputs):
-        name, axes, sizes, dtype, _, _ = spec
-        if not isinstance(t, torch.Tensor):
-            raise _input_error(filename, spec, f"input '{name}' of {block} must be a tensor [{', '.join(axes)}], "
-                                               f"got {type(t).__name__}")
-        shape, dt = t.shape, t.dtype
-        if dtype == IDS:
-            if dt.is_floating_point or dt.is_complex or dt == torch.bool:
-                raise _input_error(filename, spec, f"input '{name}' of {block} holds token ids and must be an "
-                                                   f"integer tensor, got {dt}")
-        elif not dt.is_floating_point:
-            raise _input_error(filename, spec, f"input '{name}' of {block} must be a floating-point tensor, got {dt}")
-        elif dtype is not None and dt != TORCH_DTYPES[DType(dtype)]:
-            raise _input_error(filename, spec, f"input '{name}' of {block} is declared {dtype}, got {dt}",
-                               hint=f"cast it first: x.to({TORCH_DTYPES[DType(dtype)]})")
-        if len(shape) != len(axes):
-            raise _input_error(filename, spec, f"input '{name}' of {block} has {len(shape)} axes {list(shape)}, "
-                                               f"expected {len(axes)}: [{', '.join(axes)}]")
-        for axis, size, actual in zip(axes, sizes, shape):
-            if size is not None and actual != size:
-                raise _input_error(filename, spec, f"input '{name}' of {block}: axis {axis} has size {actual}, "
-                                                   f"but the module was compiled with {axis} = {size}",
-                                   hint=f"compile with dims={{'{axis}': {actual}}} for this size")
-            first = seen.setdefault(axis, (actual, name))
-            if first[0] != actual:
-                raise _input_error(filename, spec, f"input '{name}' of {block}: axis {axis} has size {actual}, "
-                                                   f"but input '{first[1]}' has {axis} = {first[0]}")
-
-
-IDS = "ids"  # the dtype policy of an input an embedding reads: integer token ids
-FREE_ROLES = (Role.BATCH, Role.SEQ)
-
-
-def _reads_ids(program: Program | None, block: Block, value: str) -> bool:
-    """Whether an embedding reads ``value`` (directly, or as an input of a sub-block or stack)."""
-    for op in block.users.get(value, ()):
-        if not isinstance(op, O.CallOp):
-            continue
-        decl = block.decl_map[op.decl]
-        if isinstance(decl, KindDecl) and decl.kind == "embedding":
-            return True
-        if isinstance(decl, InstanceDecl) and program is not None:
-            sub = program.block(decl.block)
-            if any(_reads_ids(program, sub, p.name) for a, p in zip(op.args, sub.params) if a == value):
-                return True
-    return False
-
-
-def _input_specs(block: Block, sizes: Sizes, program: Program | None = None) -> tuple[InputSpec, ...]:
-    specs = []
-    for p in block.params:
-        # batch and sequence sizes stay free even when dims= gave them (a run compiles at its training
-        # batch and evaluates at another); every other size shapes the parameters
-        fixed = tuple(None if a.role in FREE_ROLES else int(sizes.env[a.name]) if a.name in sizes.env else
-                      (int(sizes.value(a.size)) if a.size is not None else None) for a in p.type.axes)
-        dtype = IDS if _reads_ids(program, block, p.name) else p.type.dtype.value if p.type.dtype is not None else None
-        specs.append((p.name, tuple(a.name for a in p.type.axes), fixed, dtype, p.span.line, p.span.column))
-    return tuple(specs)
-
-
 class Stack(nn.ModuleList):
     """The layers of a stack ``name: Block * N``: an ``nn.ModuleList`` whose forward runs them in order.
 
@@ -202,6 +123,11 @@ class Stack(nn.ModuleList):
     """
 
     carried = 1
+
+    @property
+    def blockir_context(self) -> Keywords:
+        """The context keywords its layers read."""
+        return union(context_of(layer) for layer in self)
 
     def forward(self, x: torch.Tensor, *rest: torch.Tensor, **ctx: Any) -> Any:
         if self.carried > 1:
@@ -279,6 +205,20 @@ class BlockModule(fx.GraphModule):
     def recompile(self) -> Any:
         self._blockir_private_class()
         return super().recompile()
+
+    @property
+    def blockir_context(self) -> Keywords:
+        """The context keywords this block reads: those of everything its graph calls with the context."""
+        return union(context_of(self.get_submodule(n.target)) for n in self._graph.nodes
+                     if n.op == "call_module" and SPLAT in n.kwargs)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        # .to() / .half() / .cuda() convert through here: the contract follows the parameters' dtype and device
+        out = super()._apply(fn, recurse)
+        contract = self.__dict__.get(CONTRACT_ATTR)
+        if contract is not None:
+            self.__dict__[CONTRACT_ATTR] = placed_contract(self, contract)
+        return out
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "BlockModule":
         res = object.__new__(type(self))
@@ -643,11 +583,16 @@ def build_graph(block: Block, sizes: Sizes, *, mode: str = "train", donated: boo
     params = _parameter_names(block)
     inputs = []
     for op, name in zip(block.inputs, params):
-        inputs.append(b.bind(op.result, b.graph.create_node("placeholder", name, name=name)))
+        # the checked root gives each input a default and takes any further ones, so that a call with too
+        # few or too many reaches check_inputs and is reported there instead of as Python's TypeError
+        default = (Missing.INPUT,) if check else ()
+        inputs.append(b.bind(op.result, b.graph.create_node("placeholder", name, default, name=name)))
+    extra = b.graph.create_node("placeholder", "*extra", name="extra") if check else None
     raw_ctx = b.graph.create_node("placeholder", "**ctx", name="ctx")
-    if check:
-        b.fn(check_inputs, (block.name, sizes.filename, _input_specs(block, sizes, program), *inputs), wrapped=True)
     b.ctx = b.fn(context, (raw_ctx,))
+    if check:
+        contract = b.graph.create_node("get_attr", CONTRACT_ATTR, name="contract")
+        b.fn(check_inputs, (contract, input_specs(block, sizes, program), b.ctx, extra, *inputs), wrapped=True)
     for op in block.ops:
         if not isinstance(op, O.InputOp):
             _lower_op(b, op)
@@ -667,6 +612,7 @@ class Lowering:
     input_types: dict[str, dict[str, Any]] = field(default_factory=dict)
     factories: dict[tuple, Callable[[], nn.Module | nn.Parameter]] = field(default_factory=dict)
     reads_layer: dict[tuple[str, str], bool] = field(default_factory=dict)
+    probe: str | None = None  # the first parameter at the activation dtype: the module's dtype and device
 
     def code(self, block: Block, s: Sizes, donated: bool, check: bool) -> _Code:
         """The generated class for ``block`` under sizes ``s``: reused when its constants agree."""
@@ -703,6 +649,14 @@ class Lowering:
             types = self.input_types[block.name] = {d.name: _first_input_type(block, d.name) for d in block.decls}
         return types[decl]
 
+    def _probe(self, path: str, value: nn.Module | nn.Parameter) -> None:
+        if self.probe is not None:
+            return
+        if isinstance(value, nn.Parameter):
+            self.probe = path if value.is_floating_point() else None
+            return
+        self.probe = next((f"{path}.{k}" for k, p in value.named_parameters() if p.is_floating_point()), None)
+
     def block(self, block: Block, *, layer: int = 0, num_layers: int = 1, prefix: str = "",
               donated: bool = False, check: bool = False) -> BlockModule:
         s = self.sizes.for_block(block, layer, num_layers)
@@ -715,11 +669,15 @@ class Lowering:
                 declared = TORCH_DTYPES[input_type.dtype] if input_type is not None and input_type.dtype else None
                 value = _placed(self.factory(block, d, s)(), declared or self.act_dtype)
                 set_nested(root, d.name, value, d.span)
+                if declared is None:
+                    self._probe(prefix + d.name, value)
                 single += _single_numbers(d.name, value)
             elif isinstance(d, ExternDecl):
                 path = prefix + d.name  # looked up directly: a deep stack binds thousands of paths
                 bound = {d.name: self.bind[path]} if path in self.bind else {}
-                set_nested(root, d.name, _placed(bound_extern(d, bound, s), self.act_dtype), d.span)
+                extern = _placed(bound_extern(d, bound, s), self.act_dtype)
+                set_nested(root, d.name, extern, d.span)
+                self._probe(prefix + d.name, extern)
             elif d.count is None:
                 set_nested(root, d.name, self.block(self.program.block(d.block), prefix=f"{prefix}{d.name}.",
                                                     donated=infer and _donates_to(block, d.name, donated)), d.span)
@@ -753,4 +711,10 @@ def lower_block(program: Program, block: Block, sizes: Sizes, bind: Mapping[str,
     ``check`` makes the forward check its inputs against the block's declared axes.
     """
     lowering = Lowering(program, sizes, bind, act_dtype, mode)
-    return lowering.block(block, layer=layer, num_layers=num_layers, prefix=prefix, donated=donated, check=check)
+    root = lowering.block(block, layer=layer, num_layers=num_layers, prefix=prefix, donated=donated, check=check)
+    if check:
+        contract = CallContract(block.name, block.span.filename, block.span.line, block.span.column,
+                                tuple(p.name for p in block.params), accepted(root.blockir_context),
+                                probe=lowering.probe)
+        root.__dict__[CONTRACT_ATTR] = placed_contract(root, contract)
+    return root

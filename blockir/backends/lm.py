@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.summaries import summaries
+from blockir.backends.boundary import reads
 from blockir.diagnostics import BlockError, error
 from blockir.ir.types import Role
 from blockir.ir.program import Block, Program
@@ -89,6 +90,8 @@ class ByteLM(nn.Module):
         return [x, *inputs], window[:, start + 1:start + seq + 1]
 
     def context(self) -> dict[str, torch.Tensor]:
+        if not reads(self.core, "attention_mask"):  # no attention: nothing to make causal
+            return {}
         seq = self.shape.lengths[-1]
         return {"attention_mask": torch.ones(seq, seq, dtype=torch.bool, device=self.head.weight.device)
                 .tril()[None, None]}

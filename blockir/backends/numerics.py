@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -247,10 +249,23 @@ def dropout(x: Tensor, p: float, broadcast: str, training: bool, key: int | Tens
 
 class BatchSlice:
     """The slice of the global batch (axis 0) this process runs: ``(index, count)``, slice ``index`` of
-    ``count`` equal ones, as a data-parallel rank does. The data-parallel wrapper sets it for the duration
-    of its forward; a plain class attribute, which a compiled graph reads (and guards on) like a constant."""
+    ``count`` equal ones, as a data-parallel rank does. Set only inside :func:`batch_slice`, for the
+    duration of one data-parallel forward; a plain class attribute, which a compiled graph reads (and guards
+    on) like a constant."""
 
     current: tuple[int, int] = (0, 1)
+
+
+@contextmanager
+def batch_slice(index: int, count: int) -> Iterator[None]:
+    """Key dropout by slice ``index`` of ``count`` of the global batch while the block runs; the previous
+    slice is restored however the block ends (a forward that raises leaves no slice behind)."""
+    outer = BatchSlice.current
+    BatchSlice.current = (index, count)
+    try:
+        yield
+    finally:
+        BatchSlice.current = outer
 
 
 def _global_batch(shape: tuple[int, ...], count: int) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ import torch.fx as fx
 
 from blockir.backends.fx import SPLAT, BlockModule, Stack
 from blockir.diagnostics import BlockError, argument_error
+from blockir.signatures import public
 
 
 class _Recorder(fx.Interpreter):
@@ -57,6 +58,7 @@ def is_compiled(module: Any) -> bool:
     return isinstance(module, BlockModule)
 
 
+@public("trace")
 def trace(module: fx.GraphModule, *inputs: torch.Tensor, **ctx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(output, {ssa_name: tensor}); values inside sub-blocks and stacks are named ``layers.0.h``."""
     if not is_compiled(module):

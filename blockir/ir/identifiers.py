@@ -39,7 +39,8 @@ _register_erase_node_hook _register_replace_node_hook _replace_hooks _set_replac
 _tracer_extras _unregister_create_node_hook _unregister_deepcopy_hook _unregister_erase_node_hook
 _unregister_replace_node_hook _wrapped_call add_submodule code delete_all_unused_submodules delete_submodule
 graph meta print_readable recompile shape_env to_folder
-""".split()) | frozenset(n for n in ("blockir_block", "blockir_layer", "blockir_values", "_blockir_owns_graph",
+""".split()) | frozenset(n for n in ("blockir_block", "blockir_contract", "blockir_context", "blockir_layer",
+                                     "blockir_values", "_blockir_owns_graph",
                                      "_blockir_private_class", "_blockir_shared"))
 
 

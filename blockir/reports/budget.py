@@ -10,14 +10,17 @@ refused with a diagnostic instead of exhausting memory or time:
   nested stacks): each is its own module, built in milliseconds;
 - at most ``MAX_SAVED_BYTES`` saved for backward by the residual wrapper
   alone (adds, scales, dropouts, casts, norms, in f32); branch internals come
-  on top, so this is a lower bound of the activation memory.
+  on top, so this is a lower bound of the activation memory;
+- parameters that fit the memory of the device they are built on (their count
+  comes from the parameter keys, which need no module either).
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from blockir.reports.cost import CostError, ledger
-from blockir.diagnostics import Diagnostic, Span, error
+from blockir.reports.model_size import model_size
+from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.program import Program
 from blockir.ir.types import DType
@@ -47,3 +50,20 @@ def budget_diagnostics(program: Program, name: str, dims: Mapping[str, int] | No
                       f"for backward; the limit is {MAX_SAVED_BYTES >> 30} GiB", span,
                       hint="give smaller batch and sequence sizes")]
     return []
+
+
+def parameter_diagnostics(program: Program, name: str, dims: Mapping[str, int] | None, itemsize: int,
+                          capacity: int, device: str) -> list[Diagnostic]:
+    """E0706 when the parameters of ``name`` alone, at ``itemsize`` bytes each, exceed ``capacity`` bytes."""
+    try:
+        count = model_size(program, name, dims or {}).parameters
+    except BlockError:  # a missing size: the compiler reports it itself
+        return []
+    need = count * itemsize
+    if need <= capacity:
+        return []
+    root = program.block(name)
+    span = root.span if root.span.filename != "<unknown>" else Span(program.filename, 1, 1)
+    return [error("E0706", f"compiling '{name}' would allocate {need / (1 << 30):,.1f} GiB of parameters "
+                  f"({count:,} of {itemsize} bytes), more than the {capacity / (1 << 30):,.1f} GiB of memory "
+                  f"of {device}", span, hint="give smaller sizes in dims=, or a smaller dtype")]

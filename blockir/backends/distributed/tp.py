@@ -17,9 +17,11 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
-from blockir.backends.numerics import BatchSlice
+from blockir.backends.fx import CONTRACT_ATTR, BlockModule
+from blockir.backends.numerics import batch_slice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
+from blockir.signatures import public
 
 
 def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
@@ -136,21 +138,52 @@ def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
 
 def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
     """While the module runs, dropout masks are keyed by global batch rows: this rank's slice is offset by
-    its data-parallel index, so the ranks together draw the masks of one process on the whole batch."""
-    outer: list[tuple[int, int]] = []
-    where = (dp.get_local_rank(), dp.size())
+    its data-parallel index, so the ranks together draw the masks of one process on the whole batch.
 
-    def enter(m: nn.Module, args: object) -> None:
-        outer.append(BatchSlice.current)
-        BatchSlice.current = where
+    The forward runs inside ``batch_slice``, which restores the slice however the forward ends: a call that
+    raises leaves every later module of the process drawing its own masks."""
+    index, count = dp.get_local_rank(), dp.size()
+    forward = type(module).forward
 
-    def leave(m: nn.Module, args: object, out: object) -> None:
-        BatchSlice.current = outer.pop()
+    def sliced(*args: object, **kwargs: object) -> object:
+        with batch_slice(index, count):
+            return forward(module, *args, **kwargs)
 
-    module.register_forward_pre_hook(enter)
-    module.register_forward_hook(leave)
+    module.forward = sliced  # type: ignore[method-assign]
 
 
+def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
+    """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
+    if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
+        raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
+                   "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
+    plan = getattr(module, "blockir_plan", None)
+    if plan is not None:
+        raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
+                   f"rank{'s' if plan.world != 1 else ''})",
+                   "compile a fresh module to parallelise it another way")
+    if isinstance(program, (str, Path)):
+        program = load(program)
+    elif not isinstance(program, Program):
+        raise _bad("program", f"expected a Program or a path, got {type(program).__name__}",
+                   "the program the module was compiled from")
+    if not isinstance(name, str) or name not in program.block_map:
+        raise _bad("name", f"no block named {name!r}", "blocks: " + ", ".join(program.block_map))
+    if module.blockir_block != name:
+        raise _bad("name", f"the module was compiled from block '{module.blockir_block}', not '{name}'",
+                   f"parallelize(m, mesh, program, '{module.blockir_block}')")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')",
+                   f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
+    if mesh.ndim == 2 and mesh.mesh_dim_names != ("dp", "tp"):
+        raise _bad("mesh", f"a 2-D mesh must name its axes ('dp', 'tp'), not {mesh.mesh_dim_names}",
+                   "init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp'))")
+    return program
+
+
+@public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
                 layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
@@ -167,17 +200,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
     """
-    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
-        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')")
-    if mesh.ndim == 2 and mesh.mesh_dim_names != ("dp", "tp"):
-        raise _bad("mesh", f"a 2-D mesh must name its axes ('dp', 'tp'), not {mesh.mesh_dim_names}",
-                   "init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp'))")
-    if layout not in LAYOUTS:
-        raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if isinstance(program, (str, Path)):
-        program = load(program)
-    if name not in program.block_map:
-        raise _bad("name", f"no block named {name!r}", "blocks: " + ", ".join(program.block_map))
+    program = _check_arguments(module, mesh, program, name, layout)
     block = program.block(name)
     dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
@@ -195,5 +218,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     if dp is not None:
         _fully_shard(module, dp, plan)
         _batch_slice(module, dp)
+        # FSDP2 may compute in another dtype than it stores (mixed precision) and casts the inputs itself
+        vars(module)[CONTRACT_ATTR] = vars(module)[CONTRACT_ATTR]._replace(dtype=None, probe=None)
     module.blockir_plan = plan
     return module

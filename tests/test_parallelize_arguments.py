@@ -1,0 +1,161 @@
+"""``parallelize`` checks its arguments before it changes anything, and leaves no process-wide state behind.
+
+The argument checks come before any use of the mesh, so these need no process group; one world of two gloo
+ranks checks the data-parallel batch slice on a real (dp, tp) mesh and a second call on the same module.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import blockir
+from blockir.backends.distributed.tp import _batch_slice
+from blockir.backends.numerics import BatchSlice
+from conftest import ROOT
+
+LLAMA = ROOT / "examples" / "llama.block"
+TIMEOUT = 300  # seconds for the spawned world: a hung rendezvous fails the test instead of the suite
+DROPOUT = """dim B: batch
+dim S: seq
+dim D: model = 8
+block T(x: [B, S, D]) -> [B, S, D] {
+  n: rmsnorm(D)
+  y = x + dropout(n(x), p=0.5)
+  return y
+}
+"""
+
+
+def _x(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _refused(*args: Any, **kwargs: Any) -> blockir.Diagnostic:
+    with pytest.raises(blockir.BlockError) as info:
+        blockir.parallelize(*args, **kwargs)
+    (d,) = info.value.diagnostics
+    return d
+
+
+@pytest.fixture(scope="module")
+def llama() -> nn.Module:
+    return blockir.compile(LLAMA, "LlamaModel", seed=0)
+
+
+@pytest.mark.parametrize("case, where, message", [
+    ("linear", "module", "parallelize expects a module returned by blockir.compile, got Linear"),
+    ("layer", "module", "parallelize expects a module returned by blockir.compile, got LlamaDecoderLayer"),
+    ("other block", "name", "the module was compiled from block 'LlamaModel', not 'LlamaDecoderLayer'"),
+    ("unknown block", "name", "no block named 'Llama'"),
+    ("program", "program", "expected a Program or a path, got int"),
+    ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden"),
+    ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')"),
+])
+def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, case: str, where: str,
+                                                             message: str) -> None:
+    module, program, name, layout = llama, LLAMA, "LlamaModel", "sequence"
+    if case == "linear":
+        module = nn.Linear(64, 64)
+    elif case == "layer":
+        module = llama.layers[0]
+    elif case == "other block":
+        name = "LlamaDecoderLayer"
+    elif case == "unknown block":
+        name = "Llama"
+    elif case == "program":
+        program = 3
+    elif case == "layout":
+        layout = "rows"
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    d = _refused(module, (2, 2), program, name, layout=layout)
+    assert (d.code, str(d.span), d.message) == ("E0722", f"blockir.parallelize({where}=…)", message)
+    after = module.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+class _Slice:
+    """A data-parallel mesh axis as ``_batch_slice`` reads it: this rank's index and the axis size."""
+
+    def get_local_rank(self) -> int:
+        return 1
+
+    def size(self) -> int:
+        return 2
+
+
+def _masks() -> torch.Tensor:
+    m = blockir.compile(blockir.parse(DROPOUT, "d.block"), "T", seed=0).train()
+    torch.manual_seed(7)
+    return m(torch.ones(2, 3, 8)) == 1  # 1 + a dropped 0 (a kept row of ones is 1 + 2)
+
+
+def test_a_forward_that_raises_under_the_batch_slice_leaves_later_modules_their_own_masks() -> None:
+    fresh = _masks()  # what any module draws with no data-parallel slice set
+    m = blockir.compile(blockir.parse(DROPOUT, "d.block"), "T", seed=0).train()
+    _batch_slice(m, _Slice())
+    torch.manual_seed(7)
+    sliced = m(torch.ones(2, 3, 8)) == 1  # rows 2-3 of a batch of 4: other masks than rows 0-1
+    assert not torch.equal(sliced, fresh)
+    with pytest.raises(blockir.BlockError, match="axis D has size 4"):
+        m(torch.ones(2, 3, 4))
+    assert BatchSlice.current == (0, 1)
+    assert torch.equal(_masks(), fresh)
+
+
+# ------------------------------------------------------------ one real (dp, tp) mesh
+
+
+def _worker(rank: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        fresh = _masks()
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+        m = blockir.compile(LLAMA, "LlamaModel", seed=0)
+        blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
+        results: dict[str, Any] = {}
+        try:
+            m(_x(1, 4, 32))
+        except blockir.BlockError as exc:
+            results["failed"] = exc.diagnostics[0].message
+        results["slice"] = BatchSlice.current
+        results["same masks"] = torch.equal(_masks(), fresh)
+        try:
+            blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
+        except blockir.BlockError as exc:
+            results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as the distributed harness does: gloo's teardown may abort after a good run
+
+
+def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "result.pt")
+        world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
+        deadline = time.monotonic() + TIMEOUT
+        while not world.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in world.processes:
+                    p.kill()
+                pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
+        results = torch.load(out)
+    assert results == {
+        "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
+        "slice": (0, 1), "same masks": True,
+        "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)")}
