@@ -50,6 +50,7 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
     interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: rotary.RopeScaling | None = None,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -58,13 +59,14 @@ def rope_cos_sin(
     ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
     ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
     module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
-    ``scaling`` is a context-extension scheme (see ``rotary``).
+    ``scaling`` is a context-extension scheme (see ``rotary``). ``positions`` (``[B or 1, S]`` integers, HF's
+    ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
     """
     inv_freq = rotary.inv_freq(head_dim, theta, device, scaling)
     if freqs_dtype is not None:
         inv_freq = inv_freq.to(freqs_dtype).float()
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = positions[None, :, None] * inv_freq
+    at = torch.arange(seq_len, device=device, dtype=torch.float32)[None] if positions is None else positions.float()
+    freqs = at[..., None] * inv_freq
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()
     factor = scaling.table_factor() if scaling is not None else 1.0
@@ -455,9 +457,6 @@ class SelfAttention(_Projections):
         are honoured. ``attention_mask`` (HF's forms) and ``src_key_padding_mask``
         (torch's) both apply, together with the block's causality.
         """
-        masks = self.masks(x, x.shape[1])
-        masks.attention_mask(attention_mask, "attention_mask")
-        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q, k, v = self.project(x)
         groups = self.heads // self.kv_heads
         if self.kv_broadcast:  # every query head gets its own rotated key; a cache then stores one copy per head
@@ -468,7 +467,7 @@ class SelfAttention(_Projections):
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs, self.rope_scaling)
+                                                   interleaved, freqs, self.rope_scaling, ctx.get("position_ids"))
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             dtype = q.dtype
@@ -480,6 +479,12 @@ class SelfAttention(_Projections):
             q = apply_rope(q, cos, sin, interleaved, rotary).to(dtype)
             k = apply_rope(k, cos, sin, interleaved, rotary).to(dtype)
         q, k = self.sphere_qk(q, k)
+        cache = ctx.get("past_key_values")
+        if cache is not None:  # a KVCache (kv_cache.py): this call's keys join the ones held, then all are attended
+            k, v = cache.update(self, k, v)
+        masks = self.masks(x, k.shape[2])
+        masks.attention_mask(attention_mask, "attention_mask")
+        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
             return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups))
         return self.out(_attend(q, k, v, masks, self.core, self.training, groups, scores))
@@ -584,7 +589,9 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor, **ctx: object) -> Tensor:
         if self.positions:
-            keep = ctx.get("attention_mask")
+            keep, given = ctx.get("attention_mask"), ctx.get("position_ids")
+            if isinstance(given, Tensor):  # HF's position_ids: a decoding step's positions follow the cached ones
+                return F.embedding(given + self.offset, self.weight).expand(*ids.shape, -1)
             if self.mask_positions and isinstance(keep, Tensor) and keep.dim() == 2:
                 return F.embedding(mask_positions(keep) + self.offset, self.weight)
             index = torch.arange(self.offset, self.offset + ids.shape[-1], device=ids.device)
