@@ -29,11 +29,12 @@ def _wrong(argument: str, message: str, hint: str | None = None) -> BlockError:
     return BlockError([error("E0839", message, Span(f"blockir.CausalLM.generate({argument}=…)", 0, 0), hint=hint)])
 
 
-def _token_ids(value: Any, argument: str, vocab: int) -> list[int]:
+def _token_ids(value: Any, argument: str) -> list[int]:
+    """Non-negative ids; one beyond the vocabulary is never produced, so it never stops (as in HF)."""
     ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) \
-            or not all(0 <= i < vocab for i in ids):
-        raise _wrong(argument, f"{argument} must be a token id or a list of them in [0, {vocab}), got {value!r}")
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                     for i in ids):
+        raise _wrong(argument, f"{argument} must be a token id (a non-negative int) or a list of them, got {value!r}")
     return list(ids)
 
 
@@ -82,11 +83,10 @@ def generate(lm: "CausalLM", input_ids: Tensor, max_new_tokens: int = 16, *, att
                                        tuple(attention_mask.shape) != (batch, seq)):
         got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise _wrong("attention_mask", f"attention_mask must be [batch, seq] = [{batch}, {seq}], got {got}")
-    vocab = int(lm.config.get("vocab_size") or 0) or 1 << 62
     eos_given = eos_token_id if eos_token_id is not None else lm.special_token("eos_token_id")
-    eos = _token_ids(eos_given, "eos_token_id", vocab) if eos_given is not None else []
+    eos = _token_ids(eos_given, "eos_token_id") if eos_given is not None else []
     pad_given = pad_token_id if pad_token_id is not None else lm.special_token("pad_token_id")
-    pad = _token_ids(pad_given, "pad_token_id", vocab)[0] if pad_given is not None else (eos[0] if eos else None)
+    pad = _token_ids(pad_given, "pad_token_id")[0] if pad_given is not None else (eos[0] if eos else None)
     ids = input_ids.long()
     keep = attention_mask.long() if attention_mask is not None else torch.ones_like(ids)
     positions = (keep.cumsum(-1) - 1).masked_fill(keep == 0, 0)

@@ -25,6 +25,19 @@ WEIGHTS = (("model.safetensors", None), ("model.safetensors.index.json", "safete
            ("pytorch_model.bin", None), ("pytorch_model.bin.index.json", "bin"))
 
 
+# stored name prefix -> the model's, for families whose released checkpoints keep names transformers renames on
+# load (and back on save)
+RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"gpt_neox": (("embed_out.", "lm_head."),)}
+
+
+def model_key(model_type: str, stored: str) -> str:
+    """The model's name of a tensor stored under ``stored`` in a checkpoint of ``model_type``."""
+    for old, new in RENAMES.get(model_type, ()):
+        if stored.startswith(old):
+            return new + stored[len(old):]
+    return stored
+
+
 def fail(code: str, where: str, message: str, hint: str | None = None, line: int = 0, column: int = 0) -> BlockError:
     return BlockError([error(code, message, Span(where, line, column), hint=hint)])
 

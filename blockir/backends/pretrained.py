@@ -18,7 +18,7 @@ from torch import nn
 
 from blockir.api import parse, verify
 from blockir.backends.causal_lm import CausalLM
-from blockir.backends.hf_folder import fail, read_config, read_generation_config, tensors, weight_files
+from blockir.backends.hf_folder import fail, model_key, read_config, read_generation_config, tensors, weight_files
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
@@ -68,7 +68,7 @@ def _slots(module: nn.Module) -> dict[str, tuple[nn.Module, str, torch.Tensor]]:
     return out
 
 
-def load_weights(module: nn.Module, files: list[Path], device: torch.device | None) -> None:
+def load_weights(module: nn.Module, files: list[Path], device: torch.device | None, model_type: str = "") -> None:
     """Replace the meta tensors of ``module`` with the files' tensors; every key must match one (strict)."""
     slots = _slots(module)
     aliases: dict[int, list[str]] = {}
@@ -77,14 +77,15 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
     loaded: dict[int, torch.Tensor] = {}
     unexpected: list[tuple[str, Path]] = []
     for path in files:
-        for key, tensor in tensors(path, device):
+        for stored, tensor in tensors(path, device):
+            key = model_key(model_type, stored)
             slot = slots.get(key)
             if slot is None:
-                unexpected.append((key, path))
+                unexpected.append((stored, path))
                 continue
             owner, name, meta = slot
             if tuple(tensor.shape) != tuple(meta.shape):
-                raise fail("E0836", f"{path}: {key}", f"{key} has shape {list(tensor.shape)} in {path.name}, but "
+                raise fail("E0836", f"{path}: {stored}", f"{stored} has shape {list(tensor.shape)} in {path.name}, but "
                            f"the model built from config.json expects {list(meta.shape)}",
                            "the weights were saved from another configuration; pair them with their own config.json")
             if id(meta) in loaded and aliases[id(meta)][0] != key:
@@ -137,7 +138,7 @@ def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: tor
         raise BlockError(errors, {f"<hf {config['model_type']}>": text})
     name = _causal_model(program, where)
     module = compile(program, name, dtype=weights_dtype, device="meta").eval()
-    load_weights(module, files, place)
+    load_weights(module, files, place, config["model_type"])
     from blockir.backends.modules import tie_heads
     tie_heads(module, program.block(name))
     lm = CausalLM(module, name, config, read_generation_config(root))
