@@ -200,7 +200,7 @@ def test_a_missing_and_an_unexpected_tensor(tmp_path: Path, saved) -> None:
     save_file(state, folder / "model.safetensors")
     d = _error(folder)
     assert (d.code, d.message) == ("E0834", "no weight file of the folder holds model.norm.weight")
-    save_file({**state, "model.norm.weight": norm, "model.extra.weight": norm}, folder / "model.safetensors")
+    save_file({**state, "model.norm.weight": norm, "model.extra.weight": norm.clone()}, folder / "model.safetensors")
     d = _error(folder)
     assert (d.code, str(d.span)) == ("E0835", f"{folder / 'model.safetensors'}: model.extra.weight")
 
