@@ -5,7 +5,7 @@ A random LLaMA-style model saved with save_pretrained is loaded by both; each ge
 at an end-of-sequence token, alternating between the two, ``--repeat`` times. Reports the median
 tokens/s (new tokens per second, whole batch) and the ratio, and checks that the outputs agree.
 
-    python benchmarks/generate.py [--device cpu] [--batch 1] [--prompt 32] [--new 64] [--repeat 5]
+    python benchmarks/generate.py [--device cpu] [--batch 1] [--prompt 32] [--new 64] [--repeat 5] [--threads N]
 """
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     folder = tempfile.mkdtemp(prefix="blockir-bench-")

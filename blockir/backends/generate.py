@@ -90,12 +90,15 @@ def generate(lm: "CausalLM", input_ids: Tensor, max_new_tokens: int = 16, *, att
     ids = input_ids.long()
     keep = attention_mask.long() if attention_mask is not None else torch.ones_like(ids)
     positions = (keep.cumsum(-1) - 1).masked_fill(keep == 0, 0)
+    padded = bool((keep == 0).any())
     cache = KVCache(capacity=seq + max_new_tokens)
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     stops = torch.tensor(eos, dtype=torch.long, device=ids.device)
     step_ids, step_positions = ids, positions
     for step in range(max_new_tokens):
-        logits = lm(step_ids, attention_mask=keep, position_ids=step_positions, past_key_values=cache).logits
+        # without padding the mask says nothing the causal kernels do not: leave it out, as HF does
+        logits = lm(step_ids, attention_mask=keep if padded else None, position_ids=step_positions,
+                    past_key_values=cache).logits
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)
         if do_sample:
             probs = warp(scores, float(temperature), top_k, top_p).softmax(dim=-1)
