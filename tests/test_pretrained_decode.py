@@ -31,11 +31,11 @@ def _ids() -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any, Path]]:
-    """The HF model of a family and the folder it was saved to, built once per module."""
-    built: dict[str, tuple[Any, Path]] = {}
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any, Path, Any]]:
+    """The HF model of a family, the folder it was saved to and blockir's model of it, built once per module."""
+    built: dict[str, tuple[Any, Path, Any]] = {}
 
-    def get(family: str) -> tuple[Any, Path]:
+    def get(family: str) -> tuple[Any, Path, Any]:
         if family not in built:
             torch.manual_seed(0)
             cfg = transformers.AutoConfig.for_model(**FAMILIES[family])
@@ -43,15 +43,14 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any,
             real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
             folder = tmp_path_factory.mktemp(family)
             real.save_pretrained(folder, max_shard_size="20KB" if family in SHARDED else "5GB")
-            built[family] = real, folder
+            built[family] = real, folder, blockir.from_pretrained(folder)
         return built[family]
     return get
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_logits_equal_hf_with_and_without_padding(family: str, pair) -> None:
-    real, folder = pair(family)
-    lm = blockir.from_pretrained(folder)
+    real, _, lm = pair(family)
     assert set(lm.state_dict()) == set(real.state_dict())
     ids, left = _ids()
     right = left.flip(-1)
@@ -65,8 +64,7 @@ def test_logits_equal_hf_with_and_without_padding(family: str, pair) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_greedy_generate_equals_hf_token_for_token(family: str, pair) -> None:
-    real, folder = pair(family)
-    lm = blockir.from_pretrained(folder)
+    real, _, lm = pair(family)
     ids, left = _ids()
     for keep in (None, left):
         want = real.generate(ids, attention_mask=keep, max_new_tokens=NEW, do_sample=False)
@@ -76,7 +74,7 @@ def test_greedy_generate_equals_hf_token_for_token(family: str, pair) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_incremental_logits_equal_a_full_recompute(family: str, pair) -> None:
-    lm = blockir.from_pretrained(pair(family)[1])
+    lm = pair(family)[2]
     ids, left = _ids()
     text = lm.generate(ids, max_new_tokens=NEW, eos_token_id=[])  # no early stop: every row runs NEW steps
     keep = torch.cat([left, torch.ones(2, NEW, dtype=torch.long)], dim=-1)
@@ -97,7 +95,7 @@ def test_incremental_logits_equal_a_full_recompute(family: str, pair) -> None:
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - EXACT_GAPS))
 def test_exact_mode_is_bit_exact_through_the_cache(family: str, pair) -> None:
-    real, folder = pair(family)
+    real, folder, _ = pair(family)
     real.set_attn_implementation("eager")
     try:
         lm = blockir.from_pretrained(folder, exact=True)

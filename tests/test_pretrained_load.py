@@ -245,3 +245,13 @@ def test_the_forward_refuses_what_it_does_not_read(saved) -> None:
     with pytest.raises(blockir.BlockError) as info:
         lm(ids[:1, :1], past_key_values=cache)
     assert info.value.diagnostics[0].code == "E0840"
+
+
+def test_import_hf_reads_a_folder(saved, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from blockir.cli import main
+    from blockir.importers.hf import block_text
+
+    assert main(["import", "hf", str(saved[1])]) == 0
+    assert capsys.readouterr().out == block_text(json.loads((saved[1] / "config.json").read_text()))
+    assert main(["import", "hf", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith(f"{tmp_path / 'config.json'}: error[E0830]: the folder has no config.json")

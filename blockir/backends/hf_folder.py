@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Iterator
 
 from blockir.diagnostics import BlockError, Span, error
+
+if TYPE_CHECKING:  # reading a config needs no torch (`blockir import hf FOLDER`)
+    import torch
+    from torch import Tensor
 
 CONFIG = "config.json"
 GENERATION = "generation_config.json"
@@ -118,6 +119,8 @@ def weight_files(folder: Path) -> list[Path]:
 
 def tensors(path: Path, device: torch.device | None) -> Iterator[tuple[str, Tensor]]:
     """The tensors of one weight file, read one by one (safetensors) or from one memory-mapped load."""
+    import torch
+
     where = str(path)
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError, safe_open
@@ -139,6 +142,6 @@ def tensors(path: Path, device: torch.device | None) -> Iterator[tuple[str, Tens
     except Exception as exc:  # noqa: BLE001 — torch.load raises many types for a damaged or hostile file
         raise fail("E0833", where, f"cannot read {path.name} as PyTorch weights: {str(exc).splitlines()[0]}",
                    "weights are read with weights_only=True: the file must hold tensors only") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise fail("E0833", where, f"{path.name} does not hold a state dict (names to tensors)")
     yield from state.items()
