@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from blockir.backends.branches import Head
 from blockir.backends.kv_cache import KVCache
 from blockir.diagnostics import BlockError, Span, error
 
@@ -92,16 +93,35 @@ def generate(lm: "CausalLM", input_ids: Tensor, max_new_tokens: int = 16, *, att
     positions = (keep.cumsum(-1) - 1).masked_fill(keep == 0, 0)
     padded = bool((keep == 0).any())
     cache = KVCache(capacity=seq + max_new_tokens)
+    step_ids, step_positions = ids, positions
+    # only the last position's scores are read: the heads see that position alone (HF's logits_to_keep=1)
+    hooks = [m.register_forward_pre_hook(_last_position) for m in lm.modules() if isinstance(m, Head)]
+    try:
+        return _decode(lm, ids, keep, padded, step_positions, cache, max_new_tokens, do_sample, float(temperature),
+                       top_k, top_p, eos, pad, generator)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _last_position(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (args[0][:, -1:], *args[1:])
+
+
+def _decode(lm: "CausalLM", ids: Tensor, keep: Tensor, padded: bool, step_positions: Tensor, cache: KVCache,
+            max_new_tokens: int, do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
+            eos: list[int], pad: int | None, generator: torch.Generator | None) -> Tensor:
+    batch = ids.shape[0]
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     stops = torch.tensor(eos, dtype=torch.long, device=ids.device)
-    step_ids, step_positions = ids, positions
-    for step in range(max_new_tokens):
+    step_ids = ids
+    for _ in range(max_new_tokens):
         # without padding the mask says nothing the causal kernels do not: leave it out, as HF does
         logits = lm(step_ids, attention_mask=keep if padded else None, position_ids=step_positions,
                     past_key_values=cache).logits
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)
         if do_sample:
-            probs = warp(scores, float(temperature), top_k, top_p).softmax(dim=-1)
+            probs = warp(scores, temperature, top_k, top_p).softmax(dim=-1)
             chosen = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
         else:
             chosen = scores.argmax(dim=-1)
