@@ -2,7 +2,8 @@
 
 Saves a random LLaMA-style model (about 100M parameters, 400 MiB in fp32) with save_pretrained,
 sharded at 100 MB, then loads it in fresh processes, interleaved, and reports each loader's rise
-in peak RSS (VmHWM) above the RSS after its imports, in MiB and as a multiple of the weights' size.
+in peak RSS (VmHWM) above the RSS after its imports, once every weight has been read (tensors that
+still map the file count once resident), in MiB and as a multiple of the weights' size.
 
     python benchmarks/from_pretrained.py [--runs 3] [--folder DIR]
 """
@@ -41,6 +42,9 @@ def child(loader: str, folder: str) -> None:
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    with torch.no_grad():  # read every weight: tensors still backed by the file's mapping become resident too
+        for p in model.parameters():
+            p.sum()
     assert all(p.dtype == torch.float32 for p in model.parameters())
     print(json.dumps({"rise": _status("VmHWM") - before, "weights": weights}))
 

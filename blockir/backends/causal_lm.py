@@ -16,8 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from blockir.backends.kv_cache import KVCache
-from blockir.diagnostics import BlockError, Diagnostic, error
-from blockir.diagnostics import Span
+from blockir.diagnostics import BlockError, Span, error
 
 SHARED = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_load_state_dict_pre_hooks",
           "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_post_hooks")
@@ -25,11 +24,7 @@ KEYWORDS = ("attention_mask", "position_ids", "past_key_values", "use_cache")
 
 
 def _wrong(argument: str, message: str, hint: str | None = None) -> BlockError:
-    return BlockError([forward_error(argument, message, hint)])
-
-
-def forward_error(argument: str, message: str, hint: str | None = None) -> Diagnostic:
-    return error("E0838", message, Span(f"blockir.CausalLM({argument}=…)", 0, 0), hint=hint)
+    return BlockError([error("E0838", message, Span(f"blockir.CausalLM({argument}=…)", 0, 0), hint=hint)])
 
 
 @dataclass
