@@ -95,7 +95,8 @@ class MaskBuilder:
         masked scores at the dtype's minimum (never a boolean, never ``is_causal``).
         """
         _, _, queries, keys = self.sizes
-        if self.allowed is None and self.bias is None and not (additive and causal) and queries == keys:
+        if self.allowed is None and self.bias is None and not (additive and causal) and \
+                (not causal or queries == keys):
             return None, causal  # the kernels' own causal path; it aligns the triangle top-left, so not after a cache
         if self.allowed is None and self.bias is None and not additive and queries == 1:
             return None, False  # one query after the cached keys sees all of them
