@@ -123,7 +123,11 @@ def tensors(path: Path, device: torch.device | None) -> Iterator[tuple[str, Tens
 
     where = str(path)
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
+        try:
+            from safetensors import SafetensorError, safe_open
+        except ImportError:
+            raise fail("E0833", where, f"reading {path.name} needs the safetensors package",
+                       "pip install 'blockir[hf]'") from None
         try:
             with safe_open(str(path), framework="pt", device=str(device or "cpu")) as f:
                 for key in f.keys():
