@@ -29,18 +29,20 @@ if TYPE_CHECKING:
     from blockir.backends.calibrate import calibrate
     from blockir.backends.compile import compile
     from blockir.backends.distributed import parallelize
+    from blockir.backends.kv_cache import KVCache
+    from blockir.backends.pretrained import from_pretrained
     from blockir.backends.trace import trace
     from blockir.lift import lift
 
 __version__ = "0.1.0"
-__all__ = ["BlockError", "Diagnostic", "Note", "Span", "calibrate", "compile", "from_hf_config", "lift", "load",
-           "parallelize", "parse",
+__all__ = ["BlockError", "Diagnostic", "KVCache", "Note", "Span", "calibrate", "compile", "from_hf_config",
+           "from_pretrained", "lift", "load", "parallelize", "parse",
            "reconcile", "trace", "verify",
            "__version__"]
 
 _LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",
          "parallelize": "blockir.backends.distributed", "calibrate": "blockir.backends.calibrate",
-         "lift": "blockir.lift"}
+         "lift": "blockir.lift", "from_pretrained": "blockir.backends.pretrained", "KVCache": "blockir.backends.kv_cache"}
 
 
 def __getattr__(name: str) -> Any:

@@ -448,8 +448,8 @@ class SelfAttention(_Projections):
 
     @property
     def blockir_context(self) -> frozenset[str]:
-        """The masks it obeys, and the caller's rotary tables when it rotates."""
-        masks = frozenset({"attention_mask", "src_key_padding_mask"})
+        """The masks it obeys, the KV cache it extends, and the caller's rotary tables when it rotates."""
+        masks = frozenset({"attention_mask", "src_key_padding_mask", "past_key_values"})
         return masks | {"position_embeddings", "position_ids"} if self.rope else masks
 
     def forward(
@@ -471,9 +471,6 @@ class SelfAttention(_Projections):
         the positions the internal tables rotate by. ``attention_mask`` (HF's forms)
         and ``src_key_padding_mask`` (torch's) both apply, together with the block's causality.
         """
-        masks = self.masks(x, x.shape[1])
-        masks.attention_mask(attention_mask, "attention_mask")
-        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         q, k, v = self.project(x)
         groups = self.heads // self.kv_heads
         if self.kv_broadcast:  # every query head gets its own rotated key; a cache then stores one copy per head
@@ -496,6 +493,12 @@ class SelfAttention(_Projections):
             q = apply_rope(q, cos, sin, interleaved, rotary).to(dtype)
             k = apply_rope(k, cos, sin, interleaved, rotary).to(dtype)
         q, k = self.sphere_qk(q, k)
+        cache = ctx.get("past_key_values")
+        if cache is not None:  # a KVCache (kv_cache.py): this call's keys join the ones held, then all are attended
+            k, v = cache.update(self, k, v)
+        masks = self.masks(x, k.shape[2])
+        masks.attention_mask(attention_mask, "attention_mask")
+        masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
             return self.out(_attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups))
         return self.out(_attend(q, k, v, masks, self.core, self.training, groups, scores))

@@ -27,7 +27,7 @@ def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
     return BlockError([argument_error("compile", argument, message, hint)])
 
 
-def _device(device: torch.device | str | None) -> torch.device | None:
+def checked_device(device: torch.device | str | None) -> torch.device | None:
     """The device as torch names it, refused here when torch could not allocate on it."""
     if device is None:
         return None
@@ -90,7 +90,7 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     caller's input tensors are never overwritten.
     """
     _check_arguments(name, backend, dtype, seed, mode)
-    place = _device(device)
+    place = checked_device(device)
     if isinstance(program, (str, Path)):
         program = load(program)
     elif not isinstance(program, Program):

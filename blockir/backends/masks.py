@@ -94,10 +94,13 @@ class MaskBuilder:
         ``additive`` asks for the form an eager reference adds to its scores: causality included,
         masked scores at the dtype's minimum (never a boolean, never ``is_causal``).
         """
-        if self.allowed is None and self.bias is None and not (additive and causal):
-            return None, causal  # the kernels' own causal path
+        _, _, queries, keys = self.sizes
+        if self.allowed is None and self.bias is None and not (additive and causal) and \
+                (not causal or queries == keys):
+            return None, causal  # the kernels' own causal path; it aligns the triangle top-left, so not after a cache
+        if self.allowed is None and self.bias is None and not additive and queries == 1:
+            return None, False  # one query after the cached keys sees all of them
         if causal:
-            _, _, queries, keys = self.sizes
             self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries))
         if additive and self.bias is None:
             self.bias = torch.zeros((), dtype=dtype, device=device)

@@ -1,0 +1,53 @@
+"""Tiny configs of the causal families ``blockir.from_pretrained`` loads, shared by the loading and decoding tests."""
+from __future__ import annotations
+
+COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
+FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
+FAMILIES: dict[str, dict] = {
+    "llama": dict(COMMON, model_type="llama", num_key_value_heads=2),
+    "llama-tied": dict(COMMON, model_type="llama", num_key_value_heads=2, tie_word_embeddings=True),
+    "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=4),
+    "qwen2": dict(COMMON, model_type="qwen2", num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen3": dict(COMMON, model_type="qwen3", num_key_value_heads=2, head_dim=8),
+    "gemma": dict(COMMON, model_type="gemma", num_key_value_heads=2, head_dim=8),
+    "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                   sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0),
+    "gemma3_text": dict(COMMON, model_type="gemma3_text", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                        sliding_window=3, query_pre_attn_scalar=24,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "cohere2": dict(COMMON, model_type="cohere2", num_hidden_layers=3, num_key_value_heads=2, sliding_window=3,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "phi": dict(COMMON, model_type="phi", partial_rotary_factor=0.5),
+    "phi3": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0),
+    "gpt2": dict(model_type="gpt2", vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    "gpt_neox": dict(COMMON, model_type="gpt_neox", rotary_pct=0.25),
+    "falcon": dict(FALCON),
+    "falcon-new": dict(FALCON, new_decoder_architecture=True, num_kv_heads=4),
+    "bloom": dict(model_type="bloom", vocab_size=97, hidden_size=32, n_layer=2, n_head=4),
+    "opt": dict(model_type="opt", vocab_size=97, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=64),
+    "starcoder2": dict(COMMON, model_type="starcoder2", num_key_value_heads=2, sliding_window=4),
+    "olmo": dict(COMMON, model_type="olmo", num_key_value_heads=2),
+    "olmo2": dict(COMMON, model_type="olmo2", num_key_value_heads=2),
+    "stablelm": dict(COMMON, model_type="stablelm", num_key_value_heads=2),
+    "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125),
+    "granite": dict(COMMON, model_type="granite", num_key_value_heads=2, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+    "helium": dict(COMMON, model_type="helium", num_key_value_heads=2, head_dim=8),
+    "smollm3": dict(COMMON, model_type="smollm3", num_key_value_heads=2, pad_token_id=2),
+    "ministral": dict(COMMON, model_type="ministral", num_key_value_heads=2, head_dim=8, sliding_window=4),
+    "seed_oss": dict(COMMON, model_type="seed_oss", num_key_value_heads=2, head_dim=8),
+    "arcee": dict(COMMON, model_type="arcee", num_key_value_heads=2),
+    "gptj": dict(model_type="gptj", vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4),
+    "codegen": dict(model_type="codegen", vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
+                    rotary_dim=4),
+    "gpt_bigcode": dict(model_type="gpt_bigcode", vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    "gpt_neo": dict(model_type="gpt_neo", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
+                    max_position_embeddings=64, attention_types=[[["global", "local"], 1]], window_size=3),
+    "biogpt": dict(COMMON, model_type="biogpt"),
+}
+EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
+SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index
