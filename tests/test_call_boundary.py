@@ -42,9 +42,11 @@ CROSS = "  n: rmsnorm(D)\n  c: cross_attention(heads=H)\n  y = x + c(n(x), memor
 
 # (body, params, the keywords the compiled model reads)
 READS = {
-    "attention": (ATTENTION.format(rope=""), "x: [B, S, D]", ("attention_mask", "src_key_padding_mask")),
+    "attention": (ATTENTION.format(rope=""), "x: [B, S, D]",
+                  ("attention_mask", "past_key_values", "src_key_padding_mask")),
     "rotary attention": (ATTENTION.format(rope=", rope=true"), "x: [B, S, D]",
-                         ("attention_mask", "position_embeddings", "position_ids", "src_key_padding_mask")),
+                         ("attention_mask", "past_key_values", "position_embeddings", "position_ids",
+                          "src_key_padding_mask")),
     "mlp": (MLP, "x: [B, S, D]", ()),
     "batchnorm": (BATCHNORM, "x: [B, S, D]", ("attention_mask",)),
     "cross attention": (CROSS, "x: [B, S, D], memory: [B, T, D]", ("memory_key_padding_mask", "memory_mask")),
@@ -59,7 +61,7 @@ def test_a_compiled_module_accepts_exactly_the_keywords_its_branches_read(case: 
     assert m.blockir_contract.keywords == reads
     inputs = (_x(2, 3, 8),) if "memory" not in params else (_x(2, 3, 8), _x(2, 5, 8))
     m(*inputs, **{k: None for k in reads})  # every keyword read is accepted (None: nothing to apply)
-    for wrong in ("use_cache", "past_key_values", "atention_mask"):
+    for wrong in sorted({"use_cache", "past_key_values", "atention_mask"} - set(reads)):
         d = _refused(m, *inputs, **{wrong: None})
         assert (d.code, d.message) == ("E0710", f"M takes no keyword argument '{wrong}': nothing in it reads it")
 
@@ -70,8 +72,8 @@ def test_a_misspelt_keyword_names_the_module_and_what_it_reads() -> None:
     d = _refused(m, _x(2, 3, 8), atention_mask=mask)
     assert (d.code, str(d.span)) == ("E0710", "t.block:13:7")
     assert d.message == "M takes no keyword argument 'atention_mask': nothing in it reads it"
-    assert d.hint == ("did you mean 'attention_mask'? M reads: attention_mask, position_embeddings, position_ids, "
-                      "src_key_padding_mask")
+    assert d.hint == ("did you mean 'attention_mask'? M reads: attention_mask, past_key_values, position_embeddings, "
+                      "position_ids, src_key_padding_mask")
     d = _refused(_compile(MLP), _x(2, 3, 8), attention_mask=mask)
     assert d.hint == "M reads no keyword arguments: nothing in it takes a mask or position table"
 
@@ -106,7 +108,7 @@ def test_each_extern_gets_only_the_keywords_it_reads() -> None:
                                                             "  z = y + f(y)\n  return z")
     lin = nn.Linear(8, 8)
     m = _compile(text, bind={"layers.0.f": (lin, adapter), "layers.1.f": (lin, adapter)})
-    assert m.blockir_contract.keywords == ("attention_mask", "scale", "src_key_padding_mask")
+    assert m.blockir_contract.keywords == ("attention_mask", "past_key_values", "scale", "src_key_padding_mask")
     m(_x(2, 3, 8), scale=2.0, attention_mask=torch.ones(2, 3, dtype=torch.long))  # the adapter takes no mask
     assert seen == [{"scale"}, {"scale"}]
 
@@ -242,3 +244,9 @@ def test_a_rotary_attention_rotates_by_the_position_ids_it_is_given() -> None:
         got = m(x, position_ids=strided)
         torch.testing.assert_close(got, m(x, position_embeddings=(angles.cos(), angles.sin())), rtol=1e-6, atol=1e-6)
         assert (got - m(x)).abs().max() > 1e-2  # the positions were not ignored
+
+
+def test_a_cache_that_is_not_a_kv_cache_is_refused() -> None:
+    m = _compile(ATTENTION.format(rope=""))
+    d = _refused(m, _x(2, 3, 8), past_key_values=((torch.zeros(1),),))
+    assert (d.code, d.message) == ("E0838", "past_key_values must be a blockir.KVCache, got tuple")

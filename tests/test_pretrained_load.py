@@ -254,4 +254,4 @@ def test_import_hf_reads_a_folder(saved, capsys: pytest.CaptureFixture[str], tmp
     assert main(["import", "hf", str(saved[1])]) == 0
     assert capsys.readouterr().out == block_text(json.loads((saved[1] / "config.json").read_text()))
     assert main(["import", "hf", str(tmp_path)]) == 1
-    assert capsys.readouterr().err.startswith(f"{tmp_path / 'config.json'}: error[E0830]: the folder has no config.json")
+    assert capsys.readouterr().err.startswith(f"{tmp_path / 'config.json'}: error[E0805]: the folder holds no config.json")

@@ -22,7 +22,8 @@ from blockir.backends.masks import MaskBuilder
 from blockir.backends import numerics, rotary
 from blockir.backends.boundary import NOTHING
 from blockir.backends.numerics import ACTIVATIONS
-from blockir.diagnostics import UNKNOWN_SPAN, Span
+from blockir.backends.kv_cache import KVCache
+from blockir.diagnostics import UNKNOWN_SPAN, BlockError, Span, error
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -495,6 +496,10 @@ class SelfAttention(_Projections):
         q, k = self.sphere_qk(q, k)
         cache = ctx.get("past_key_values")
         if cache is not None:  # a KVCache (kv_cache.py): this call's keys join the ones held, then all are attended
+            if not isinstance(cache, KVCache):
+                raise BlockError([error("E0838", f"past_key_values must be a blockir.KVCache, got "
+                                         f"{type(cache).__name__}", Span("<call>", 1, 1),
+                                         hint="pass the cache a previous call returned (use_cache=True), or none")])
             k, v = cache.update(self, k, v)
         masks = self.masks(x, k.shape[2])
         masks.attention_mask(attention_mask, "attention_mask")
