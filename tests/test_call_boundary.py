@@ -157,10 +157,11 @@ def test_an_input_in_another_dtype_or_on_another_device_names_the_module_s() -> 
     assert d.hint == "cast it first: x.to(torch.float32), or convert the module: m.to(torch.float64)"
     d = _refused(m, torch.empty(2, 3, 8, device="meta"))
     assert d.message == "input 'x' of M is on meta, but the module's parameters are on cpu"
+    assert m(_x(2, 3, 8).bfloat16()).shape == (2, 3, 8)  # a half-precision stream is mixed precision
     m.double()  # the contract follows the parameters
     assert m(_x(2, 3, 8).double()).dtype == torch.float64
-    assert _refused(m, _x(2, 3, 8)).message == "input 'x' of M is torch.float32, but the module computes in " \
-                                               "torch.float64"
+    assert _refused(m, torch.ones(2, 3, 8, dtype=torch.int64)).message == \
+        "input 'x' of M must be a floating-point tensor, got torch.int64"
 
 
 def test_token_ids_outside_the_vocabulary_are_e0712() -> None:

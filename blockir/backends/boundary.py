@@ -227,9 +227,17 @@ def _token_range(contract: CallContract, spec: InputSpec, ids: torch.Tensor) -> 
                            hint=f"ids index a table of {rows} rows: check the tokenizer's vocabulary size", code="E0712")
 
 
+def _narrower(given: torch.dtype, computes: torch.dtype) -> bool:
+    """A half-precision stream into a module with f32 weights is mixed precision, which the declared casts
+    handle (T5's norm with f32 weights on a bf16 stream); a wider or non-float input is a mistake."""
+    return given.is_floating_point and computes.is_floating_point and \
+        torch.finfo(given).bits < torch.finfo(computes).bits
+
+
 def _place(contract: CallContract, spec: InputSpec, t: torch.Tensor) -> None:
     name = spec.name
-    if contract.dtype is not None and spec.declared is None and t.dtype is not contract.dtype:
+    if contract.dtype is not None and spec.declared is None and t.dtype is not contract.dtype \
+            and not _narrower(t.dtype, contract.dtype):
         raise _input_error(contract.filename, spec, f"input '{name}' of {contract.block} is {t.dtype}, but the "
                                                     f"module computes in {contract.dtype}",
                            hint=f"cast it first: x.to({contract.dtype}), or convert the module: m.to({t.dtype})")

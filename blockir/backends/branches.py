@@ -401,8 +401,11 @@ class _Projections(_DottedLayers):
             y = y * scales.to(y.dtype)[:, None]
         return getattr(self, self.names["o"])(y.flatten(-2))
 
-    def masks(self, x: Tensor, keys: int) -> MaskBuilder:
-        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, x.shape[1], keys))
+    def masks(self, x: Tensor, keys: int | None = None) -> MaskBuilder:
+        """Masks for the queries of ``x`` over ``keys`` keys (default: its own positions, the very same size
+        object, so that a symbolic trace never compares two traced sizes)."""
+        seq = x.shape[1]
+        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, seq, seq if keys is None else keys))
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, {self.core!r}"
@@ -501,7 +504,7 @@ class SelfAttention(_Projections):
                                          f"{type(cache).__name__}", Span("<call>", 1, 1),
                                          hint="pass the cache a previous call returned (use_cache=True), or none")])
             k, v = cache.update(self, k, v)
-        masks = self.masks(x, k.shape[2])
+        masks = self.masks(x, k.shape[2] if cache is not None else None)
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:

@@ -102,6 +102,9 @@ class CausalLM(nn.Module):
             ctx["attention_mask"] = attention_mask
         if cache is not None:
             ctx["past_key_values"] = cache
+        reads = self.compiled.blockir_contract.keywords  # ALiBi and learned-position models read no position_ids
+        if reads is not None:
+            ctx = {k: v for k, v in ctx.items() if k in reads}
         logits = self.compiled(input_ids, **ctx)
         return CausalLMOutput(logits, cache)
 

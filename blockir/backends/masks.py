@@ -96,7 +96,7 @@ class MaskBuilder:
         """
         _, _, queries, keys = self.sizes
         if self.allowed is None and self.bias is None and not (additive and causal) and \
-                (not causal or queries == keys):
+                (not causal or queries is keys or queries == keys):  # `is`: one traced size, never compared
             return None, causal  # the kernels' own causal path; it aligns the triangle top-left, so not after a cache
         if self.allowed is None and self.bias is None and not additive and queries == 1:
             return None, False  # one query after the cached keys sees all of them
