@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from blockir.reports.cost import CostError, ledger
+from blockir.reports.cost import CostError, instances, ledger
 from blockir.reports.model_size import model_size
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.ir.decls import InstanceDecl
@@ -33,18 +33,18 @@ def budget_diagnostics(program: Program, name: str, dims: Mapping[str, int] | No
     """E0706 for a module too large to build or train at these sizes; nothing when a size is missing
     (the compiler reports that itself)."""
     try:
-        led = ledger(program, name, dims, DType.F32)
+        counts = instances(program, name, dims)
     except CostError:
         return []
     root = program.block(name)
     stacks = [d for d in root.decls if isinstance(d, InstanceDecl) and d.count is not None]
     span = stacks[0].span if stacks else root.span if root.span.filename != "<unknown>" else Span(program.filename, 1, 1)
-    layers = sum(b.instances for b in led.blocks[:-1])
-    if layers > MAX_LAYERS_COMPILED:
+    layers = sum(n for block, n in counts.items() if block != name)
+    if layers > MAX_LAYERS_COMPILED:  # checked before the ledger, whose key table walks every layer
         return [error("E0706", f"compiling '{name}' would build {layers:,} layer modules; the limit is "
                       f"{MAX_LAYERS_COMPILED:,}", span,
                       hint="analyses (check, cost, keys) work at any depth; compile a shallower stack to run it")]
-    saved = led.total.unfused.saved_bytes
+    saved = ledger(program, name, dims, DType.F32).total.unfused.saved_bytes
     if saved > MAX_SAVED_BYTES:
         return [error("E0706", f"training '{name}' at these sizes would keep at least {saved / (1 << 30):,.1f} GiB "
                       f"for backward; the limit is {MAX_SAVED_BYTES >> 30} GiB", span,

@@ -429,6 +429,14 @@ def _state(block: Block) -> TensorType:
     return (match or [inputs[0].type if inputs else block.result])[0]
 
 
+def instances(program: Program, name: str, dims: Mapping[str, int] | None = None) -> dict[str, int]:
+    """How often each block under ``name`` is instanced (``name`` itself once): the ledger's first walk, without
+    the key table, fusion or extrapolation, so a depth limit can be checked before any of them."""
+    if name not in program.block_map:
+        raise CostError(f"no block named '{name}' (blocks: {', '.join(program.block_map) or 'none'})")
+    return dict(_walk(program, program.block(name), program_env(program, dims), DType.F32).instances)
+
+
 def ledger(program: Program, name: str, dims: Mapping[str, int] | None = None,
            dtype: DType = DType.BF16) -> Ledger:
     """The ledger of block or model ``name`` at sizes ``dims`` (declared sizes fill the rest);
