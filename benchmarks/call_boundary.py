@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import blockir
-from blockir.backends import adapters as A
-from blockir.backends.boundary import check_inputs, input_specs
+from blockir.lower import adapters as A
+from blockir.lower.boundary import check_inputs, input_specs
 from blockir.analyses.sizes import Sizes
 
 TEXT = """dim B: batch

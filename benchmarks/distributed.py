@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import blockir
-from blockir.backends.distributed.comms import LayerCollectives
+from blockir.lower.distributed.comms import LayerCollectives
 
 LAYOUTS = ("replicated", "sequence", "hidden")
 

@@ -35,7 +35,7 @@ def child(loader: str, folder: str) -> None:
     import transformers  # noqa: F401  (both loaders pay the same imports before the baseline)
 
     import blockir
-    import blockir.backends.pretrained  # noqa: F401
+    import blockir.lifecycle.pretrained  # noqa: F401
     before = _status("VmRSS")
     if loader == "blockir":
         model = blockir.from_pretrained(folder)

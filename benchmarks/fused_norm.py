@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from blockir.reports.cost import fused_boundary_bytes
-from blockir.backends import numerics
-from blockir.backends.fused import add_layer_norm, add_rms_norm
+from blockir.lower.layers import numerics
+from blockir.lower.fused import add_layer_norm, add_rms_norm
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 EPS = 1e-6

@@ -3,7 +3,7 @@
 Compiles examples/llama.block's model with 24 layers twice — mode="train" (every residual add
 allocates) and mode="infer" (adds the liveness plan allows write over the shortcut's buffer) —
 runs one forward under torch.inference_mode, and counts peak bytes of storages created during
-the call at the dispatcher (blockir.backends.memory.LiveBytes): exact and repeatable on CPU.
+the call at the dispatcher (blockir.lower.memory.LiveBytes): exact and repeatable on CPU.
 
     python benchmarks/memory.py [--layers 24] [--dims B=4,S=256,D=512]
 """
@@ -16,7 +16,7 @@ import platform
 import torch
 
 import blockir
-from blockir.backends.memory import peak_bytes
+from blockir.lower.memory import peak_bytes
 
 
 def main() -> None:

@@ -86,7 +86,7 @@ def compare(label: str, b: int, s: int, width: int, inter: int, heads: int, kv: 
 
 def input_check(repeats: int) -> list[str]:
     """Forward of a tiny LlamaDecoderLayer with and without the input check, and the check alone."""
-    from blockir.backends.fx import check_inputs, lower_block
+    from blockir.lower.fx import check_inputs, lower_block
     from blockir.analyses.sizes import Sizes
 
     program = blockir.parse(LLAMA_TEXT, "llama.block")
@@ -130,7 +130,7 @@ MODELS = {  # small whole models: Python overhead and the mask path matter as mu
 def whole_models(repeats: int) -> list[str]:
     import transformers
 
-    from blockir.importers.hf import block_text
+    from blockir.importers.hf.writer import block_text
 
     rows = []
     for name, extra in MODELS.items():

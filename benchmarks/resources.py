@@ -26,7 +26,7 @@ from typing import Callable
 from lark import Lark
 
 from blockir.cli import main
-from blockir.grammar.parser import grammar_text
+from blockir.frontend.parser import grammar_text
 
 HEAD = "dim B: batch\ndim S: seq\ndim D: model = 64\ndim F: hidden = 4 * D\n\n"
 LAYER = """block Layer{i}(x: [B, S, D]) -> [B, S, D] {{

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from blockir.backends.fused import add_layer_norm, add_rms_norm
+from blockir.lower.fused import add_layer_norm, add_rms_norm
 
 
 def saved_bytes(fn: Callable[[], object]) -> tuple[int, int]:

@@ -31,7 +31,7 @@ CASES = {
     "python -c pass": ([PY, "-c", "pass"], {}),
     "import lark, networkx (floor)": ([PY, "-c", "import lark, networkx"], {}),
     "blockir check llama.block": ([PY, "-m", "blockir", "check", "examples/llama.block"], {}),
-    "build parser tables from grammar": ([PY, "-c", "import lark; from blockir.grammar import tables; "
+    "build parser tables from grammar": ([PY, "-c", "import lark; from blockir.frontend import tables; "
                                           "lark.Lark(tables.grammar_text(), **tables.OPTIONS)"], {}),
     "import torch": ([PY, "-c", "import torch"], {}),
 }

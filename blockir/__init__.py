@@ -19,19 +19,19 @@ from blockir.signatures import public
 def from_hf_config(config: Any, exact: bool = False) -> Program:
     """The program of a transformers config (dict or config object): ``compile`` the class its ``architectures``
     names (by default its ``*ForCausalLM``); a config the importer cannot honour raises a located BlockError."""
-    from blockir.importers.hf import block_text
+    from blockir.importers.hf.writer import block_text
     text = block_text(config, exact)
     model_type = getattr(config, "model_type", None) or (config.get("model_type") if isinstance(config, dict) else None)
     return parse(text, f"<hf {model_type}>")
 
 if TYPE_CHECKING:
     from blockir.analyses.keys import reconcile
-    from blockir.backends.calibrate import calibrate
-    from blockir.backends.compile import compile
-    from blockir.backends.distributed import parallelize
-    from blockir.backends.kv_cache import KVCache
-    from blockir.backends.pretrained import from_pretrained
-    from blockir.backends.trace import trace
+    from blockir.lifecycle.calibrate import calibrate
+    from blockir.lower.compile import compile
+    from blockir.lower.distributed import parallelize
+    from blockir.lower.layers.kv_cache import KVCache
+    from blockir.lifecycle.pretrained import from_pretrained
+    from blockir.lower.trace import trace
     from blockir.lift import lift
 
 __version__ = "0.1.0"
@@ -40,9 +40,9 @@ __all__ = ["BlockError", "Diagnostic", "KVCache", "Note", "Span", "calibrate", "
            "reconcile", "trace", "verify",
            "__version__"]
 
-_LAZY = {"compile": "blockir.backends.compile", "trace": "blockir.backends.trace", "reconcile": "blockir.analyses.keys",
-         "parallelize": "blockir.backends.distributed", "calibrate": "blockir.backends.calibrate",
-         "lift": "blockir.lift", "from_pretrained": "blockir.backends.pretrained", "KVCache": "blockir.backends.kv_cache"}
+_LAZY = {"compile": "blockir.lower.compile", "trace": "blockir.lower.trace", "reconcile": "blockir.analyses.keys",
+         "parallelize": "blockir.lower.distributed", "calibrate": "blockir.lifecycle.calibrate",
+         "lift": "blockir.lift", "from_pretrained": "blockir.lifecycle.pretrained", "KVCache": "blockir.lower.layers.kv_cache"}
 
 
 def __getattr__(name: str) -> Any:

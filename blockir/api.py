@@ -5,8 +5,8 @@ from os import PathLike
 from pathlib import Path
 
 from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
-from blockir.grammar.builder import build
-from blockir.grammar.parser import decode, gc_paused, parse_ast
+from blockir.frontend.builder import build
+from blockir.frontend.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
 from blockir.signatures import public
 from blockir.verifiers.registry import run_verifiers

@@ -186,7 +186,7 @@ def interrupted(args: argparse.Namespace, signum: int) -> int:
     """After SIGINT or SIGTERM: one line naming the signal and what the command's destination holds now."""
     import signal
 
-    from blockir.backends.destination import describe
+    from blockir.lifecycle.destination import describe
     option = getattr(args, "writes", None)
     kept = describe(getattr(args, option.lstrip("-").replace("-", "_")), option) if option else "nothing was written"
     log(f"blockir: interrupted by {signal.Signals(signum).name}; {kept}")
@@ -194,7 +194,7 @@ def interrupted(args: argparse.Namespace, signum: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from blockir.backends.atomic import Interrupted, handle_signals
+    from blockir.lifecycle.atomic import Interrupted, handle_signals
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     with handle_signals():

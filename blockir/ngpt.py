@@ -4,7 +4,7 @@
 ``l2norm(D, hypersphere=true)`` along its embedding axis; ``project_after_step(optimizer,
 module)`` runs it after every optimizer step. See docs/ngpt.md.
 """
-from blockir.backends.hypersphere import (
+from blockir.lower.hypersphere import (
     parameter_norm_error,
     project,
     project_after_step,

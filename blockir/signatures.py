@@ -11,7 +11,7 @@ import inspect
 from typing import Any, Callable, TypeVar
 
 from blockir.diagnostics import BlockError, argument_error
-from blockir.grammar.scope import suggest
+from blockir.frontend.scope import suggest
 
 F = TypeVar("F", bound=Callable[..., Any])
 

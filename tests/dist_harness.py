@@ -39,7 +39,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     group = None
     if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
-        from blockir.backends.distributed import parallelize
+        from blockir.lower.distributed import parallelize
         world = dist.get_world_size()
         if dp == 1:
             mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
@@ -67,7 +67,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     comms, planned = {}, {}
     if layout is not None and dp == 1:
         from collections import Counter
-        from blockir.backends.distributed.comms import LayerCollectives
+        from blockir.lower.distributed.comms import LayerCollectives
         with LayerCollectives(m, m.blockir_plan.layers, dist.get_world_size()) as counter:
             y = m(x)
         comms = counter.seen

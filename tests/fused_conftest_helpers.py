@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from blockir.backends import numerics
-from blockir.backends.rng import dropout_key
+from blockir.lower.layers import numerics
+from blockir.lower.rng import dropout_key
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def unfused(case: Case, x: Inputs, accum: torch.dtype = torch.float32) -> tuple[
 
 def fused(case: Case, x: Inputs, accum: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """The same boundary through the public front ends."""
-    from blockir.backends.fused import add_layer_norm, add_rms_norm
+    from blockir.lower.fused import add_layer_norm, add_rms_norm
 
     common = dict(eps=case.eps, branch_bias=x.branch_bias, branch_scale=x.branch_scale,
                   shortcut_scale=case.shortcut_scale, p=case.p, training=case.training, dropout_key=x.key,

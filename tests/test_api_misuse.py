@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 import blockir
-from blockir.backends import adapters as A
+from blockir.lower import adapters as A
 from blockir.ir.program import Program
 from conftest import ROOT
 
@@ -130,7 +130,7 @@ CASES: dict[str, tuple[Callable[[], object], str, str, str]] = {
                              "blockir.trace(module=…)"),
     "adapter for an unknown class": (lambda: A.adapter_for(nn.ReLU()), "E0722",
                                      f"no adapter for ReLU; known: {', '.join(sorted(A.ADAPTERS))}",
-                                     "blockir.backends.adapters.adapter_for(module=…)"),
+                                     "blockir.lower.adapters.adapter_for(module=…)"),
 }
 if not torch.cuda.is_available():
     CASES["compile device missing"] = (_llama(device="cuda"), "E0722",
@@ -231,7 +231,7 @@ def test_a_tuple_result_is_e0721_with_the_adapter_hint() -> None:
         m(_x())
     (d,) = info.value.diagnostics
     assert d.message == "extern 'f' returned a tuple, expected a tensor [B, S, D]"
-    assert "blockir.backends.adapters" in d.hint
+    assert "blockir.lower.adapters" in d.hint
 
 
 class Scaled(nn.Module):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import blockir
-from blockir.backends.rotary import RopeScaling, inv_freq
+from blockir.lower.layers.rotary import RopeScaling, inv_freq
 from blockir.ir.printer import format_program
 
 DIM, THETA = 64, 10000.0

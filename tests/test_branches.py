@@ -9,7 +9,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRotaryEmbedding
 
-from blockir.backends.branches import BRANCH_KINDS, MLP, CrossAttention, GatedMLP, SelfAttention, rope_cos_sin
+from blockir.lower.layers.branches import BRANCH_KINDS, MLP, CrossAttention, GatedMLP, SelfAttention, rope_cos_sin
 
 B, S, D, H, KV, F_HIDDEN = 2, 7, 64, 4, 2, 128
 TOL = {"rtol": 1e-5, "atol": 1e-6}

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 import blockir
-from blockir.backends import adapters as A
+from blockir.lower import adapters as A
 from conftest import ROOT
 
 HEADER = "dim B: batch\ndim S: seq\ndim T: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"

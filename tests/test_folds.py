@@ -14,7 +14,7 @@ from blockir.cli import main
 from blockir.ir.ops import DropoutOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.rewrites.fold import FoldResult, apply_folds
+from blockir.passes.fold import FoldResult, apply_folds
 from conftest import ROOT
 
 HEAD = """dim B: batch
@@ -260,7 +260,7 @@ def test_a_folded_weightless_rmsnorm_is_understood_by_keys_cost_fusion_and_legal
     from blockir.reports.cost import norm_parameters
     from blockir.analyses.keys import reconcile
     from blockir.analyses.fold_legality import fold_report
-    from blockir.rewrites.fuse import fuse_program
+    from blockir.passes.fuse import fuse_program
 
     program = blockir.load(ROOT / "examples" / "llama.block")
     module = blockir.compile(program, "LlamaDecoderLayer", seed=0, dtype=torch.float64)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import blockir
-from blockir.backends.session import stand_ins
+from blockir.lifecycle.session import stand_ins
 from blockir.ir import ops as O
 from blockir.ir.printer import format_block
-from blockir.rewrites.fuse import fuse_program
+from blockir.passes.fuse import fuse_program
 from conftest import EXAMPLES, ROOT, check_golden
 
 GOLDEN = ROOT / "tests" / "golden" / "fused"
@@ -28,7 +28,7 @@ def _outer(program: blockir.ir.Program) -> blockir.ir.Block:
 
 
 def _inputs(program, block, gen) -> list[torch.Tensor]:
-    from blockir.backends.session import random_inputs
+    from blockir.lifecycle.session import random_inputs
     return [t.requires_grad_() for t in random_inputs(program, block, _dims(program), gen)]
 
 

@@ -14,10 +14,10 @@ from torch.utils.checkpoint import checkpoint
 
 triton = pytest.importorskip("triton")
 
-from blockir.backends.fused import cpu_kernels  # noqa: E402
-from blockir.backends.fused import kernels as compiled_kernels  # noqa: E402
-from blockir.backends.fused.spec import BoundarySpec  # noqa: E402
-from blockir.backends.rng import dropout_key, keep_mask  # noqa: E402
+from blockir.lower.fused import cpu_kernels  # noqa: E402
+from blockir.lower.fused import kernels as compiled_kernels  # noqa: E402
+from blockir.lower.fused.spec import BoundarySpec  # noqa: E402
+from blockir.lower.rng import dropout_key, keep_mask  # noqa: E402
 
 from fused_conftest_helpers import CASES, Case, Inputs, fused, grads, make_inputs, unfused  # noqa: E402
 
@@ -285,7 +285,7 @@ def test_gpu_compiled_graph_matches_eager() -> None:
 
 
 def test_cuda_dispatch_falls_back_to_the_reference_outside_the_kernels_range() -> None:
-    from blockir.backends.fused import ops, reference
+    from blockir.lower.fused import ops, reference
 
     spec = BoundarySpec("rmsnorm", 1e-6)
     assert ops._cuda_impl(spec, torch.empty(0, dtype=torch.bfloat16), torch.empty(0)) is compiled_kernels

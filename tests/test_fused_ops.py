@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import blockir.backends.fused  # noqa: F401  (registers torch.ops.blockir.*)
-from blockir.backends.fused import add_layer_norm, add_rms_norm
-from blockir.backends.rng import dropout_key, keep_mask
+import blockir.lower.fused  # noqa: F401  (registers torch.ops.blockir.*)
+from blockir.lower.fused import add_layer_norm, add_rms_norm
+from blockir.lower.rng import dropout_key, keep_mask
 
 from fused_conftest_helpers import CASES, Case, Inputs, fused, grads, make_inputs, unfused
 

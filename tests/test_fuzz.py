@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import blockir
 from blockir.analyses.sizes import program_env, value
-from blockir.backends.session import stand_ins
+from blockir.lifecycle.session import stand_ins
 from blockir.cli import main
 from blockir.diagnostics import BlockError
 from blockir.ir.decls import InstanceDecl

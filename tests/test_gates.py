@@ -283,7 +283,7 @@ def test_gated_residual_cost_counts_the_products() -> None:
 
 @pytest.mark.parametrize(("decl", "fused"), [("layernorm(D, offset=1)", False), ("rmsnorm(D, offset=1)", True)])
 def test_fusion_keeps_offsets_the_kernels_lack(decl: str, fused: bool) -> None:
-    from blockir.rewrites.fuse import fuse_program
+    from blockir.passes.fuse import fuse_program
 
     body = f"""
 block T(x: [B, S, D]) -> [B, S, D] {{

@@ -7,10 +7,10 @@ from typing import Any, Callable
 import pytest
 
 import blockir
-from blockir.importers import hf_import
-from blockir.importers.hf import block_text
-from blockir.importers.hf_config import read_fields
-from blockir.importers.hf_schema import FAMILIES
+from blockir.importers.hf import entry as hf_import
+from blockir.importers.hf.writer import block_text
+from blockir.importers.hf.config import read_fields
+from blockir.importers.hf.schema import FAMILIES
 from hf_configs import CONFIGS, MORE_CONFIGS
 
 BASES: dict[str, dict[str, Any]] = {}

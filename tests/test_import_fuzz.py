@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import blockir
-from blockir.importers.hf import block_text
-from blockir.importers.hf_config import table
-from blockir.importers.hf_schema import FAMILIES
+from blockir.importers.hf.writer import block_text
+from blockir.importers.hf.config import table
+from blockir.importers.hf.schema import FAMILIES
 from hf_configs import CONFIGS, MORE_CONFIGS
 from test_import_fields import OTHER
 

@@ -12,7 +12,7 @@ import pytest
 
 import blockir
 from blockir.cli import main
-from blockir.importers.hf import block_text
+from blockir.importers.hf.writer import block_text
 from hf_configs import CONFIGS
 
 
@@ -152,7 +152,7 @@ def test_the_import_and_its_check_need_neither_torch_nor_transformers() -> None:
     import subprocess
     import sys
     root = Path(__file__).parents[1]
-    code = ("import sys; from hf_configs import CONFIGS; from blockir.importers.hf import block_text; "
+    code = ("import sys; from hf_configs import CONFIGS; from blockir.importers.hf.writer import block_text; "
             "block_text(CONFIGS['llama']); print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": f"{root}:{root / 'tests'}", "PATH": ""}, cwd=root)
@@ -161,7 +161,7 @@ def test_the_import_and_its_check_need_neither_torch_nor_transformers() -> None:
 
 def test_a_written_file_that_fails_its_check_is_an_internal_error_and_not_returned(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from blockir.importers import hf
+    from blockir.importers.hf import writer as hf
     write = hf.WRITERS["llama"]
     monkeypatch.setitem(hf.WRITERS, "llama", lambda c, t, e: write(c, t, e).replace("heads=4", "heads=3", 1))
     with pytest.raises(blockir.BlockError) as info:

@@ -14,8 +14,8 @@ from test_import_hf import CONFIGS, _class_name  # noqa: E402
 
 import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
-from blockir.importers.hf import block_text  # noqa: E402
-from blockir.rewrites.fold import apply_folds  # noqa: E402
+from blockir.importers.hf.writer import block_text  # noqa: E402
+from blockir.passes.fold import apply_folds  # noqa: E402
 
 FAMILIES = ["llama", "gpt_neox", "gemma3_text"]
 

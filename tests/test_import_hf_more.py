@@ -10,8 +10,8 @@ transformers = pytest.importorskip("transformers")
 
 import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
-from blockir.importers.hf import block_text  # noqa: E402
-from blockir.importers.hf_more import ENCODERS  # noqa: E402
+from blockir.importers.hf.writer import block_text  # noqa: E402
+from blockir.importers.hf.more import ENCODERS  # noqa: E402
 from blockir.ir.printer import format_program  # noqa: E402
 
 from hf_configs import COMMON  # noqa: E402
@@ -122,7 +122,7 @@ def test_imported_file_round_trips_through_the_printer(model_type: str) -> None:
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_alibi_attention_matches_a_float64_oracle(impl: str) -> None:
     """ALiBi (arXiv:2108.12409) with grouped key/value heads, a window and padding, against the equations."""
-    from blockir.backends.branches import SelfAttention
+    from blockir.lower.layers.branches import SelfAttention
 
     torch.manual_seed(0)
     attn = SelfAttention(32, 4, kv_heads=2, alibi=True, bias=True, core=None).double()

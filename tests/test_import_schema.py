@@ -12,9 +12,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
-from blockir.importers.hf_config import ROPE_LEGACY, read_fields  # noqa: E402
-from blockir.importers.hf_family import COMMON, IGNORED  # noqa: E402
-from blockir.importers.hf_schema import FAMILIES, KIND_NAMES  # noqa: E402
+from blockir.importers.hf.config import ROPE_LEGACY, read_fields  # noqa: E402
+from blockir.importers.hf.family import COMMON, IGNORED  # noqa: E402
+from blockir.importers.hf.schema import FAMILIES, KIND_NAMES  # noqa: E402
 
 BASE = transformers.PretrainedConfig
 LEGACY = {*ROPE_LEGACY, "rope_scaling", "rope_local_base_freq"}  # folded into rope_parameters by the class

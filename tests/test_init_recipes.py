@@ -10,7 +10,7 @@ from torch import Tensor
 
 import blockir
 from blockir.ir.printer import format_program
-from blockir.rewrites.recipes import RecipeError, deepscalelm, fixup
+from blockir.passes.recipes import RecipeError, deepscalelm, fixup
 from conftest import ROOT
 from oracle import assert_matches_reference
 

@@ -5,9 +5,9 @@ import torch
 
 import blockir
 from blockir.ir import ops as O
-from blockir.rewrites.fuse import fuse_program
+from blockir.passes.fuse import fuse_program
 from blockir.analyses.sizes import Sizes
-from blockir.rewrites.inline import inline_stacks
+from blockir.passes.inline import inline_stacks
 from conftest import ROOT
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 import blockir
-from blockir.backends.fx import inplace_add
-from blockir.backends.memory import peak_bytes
+from blockir.lower.fx import inplace_add
+from blockir.lower.memory import peak_bytes
 from conftest import ROOT
 
 LLAMA = ROOT / "examples" / "llama.block"

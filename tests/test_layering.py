@@ -16,13 +16,13 @@ from conftest import ROOT
 PACKAGE = ROOT / "blockir"
 # what each layer may not import
 FORBIDDEN = {
-    "ir": ("analyses", "verifiers", "rewrites", "reports", "backends", "commands"),
-    "grammar": ("analyses", "verifiers", "rewrites", "reports", "backends", "commands"),
-    "analyses": ("verifiers", "rewrites", "reports", "backends", "commands"),
-    "verifiers": ("rewrites", "reports", "backends", "commands"),
-    "rewrites": ("reports", "commands"),
+    "ir": ("analyses", "verifiers", "passes", "reports", "lower", "lifecycle", "commands"),
+    "frontend": ("analyses", "verifiers", "passes", "reports", "lower", "lifecycle", "commands"),
+    "analyses": ("verifiers", "passes", "reports", "lower", "lifecycle", "commands"),
+    "verifiers": ("passes", "reports", "lower", "lifecycle", "commands"),
+    "passes": ("reports", "commands"),
     # lift reads the language, analyses and verifiers, and compiles through the backends for its certificate
-    "lift": ("rewrites", "reports", "importers", "commands"),
+    "lift": ("passes", "reports", "importers", "commands"),
 }
 # who may import the lift: its command, and the package's lazy export
 LIFT_USERS = ("lift", "commands")

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockir.backends import checkpoint
-from blockir.backends.corpus import load_corpus
-from blockir.backends.session import RunConfig, Trainer, train
+from blockir.lifecycle import checkpoint
+from blockir.lifecycle.corpus import load_corpus
+from blockir.lifecycle.session import RunConfig, Trainer, train
 from blockir.cli import load_program, main
 from blockir.diagnostics import BlockError
 
@@ -167,7 +167,7 @@ def test_diverge_finds_a_planted_epsilon_at_its_norm(capsys, tmp_path: Path) -> 
 
 def test_first_divergence_names_the_branch_with_a_perturbed_weight() -> None:
     import blockir
-    from blockir.backends.diverge import POLICIES, first_divergence
+    from blockir.lifecycle.diverge import POLICIES, first_divergence
     m = blockir.compile(LLAMA, "LlamaModel", dims={"B": 2, "S": 8}, seed=0).eval()
     bad = blockir.compile(LLAMA, "LlamaModel", dims={"B": 2, "S": 8}, seed=0).eval()  # the same weights
     with torch.no_grad():

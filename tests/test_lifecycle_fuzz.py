@@ -21,8 +21,8 @@ import pytest
 import torch
 import yaml
 
-from blockir.backends import checkpoint
-from blockir.backends.release import read_artifact
+from blockir.lifecycle import checkpoint
+from blockir.lifecycle.release import read_artifact
 from lifecycle_lab import DIMS, FAST, build, cli, copy, rewrite, snapshot
 
 CASES = int(os.environ.get("BLOCKIR_FUZZ_LIFECYCLE", "200"))

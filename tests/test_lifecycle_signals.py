@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from blockir.backends import atomic, checkpoint
+from blockir.lifecycle import atomic, checkpoint
 from lifecycle_lab import DIMS, FAST, ROOT_ENV, build, cli, copy, leftovers, snapshot
 
 # run replaces a checkpoint (5 files, staging done, old set aside, new in place); migrate and release write a new

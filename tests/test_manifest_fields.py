@@ -13,7 +13,7 @@ import torch
 import blockir
 from blockir.analyses.manifest import program_manifest
 from blockir.analyses.recipe_contract import FIELDS
-from blockir.backends import runtime_facts
+from blockir.lower import runtime_facts
 from blockir.cli import main
 from blockir.reports.run_manifest import run_manifest
 from conftest import ROOT
@@ -136,8 +136,8 @@ def test_recipe_contract_has_the_seven_fields() -> None:
 
 
 def test_trainer_optimizer_state_and_weight_decay_are_the_manifest_s() -> None:
-    from blockir.backends.corpus import Corpus
-    from blockir.backends.session import RunConfig, Trainer
+    from blockir.lifecycle.corpus import Corpus
+    from blockir.lifecycle.session import RunConfig, Trainer
     text = PADDED.replace("  bn: batchnorm(D, padding=mask)\n", "").replace("  n = bn(h)\n  y = h + mlp(n)",
                                                                               "  y = h + mlp(h)")
     text += "model M(x: [B, S, D]) -> [B, S, D] {\n  layers: Layer * 1\n  norm: layernorm(D)\n  return norm(layers(x))\n}\n"
@@ -154,8 +154,9 @@ def test_trainer_optimizer_state_and_weight_decay_are_the_manifest_s() -> None:
 
 
 def test_keyed_dropout_and_recompute_facts_hold() -> None:
-    from blockir.backends import fx, numerics
-    from blockir.backends.rng import dropout_key
+    from blockir.lower import fx
+    from blockir.lower.layers import numerics
+    from blockir.lower.rng import dropout_key
     assert runtime_facts.KEYED_DROPOUT["key"] == ["seed", "layer", "site", "row", "column"]
     x = torch.ones(3, 5)
     seed = torch.tensor(12345, dtype=torch.int64)

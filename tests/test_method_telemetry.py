@@ -10,7 +10,7 @@ import torch
 
 import blockir
 from blockir.analyses.sizes import Sizes
-from blockir.backends.telemetry import method_telemetry
+from blockir.lifecycle.telemetry import method_telemetry
 from blockir.cli import main
 from conftest import ROOT
 

@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.analyses.keys import param_keys
-from blockir.backends import fx as bfx
-from blockir.backends import numerics
-from blockir.backends.branches import rope_cos_sin
+from blockir.lower import fx as bfx
+from blockir.lower.layers import numerics
+from blockir.lower.layers.branches import rope_cos_sin
 
 LLAMA = ROOT / "examples" / "llama.block"
 HEADER = "dim B: batch\ndim S: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"

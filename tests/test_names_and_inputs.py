@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 import blockir
 from blockir.analyses.sizes import Sizes
-from blockir.backends import fx as bfx
+from blockir.lower import fx as bfx
 from blockir.ir.identifiers import BLOCK_ATTRIBUTES, MODULE_ATTRIBUTES
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS
 

@@ -25,7 +25,7 @@ from blockir.analyses.structure import wrapper
 from blockir.analyses.summaries import call_graph
 from blockir.ir.decls import InstanceDecl
 from blockir.reports.dot import block_to_dot
-from blockir.rewrites.inline import inline_calls
+from blockir.passes.inline import inline_calls
 from test_structure import _spine_nodes
 from test_transform_properties import programs
 

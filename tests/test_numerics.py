@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
-from blockir.backends.numerics import (
+from blockir.lower.layers.numerics import (
     ACCUM,
     ACTIVATIONS,
     DyT,
@@ -27,7 +27,7 @@ from blockir.backends.numerics import (
     rms_norm,
     scale_norm,
 )
-from blockir.backends.rng import dropout_key, keep_block, keep_mask
+from blockir.lower.rng import dropout_key, keep_block, keep_mask
 
 D = 64
 

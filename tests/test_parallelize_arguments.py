@@ -19,8 +19,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import blockir
-from blockir.backends.distributed.tp import _batch_slice
-from blockir.backends.numerics import BatchSlice
+from blockir.lower.distributed.tp import _batch_slice
+from blockir.lower.layers.numerics import BatchSlice
 from conftest import ROOT
 
 LLAMA = ROOT / "examples" / "llama.block"

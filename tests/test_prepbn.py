@@ -13,10 +13,10 @@ import torch
 
 import blockir
 from blockir.analyses.fold_legality import fold_report
-from blockir.backends.batchnorm import PRepBN
+from blockir.lower.layers.batchnorm import PRepBN
 from blockir.cli import main
 from blockir.ir.ops import NormOp
-from blockir.rewrites.fold import apply_folds
+from blockir.passes.fold import apply_folds
 from conftest import ROOT
 
 DIMS = {"B": 3, "S": 5, "D": 8}

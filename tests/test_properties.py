@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import blockir
 from blockir.cli import main
 from blockir.diagnostics import BlockError, Diagnostic, render
-from blockir.grammar.parser import decode
+from blockir.frontend.parser import decode
 from blockir.ir import consts as C
 from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, KINDS, MASKS, ArgSpec

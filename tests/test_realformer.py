@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import blockir
-from blockir.backends.telemetry import score_stats
+from blockir.lifecycle.telemetry import score_stats
 from conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "realformer.block"

@@ -11,14 +11,14 @@ import torch
 
 import blockir
 from blockir.analyses.sizes import block_env, program_env
-from blockir.backends import session
+from blockir.lifecycle import session
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.sites import residual_sites
 from blockir.cli import main
 from blockir.ir.ops import NormOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.rewrites.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup
+from blockir.passes.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup
 from conftest import ROOT
 
 DIMS = {"B": 2, "S": 8}
@@ -396,7 +396,7 @@ def test_recipe_results_are_plain_programs() -> None:
 
 
 def test_fused_programs_are_refused() -> None:
-    from blockir.rewrites.fuse import fuse_program
+    from blockir.passes.fuse import fuse_program
     fused, _ = fuse_program(program())
     with pytest.raises(RecipeError, match="already fused"):
         rezero.apply(fused, "PostLNLayer")

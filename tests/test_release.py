@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from blockir.backends import checkpoint
+from blockir.lifecycle import checkpoint
 from blockir.cli import load_program, main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,22 +45,22 @@ def test_import_blockir_is_torch_free_and_compile_loads_on_first_use() -> None:
     code = ("import sys, blockir; before = 'torch' in sys.modules; f = blockir.compile; "
             "print(before, 'torch' in sys.modules, f.__module__, sorted(set(blockir.__all__) - set(dir(blockir))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.split(maxsplit=3) == ["False", "True", "blockir.backends.compile", "[]\n"]
+    assert out.split(maxsplit=3) == ["False", "True", "blockir.lower.compile", "[]\n"]
 
 
 def test_the_shipped_tables_are_a_fresh_build_of_the_grammar() -> None:
     """A grammar edit without regenerating fails here; the build does not depend on string hashing."""
-    from blockir.grammar import tables
+    from blockir.frontend import tables
     shipped = (ROOT / "blockir" / "grammar" / tables.TABLES_FILE).read_bytes()
     assert tables.render(tables.grammar_text()).encode() == shipped
-    other_seed = subprocess.run([sys.executable, "-c", "import sys; from blockir.grammar import tables; "
+    other_seed = subprocess.run([sys.executable, "-c", "import sys; from blockir.frontend import tables; "
                                  "sys.stdout.write(tables.render(tables.grammar_text()))"], capture_output=True,
                                 check=True, cwd=ROOT, env={"PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}).stdout
     assert other_seed == shipped
 
 
 def test_tables_from_another_grammar_lark_or_a_damaged_file_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    from blockir.grammar import tables
+    from blockir.frontend import tables
     grammar, text = tables.grammar_text(), tables.shipped_text()
     assert text is not None and tables._parse_tables(text, grammar) is not None
     head, _, body = text.partition("\n")
@@ -96,7 +96,7 @@ def test_a_planted_pickle_in_any_cache_folder_is_never_loaded(tmp_path: Path) ->
 
     import lark
 
-    from blockir.grammar import tables
+    from blockir.frontend import tables
     marker = tmp_path / "marker"
     payload = pickle.dumps(_Planted(marker))
     pickle.loads(payload)  # the payload is live: loading it runs code
@@ -121,10 +121,10 @@ def test_a_planted_pickle_in_any_cache_folder_is_never_loaded(tmp_path: Path) ->
 
 
 def test_without_triton_the_fused_ops_warn_once_and_use_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    from blockir.backends import fused
-    from blockir.backends.fused import ops, reference
+    from blockir.lower import fused
+    from blockir.lower.fused import ops, reference
     monkeypatch.setitem(sys.modules, "triton", None)  # what an install without the extra looks like
-    monkeypatch.delitem(sys.modules, "blockir.backends.fused.kernels", raising=False)
+    monkeypatch.delitem(sys.modules, "blockir.lower.fused.kernels", raising=False)
     monkeypatch.delattr(fused, "kernels", raising=False)
     ops.triton_kernels.cache_clear()
     try:

@@ -8,7 +8,7 @@ import torch
 import blockir
 from blockir.analyses.classify import classify
 from blockir.analyses.sizes import Sizes
-from blockir.backends.telemetry import QUANTILES, telemetry
+from blockir.lifecycle.telemetry import QUANTILES, telemetry
 from blockir.reports.dot import block_to_dot
 
 HEAD = """dim B: batch

@@ -14,7 +14,7 @@ from blockir.analyses.manifest import program_manifest
 from blockir.analyses.structure import wrapper
 from blockir.cli import main
 from blockir.analyses.classify import REGISTRY, classify_program, match_registry, wrapper_graph
-from blockir.rewrites.fuse import fuse_program
+from blockir.passes.fuse import fuse_program
 from conftest import ROOT
 
 # (file, block) -> topology, each checked against the real layer's forward

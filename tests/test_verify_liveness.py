@@ -8,7 +8,7 @@ import pytest
 
 import blockir
 from blockir.cli import main
-from blockir.rewrites.fuse import fuse_program
+from blockir.passes.fuse import fuse_program
 from blockir.analyses.liveness import plan
 from conftest import ROOT
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import blockir
-from blockir.rewrites.fuse import fuse_program
+from blockir.passes.fuse import fuse_program
 from conftest import EXAMPLES
 
 HEAD = """dim B: batch

@@ -7,7 +7,7 @@ Three settings that act on different tensors at different points:
   generator by the attention kernel;
 * **residual dropout**: ``dropout(…)`` on a branch update before the add
   (Vaswani et al., 2017), and its per-sample form ``drop_path`` and per-layer
-  form ``layer_drop``, keyed by logical coordinates (blockir/backends/rng.py);
+  form ``layer_drop``, keyed by logical coordinates (blockir/lower/rng.py);
 * **inner dropout**: any other ``dropout(…)`` of the block (on an embedding,
   an MLP's hidden values), keyed the same way.
 

@@ -14,7 +14,7 @@ whether it is a second name of another key's tensor.
   row groups), ``gate;up``.
 * **alias**: a ``head(tied=true)`` shares the token embedding's table, one
   tensor under two names; the compiled module stores both names and loads a
-  checkpoint holding either or both (blockir/backends/modules.py).
+  checkpoint holding either or both (blockir/lower/layers/modules.py).
 """
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ DEFAULT_BATCHES = 20
 
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
-        from blockir.backends import checkpoint, destination
-        from blockir.backends.calibrate import calibrate, norm_states
-        from blockir.backends.corpus import check_buffer, fixed_starts, load_corpus, windows
-        from blockir.backends.session import RunConfig, Trainer
+        from blockir.lifecycle import checkpoint, destination
+        from blockir.lifecycle.calibrate import calibrate, norm_states
+        from blockir.lifecycle.corpus import check_buffer, fixed_starts, load_corpus, windows
+        from blockir.lifecycle.session import RunConfig, Trainer
         if args.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {args.steps}")
         set_threads(args.threads)

@@ -32,8 +32,8 @@ def _text(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockir.backends import destination
-    from blockir.backends.release import canary, read_artifact, restore
+    from blockir.lifecycle import destination
+    from blockir.lifecycle.release import canary, read_artifact, restore
     from blockir.commands.run import set_threads
     set_threads(1)
     if not 1 <= args.windows <= MAX_WINDOWS or not 1 <= args.repeats <= MAX_REPEATS:

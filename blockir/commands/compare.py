@@ -24,8 +24,8 @@ def _cell(site: Any) -> str:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from blockir.backends.corpus import check_buffer, load_corpus
-    from blockir.backends.session import RunConfig, Trainer, train
+    from blockir.lifecycle.corpus import check_buffer, load_corpus
+    from blockir.lifecycle.session import RunConfig, Trainer, train
     set_threads(args.threads)
     programs = [load_program(args.a), load_program(args.b)]
     blocks = [target_block(programs[0], args.block),
@@ -72,7 +72,7 @@ def compare(args: argparse.Namespace) -> int:
             print(f"{i:<6}{_cell(sa)}  {_cell(sb)}")
         print(f"\nsame seed, same {args.steps} batches; telemetry on {ra.rows} validation rows; {elapsed:.2f} s")
     if args.plot:
-        from blockir.backends.plot import plot_run
+        from blockir.lifecycle.plot import plot_run
         plot_run(dict(zip(labels, reports)), args.plot, title=f"{args.a} vs {args.b}")
         log(f"wrote {args.plot}")
     return EXIT_OK

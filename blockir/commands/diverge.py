@@ -23,9 +23,9 @@ def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: 
             ckpt: str | None) -> Any:
     import torch
 
-    from blockir.backends import checkpoint, state_check
-    from blockir.backends.compile import compile as compile_block
-    from blockir.backends.session import stand_ins
+    from blockir.lifecycle import checkpoint, state_check
+    from blockir.lower.compile import compile as compile_block
+    from blockir.lifecycle.session import stand_ins
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         m = compile_block(program, block.name, backend, dims=dims, bind=stand_ins(program, block, dims), seed=seed)
@@ -44,9 +44,9 @@ def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: 
 def diverge(args: argparse.Namespace) -> int:
     import torch
 
-    from blockir.backends.diverge import POLICIES, first_divergence, producer
-    from blockir.backends.session import random_inputs
-    from blockir.backends.trace import trace
+    from blockir.lifecycle.diverge import POLICIES, first_divergence, producer
+    from blockir.lifecycle.session import random_inputs
+    from blockir.lower.trace import trace
     set_threads(1)
     pa = load_program(args.a)
     pb = load_program(args.b) if args.b else pa

@@ -17,7 +17,7 @@ def _site(site: Any) -> dict[str, Any]:
 
 def _apply(program: Program, blocks: list[Block], mode: str, fmt: str) -> int:
     from blockir.ir.printer import format_program
-    from blockir.rewrites.fold import format_log, apply_folds
+    from blockir.passes.fold import format_log, apply_folds
     logs, events = [], []
     for b in blocks:
         result = apply_folds(program, b.name, mode=mode)

@@ -57,7 +57,7 @@ def decode(tokenizer: Any | None, ids: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from blockir.backends.pretrained import from_pretrained
+    from blockir.lifecycle.pretrained import from_pretrained
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be non-negative, got {args.max_new_tokens}")
     folder = Path(args.folder)

@@ -21,9 +21,9 @@ def _destination(output: str, force: bool) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blockir.backends.atomic import write_file
-    from blockir.importers.hf import block_text
-    from blockir.importers.hf_read import read_config
+    from blockir.lifecycle.atomic import write_file
+    from blockir.importers.hf.writer import block_text
+    from blockir.importers.hf.read import read_config
     destination = _destination(args.output, args.force) if args.output else None
     config, name = read_config(args.config)
     text = block_text(config, exact=args.exact, source=name)

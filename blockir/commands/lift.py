@@ -21,7 +21,7 @@ def _write(path: str, text: str, force: bool) -> None:
     target = Path(path)
     if target.exists() and not force:
         raise UsageError(f"{path} exists; pass --force to replace it")
-    from blockir.backends.atomic import write_file
+    from blockir.lifecycle.atomic import write_file
     write_file(target, text.encode())
 
 

@@ -18,8 +18,8 @@ MAX_MAP_BYTES = 1 << 20  # a reviewed key map is a page of text
 def migrate(args: argparse.Namespace) -> int:
     from blockir.analyses.manifest import to_yaml
     from blockir.analyses.migration import parse_key_map
-    from blockir.backends import destination
-    from blockir.backends.migrate import convert
+    from blockir.lifecycle import destination
+    from blockir.lifecycle.migrate import convert
     from blockir.commands.run import set_threads
     set_threads(1)
     if args.out:  # before any work

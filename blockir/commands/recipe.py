@@ -42,7 +42,7 @@ def _text(v: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     def apply(program: Program, block: Block) -> int:
         from blockir.ir.printer import format_program
-        from blockir.rewrites.recipes import RECIPES, RecipeError
+        from blockir.passes.recipes import RECIPES, RecipeError
         if args.recipe == "deepnorm" and args.arch is None:
             raise UsageError("deepnorm needs --arch (encoder-only, decoder-only or encoder-decoder)")
         try:

@@ -24,7 +24,7 @@ def add_threshold_options(p: argparse.ArgumentParser, defaults: dict[str, float]
 
 
 def given_thresholds(args: argparse.Namespace) -> dict[str, float]:
-    from blockir.backends.release_manifest import threshold
+    from blockir.lifecycle.release_manifest import threshold
     given = {name: getattr(args, name) for name, _ in THRESHOLD_OPTIONS if getattr(args, name) is not None}
     for name, value in given.items():
         if not threshold(value):
@@ -34,9 +34,9 @@ def given_thresholds(args: argparse.Namespace) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from blockir.analyses.manifest import to_yaml
-    from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
-    from blockir.backends import destination
-    from blockir.backends.release import release
+    from blockir.lifecycle.thresholds import DEFAULT_THRESHOLDS
+    from blockir.lifecycle import destination
+    from blockir.lifecycle.release import release
     from blockir.commands.run import set_threads
     set_threads(1)
     thresholds = {**DEFAULT_THRESHOLDS, **given_thresholds(args)}
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blockir.analyses.thresholds import DEFAULT_THRESHOLDS
+    from blockir.lifecycle.thresholds import DEFAULT_THRESHOLDS
     r = sub.add_parser("release", help="write an immutable release artifact of a checkpoint with its manifest")
     r.add_argument("checkpoint", metavar="CKPT", help="a `blockir run --save` or `blockir migrate --out` directory")
     r.add_argument("--out", required=True, metavar="DIR", help="the release directory (new or empty)")

@@ -125,9 +125,9 @@ def warmup_free(program: Program, warmup: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
-        from blockir.backends import checkpoint, destination
-        from blockir.backends.corpus import load_corpus
-        from blockir.backends.session import RunConfig, Trainer, train
+        from blockir.lifecycle import checkpoint, destination
+        from blockir.lifecycle.corpus import load_corpus
+        from blockir.lifecycle.session import RunConfig, Trainer, train
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,
                         dims=row_dims(program, args.dims), data=args.data, eval_every=args.eval_every,
                         backend=args.backend)
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
                 print()
                 print("\n".join(scores_table(final.scores)))
         if args.plot:
-            from blockir.backends.plot import plot_run
+            from blockir.lifecycle.plot import plot_run
             plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")
             log(f"wrote {args.plot}")
         return EXIT_OK
@@ -210,7 +210,7 @@ OPTIONS = {"steps": "--steps", "seed": "--seed", "lr": "--lr", "warmup": "--warm
 
 def check_options(cfg: Any) -> None:
     """A usage error for the first training option a run cannot honour (the session owns the rules)."""
-    from blockir.backends.session import config_problems
+    from blockir.lifecycle.session import config_problems
     for field, problem in config_problems(cfg):
         raise UsageError(f"{OPTIONS.get(field, field)} {problem}")
 

@@ -21,7 +21,7 @@ def _fused_block(block: Block) -> str:
     """One block after fusion, as parseable text: each fused op is a comment above the ops it replaces."""
     from blockir.ir.ops import InputOp
     from blockir.ir.printer import format_block, format_op
-    from blockir.rewrites.fuse import fuse_block
+    from blockir.passes.fuse import fuse_block
     _, chains = fuse_block(block)
     at_add = {}
     for c in chains:
@@ -62,7 +62,7 @@ def _render(args: argparse.Namespace, program: Program, blocks: list[Block], who
             return _fused_ir(shown)
         return format_program(shown)
     if args.fuse:
-        from blockir.rewrites.fuse import fuse_program
+        from blockir.passes.fuse import fuse_program
         program, _ = fuse_program(program)
         blocks = [program.block(b.name) for b in blocks]
     if args.format == "manifest":

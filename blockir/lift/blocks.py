@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from blockir.diagnostics import Diagnostic, Span
-from blockir.grammar.scope import RESERVED
+from blockir.frontend.scope import RESERVED
 from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace

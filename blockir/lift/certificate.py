@@ -52,7 +52,7 @@ def invoke(module: nn.Module, call: Call, override: dict[str, Any]) -> Any:
 
 def certify(program: Any, root: str, module: nn.Module, call: Call, inputs: list[str], ctx: list[str],
             bind: dict[str, tuple[nn.Module, Replay]], where: Span) -> tuple[float | None, list[Diagnostic]]:
-    from blockir.backends.compile import compile
+    from blockir.lower.compile import compile
 
     sizes = {"B": int(call.arguments[inputs[0]].shape[0]), "S": int(call.arguments[inputs[0]].shape[1])}
     if len(inputs) > 1:

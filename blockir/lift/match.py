@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from blockir.backends import fx as fx_backend
-from blockir.backends import numerics
+from blockir.lower import fx as fx_backend
+from blockir.lower.layers import numerics
 
 CANONICAL: dict[Any, str] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.fx as fx
 
-from blockir.backends.fx import site_id
+from blockir.lower.fx import site_id
 from blockir.lift.match import Pat, arguments, canonical, compile_pattern
 
 if TYPE_CHECKING:

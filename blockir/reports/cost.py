@@ -2,7 +2,7 @@
 
 For one block or model at concrete sizes it counts residual elements, residual
 adds, norm parameters, row reductions, bytes moved through memory by the
-wrapper ops (unfused, and after :func:`blockir.rewrites.fuse.fuse_program`) and
+wrapper ops (unfused, and after :func:`blockir.passes.fuse.fuse_program`) and
 bytes saved for backward in training. Stacks multiply, sub-blocks add.
 
 The wrapper ops are the adds, scales, dropouts, casts and norms that are not
@@ -29,8 +29,8 @@ from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, TensorType
 from blockir.reports.model_size import ModelSize, model_size
-from blockir.rewrites.fuse import fuse_program
-from blockir.rewrites.inline import inline_stacks
+from blockir.passes.fuse import fuse_program
+from blockir.passes.inline import inline_stacks
 
 MIB = 1 << 20
 STATS_ITEMSIZE = 4  # row statistics are fp32 unless a norm declares another accumulation dtype

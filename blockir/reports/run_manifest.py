@@ -12,7 +12,7 @@ from typing import Any
 
 from blockir.analyses.hypersphere import on_sphere
 from blockir.analyses.layouts import meshes
-from blockir.backends import runtime_facts as facts
+from blockir.lower import runtime_facts as facts
 from blockir.ir.program import Program
 
 

@@ -43,7 +43,7 @@ def verify_block(block: Block, env: dict) -> list[Diagnostic]:
                   f"{DYT_GENERIC_ALPHA:g}; the LLM recipe sets alpha by width and site{rule}", first.span,
                   notes=[Note(f"'{n}' is another site", dyts[n].span) for n in sorted(others)],
                   hint="Transformers without Normalization (arXiv:2503.10622) tunes alpha for LLMs by width and "
-                       "location and adds a learned scalar after the embedding; `blockir.rewrites.recipes.dyt_llm` "
+                       "location and adds a learned scalar after the embedding; `blockir.passes.recipes.dyt_llm` "
                        "writes both")]
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from blockir.backends import adapters as A
+from blockir.lower import adapters as A
 
 B, S, D, F, H, KV = 2, 5, 64, 128, 4, 2
 HEAD_DIM = D // H

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import blockir
-from blockir.backends.adapters import llama_attention
-from blockir.backends.branches import rope_cos_sin
+from blockir.lower.adapters import llama_attention
+from blockir.lower.layers.branches import rope_cos_sin
 from blockir.ir.program import Program
 
 from . import real_models as R

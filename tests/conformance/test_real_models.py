@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from blockir.backends import adapters as A
+from blockir.lower import adapters as A
 
 from . import real_models as R
 
@@ -355,7 +355,7 @@ def test_t5_norm_output_follows_weight_dtype() -> None:
 
 
 def _block_decls(example: str, block: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    parser = pytest.importorskip("blockir.grammar.parser")
+    parser = pytest.importorskip("blockir.frontend.parser")
     path = REPO / example
     program = parser.parse_ast(path.read_text(), str(path))
     blocks = {item.name: item for item in program.items if hasattr(item, "body")}

@@ -1,0 +1,1 @@
+"""The HF importer: a transformers config → the `.block` text of the class it names."""

@@ -1,0 +1,100 @@
+"""The shape of the per-family config tables, and the facts every family shares.
+
+A family's table lists exactly the fields its transformers config class and modeling code read, each as
+``(kind, default)`` or ``(kind, default, note)``. The kind names a type and a valid range
+(``blockir.importers.hf.schema.KINDS``); the default is the config class's own. A note is one of:
+
+- ``"=…"``: the default is derived from other fields when the field is absent or null, as the config
+  class's ``__post_init__`` does (``"=num_attention_heads"``, ``"=hidden_size // num_attention_heads"``,
+  ``"=period 6"`` …, read by ``hf_schema.derive``);
+- ``"rope"``: a legacy key the config class folds into ``rope_parameters`` (``rope_theta``,
+  ``partial_rotary_factor``, ``rope_scaling`` …);
+- a key of :data:`IGNORED`: the field is validated but deliberately not written, for the reason given.
+
+``aliases`` is the config class's ``attribute_map``: a key HF accepts under another name.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+# HF activation name -> the language's
+ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh",
+        "gelu_fast": "gelu_new", "relu": "relu", "tanh": "tanh", "relu2": "relu2", "quick_gelu": "quick_gelu",
+        "gelu_accurate": "gelu_accurate", "mish": "mish"}
+
+
+class Family(NamedTuple):
+    config: str  # the transformers config class
+    aliases: dict[str, str]  # HF's attribute_map: the other name → the field
+    fields: dict[str, tuple[Any, ...]]
+
+
+IGNORED = {
+    "init": "initialisation only: the file states no initialiser, weights come from the checkpoint",
+    "gen": "read by generation, not by the forward",
+    "cls": "read only by the classification, token-classification and question-answering heads",
+    "summary": "read only by the sequence-summary heads (double heads, multiple choice)",
+    "tp": "HF's old tensor-parallel slicing of the projections: the same product",
+    "pad": "not given to the token table by this family's code; read by generation and the loss only",
+    "unread": "kept by the config class, read by no modeling code",
+    "f32": "the softmax is taken in f32 either way",
+    "exact": "only changes the order of additions when pretraining_tp > 1",
+    "chunk": "splits the feed-forward over the sequence: the same result",
+    "mm": "read only by the multimodal classes of the same modeling file",
+    "replaced": "derived by the config class from other fields; a given value is replaced",
+    "hf": "a setting of HF's own runtime (return types, attention kernel, logging), not of the model",
+}
+
+# fields a family has and the file cannot state unless they hold the value HF's default gives: value, message
+REFUSED: dict[str, tuple[Any, str]] = {
+    "is_decoder": (False, "is_decoder=true (the encoder as a causal decoder) is not supported"),
+    "add_cross_attention": (False, "add_cross_attention=true (cross-attention layers) is not supported"),
+    "layerdrop": (0, "layerdrop (skipping whole layers while training) is not supported"),
+    "clip_qkv": (None, "clip_qkv (clamping q, k and v) is not supported"),
+    "qk_layernorm": (False, "q/k LayerNorms (qk_layernorm) are not supported"),
+    "use_qk_norm": (False, "Cohere's q/k norms (use_qk_norm) are not supported"),
+    "sinusoidal_pos_embds": (False, "DistilBERT's frozen sinusoidal position table (sinusoidal_pos_embds) is not "
+                                    "supported"),
+    "apply_residual_connection_post_layernorm": (False, "BLOOM's apply_residual_connection_post_layernorm (the "
+                                                        "residual taken after the norm) is not supported"),
+    "scale_attn_by_inverse_layer_idx": (False, "GPT-2's scale_attn_by_inverse_layer_idx is not supported"),
+    "reorder_and_upcast_attn": (False, "GPT-2's reorder_and_upcast_attn is not supported"),
+    "use_bidirectional_attention": (False, "bidirectional attention (use_bidirectional_attention) is not supported"),
+    "alibi": (False, "Falcon with alibi=true is not supported"),
+}
+
+# read by PreTrainedConfig, PreTrainedModel or the runtime of every family
+COMMON: dict[str, tuple[Any, ...]] = dict(
+    model_type=("str", None), architectures=("strs?", None), dtype=("str?", None, "hf"),
+    torch_dtype=("str?", None, "hf"), transformers_version=("str?", None, "hf"), _name_or_path=("str?", None, "hf"),
+    _attn_implementation=("str?", None, "hf"), output_attentions=("bool?", None, "hf"),
+    output_hidden_states=("bool?", None, "hf"), return_dict=("bool?", None, "hf"),
+    use_return_dict=("bool?", None, "hf"),
+    problem_type=("str?", None, "cls"), num_labels=("size?", None, "cls"), id2label=("any", None, "cls"),
+    label2id=("any", None, "cls"), is_encoder_decoder=("bool?", None, "hf"),
+    chunk_size_feed_forward=("any", None, "chunk"), classifier_dropout=("prob?", None, "cls"),
+    hidden_dropout=("any", None, "cls"), summary_first_dropout=("any", None, "summary"),
+    summary_last_dropout=("any", None, "summary"), summary_proj_to_labels=("any", None, "summary"),
+)
+
+# model_type -> its base model class (HF's ``AutoModel``) and the prefix its keys carry in the class the writer
+# writes (the causal LM for decoders; encoders are written as the base model)
+BASES: dict[str, tuple[str, str]] = {
+    "arcee": ("ArceeModel", "model."), "bert": ("BertModel", ""), "biogpt": ("BioGptModel", "biogpt."),
+    "bloom": ("BloomModel", "transformer."), "camembert": ("CamembertModel", ""),
+    "codegen": ("CodeGenModel", "transformer."), "cohere": ("CohereModel", "model."),
+    "cohere2": ("Cohere2Model", "model."), "distilbert": ("DistilBertModel", ""), "electra": ("ElectraModel", ""),
+    "falcon": ("FalconModel", "transformer."), "gemma": ("GemmaModel", "model."),
+    "gemma2": ("Gemma2Model", "model."), "gemma3_text": ("Gemma3TextModel", "model."),
+    "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
+    "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
+    "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),
+    "helium": ("HeliumModel", "model."), "llama": ("LlamaModel", "model."),
+    "ministral": ("MinistralModel", "model."), "mistral": ("MistralModel", "model."),
+    "olmo": ("OlmoModel", "model."), "olmo2": ("Olmo2Model", "model."), "opt": ("OPTModel", "model."),
+    "phi": ("PhiModel", "model."), "phi3": ("Phi3Model", "model."), "qwen2": ("Qwen2Model", "model."),
+    "qwen3": ("Qwen3Model", "model."), "roberta": ("RobertaModel", ""), "seed_oss": ("SeedOssModel", "model."),
+    "smollm3": ("SmolLM3Model", "model."), "stablelm": ("StableLmModel", "model."),
+    "starcoder2": ("Starcoder2Model", "model."), "xlm-roberta": ("XLMRobertaModel", ""),
+}

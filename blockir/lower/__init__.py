@@ -1,0 +1,1 @@
+"""Lowering: IR → torch modules (fx graphs, fused kernels, distributed plans) and the layers they call."""

@@ -1,0 +1,224 @@
+"""Apply a derived tensor-parallel plan to a compiled module with ``parallelize_module``, and FSDP2 over ``dp``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.placement_types import Placement
+
+from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
+from blockir.analyses.sizes import Sizes
+from blockir.api import load
+from blockir.lower.fx import CONTRACT_ATTR, BlockModule
+from blockir.lower.layers.numerics import batch_slice
+from blockir.diagnostics import BlockError, argument_error
+from blockir.ir.program import Block, Program
+from blockir.signatures import public
+
+
+def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
+    return BlockError([argument_error("parallelize", argument, message, hint)])
+
+
+def _stream(block: Block, program: Program, layout: str) -> Placement:
+    """The stream's placement as DTensor states it: the tensor dim of S (sequence) or of D (hidden)."""
+    if layout == "replicated":
+        return Replicate()
+    state = block.params[0].type
+    role = "seq" if layout == "sequence" else "model"
+    return Shard(next(i for i, a in enumerate(state.axes) if a.role.value == role))
+
+
+def _gathered(stream: Placement) -> PrepareModuleInput:
+    """Full rows at a branch input: all-gather a sharded stream, hand the branch plain local tensors."""
+    return PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_output=True)
+
+
+class ReplicatedHeads(ParallelStyle):
+    """A key/value projection over more ranks than it has heads: the weight is replicated and each rank
+    computes only the head its query heads read (rank r of P, head r·kv/P of kv).
+
+    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks; the input
+    gradient is summed over the ranks at once, as a column-parallel projection's is."""
+
+    def __init__(self, kv_heads: int) -> None:
+        super().__init__()
+        self.kv_heads = kv_heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.Linear:
+            raise _bad("program", f"replicated key/value heads need an nn.Linear projection, not {type(module).__name__}")
+        head = device_mesh.get_local_rank() * self.kv_heads // device_mesh.size()
+        width = module.out_features // self.kv_heads
+        rows = slice(head * width, (head + 1) * width)
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [Replicate()])))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
+            x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+            own = [p.to_local(grad_placements=[Partial()])[rows] if p is not None else None
+                   for p in (module.weight, module.bias)]
+            return F.linear(x, own[0], own[1])
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+def _share_kv(module: nn.Module, plan: ParallelPlan, world: int) -> None:
+    """A branch whose key/value heads are replicated holds one per rank: its query groups shrink to match."""
+    for m in plan.modules:
+        if m.style == "kv_replicated":
+            module.get_submodule(m.path.rpartition(".")[0]).kv_heads = world
+
+
+def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module) -> dict[str, ParallelStyle]:
+    sharded = not isinstance(stream, Replicate)
+    out: dict[str, ParallelStyle] = {}
+    for m in plan.modules:
+        if m.style == "colwise":
+            out[m.path] = ColwiseParallel()
+        elif m.style == "kv_replicated":
+            out[m.path] = ReplicatedHeads(module.get_submodule(m.path.rpartition(".")[0]).kv_heads)
+        elif m.style == "rowwise":
+            # a replicated stream stays a plain tensor; a sharded one stays a DTensor so adds see its placement
+            out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
+        elif m.style == "branch" and sharded:
+            out[m.path] = _gathered(stream)
+        elif m.style == "norm" and plan.layout == "sequence":
+            out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
+        elif m.style == "extern" and sharded:
+            out[m.path] = PrepareModuleInputOutput(
+                input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(stream,), use_local_output=False)
+    return out
+
+
+def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """Per-head parameters of attention branches, in every layout: a q/k norm's gain is replicated (each rank
+    applies it to its own heads, so its gradient is a pending sum); nGPT's s_qk and NormFormer's head scales are split
+    with the query heads."""
+    placed = {m.path: [Replicate()] for m in plan.modules if m.style == "head_norm"}
+    placed |= {key.rpartition(".")[0]: [Shard(0)] for key in plan.params if key.endswith((".qk_scale", ".head_scale"))}
+    for path, placements in placed.items():
+        for name, p in list(module.get_submodule(path).named_parameters(recurse=False)):
+            if name in ("weight", "bias", "qk_scale", "head_scale") and not isinstance(p.data, DTensor):
+                module.get_submodule(path).register_parameter(
+                    name, nn.Parameter(distribute_tensor(p.data, mesh, placements), requires_grad=p.requires_grad))
+
+
+def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:
+    """Parameters no style owns become replicated DTensors, so they meet DTensor activations."""
+    for name, param in list(module.named_parameters()):
+        if isinstance(param.data, torch.distributed.tensor.DTensor):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if any(owner == s or owner.startswith(s + ".") for s in styled):
+            continue
+        parent = module.get_submodule(owner) if owner else module
+        parent.register_parameter(leaf, nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
+                                                     requires_grad=param.requires_grad))
+
+
+def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """FSDP2 over the data-parallel axis: each stacked layer is one unit, the root holds the rest."""
+    from torch.distributed.fsdp import fully_shard
+    for path in plan.layers:
+        fully_shard(module.get_submodule(path), mesh=mesh)
+    fully_shard(module, mesh=mesh)
+
+
+def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
+    """While the module runs, dropout masks are keyed by global batch rows: this rank's slice is offset by
+    its data-parallel index, so the ranks together draw the masks of one process on the whole batch.
+
+    The forward runs inside ``batch_slice``, which restores the slice however the forward ends: a call that
+    raises leaves every later module of the process drawing its own masks."""
+    index, count = dp.get_local_rank(), dp.size()
+    forward = type(module).forward
+
+    def sliced(*args: object, **kwargs: object) -> object:
+        with batch_slice(index, count):
+            return forward(module, *args, **kwargs)
+
+    module.forward = sliced  # type: ignore[method-assign]
+
+
+def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
+    """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
+    if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
+        raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
+                   "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
+    plan = getattr(module, "blockir_plan", None)
+    if plan is not None:
+        raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
+                   f"rank{'s' if plan.world != 1 else ''})",
+                   "compile a fresh module to parallelise it another way")
+    if isinstance(program, (str, Path)):
+        program = load(program)
+    elif not isinstance(program, Program):
+        raise _bad("program", f"expected a Program or a path, got {type(program).__name__}",
+                   "the program the module was compiled from")
+    if not isinstance(name, str) or name not in program.block_map:
+        raise _bad("name", f"no block named {name!r}", "blocks: " + ", ".join(program.block_map))
+    if module.blockir_block != name:
+        raise _bad("name", f"the module was compiled from block '{module.blockir_block}', not '{name}'",
+                   f"parallelize(m, mesh, program, '{module.blockir_block}')")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')",
+                   f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
+    if mesh.ndim == 2 and mesh.mesh_dim_names != ("dp", "tp"):
+        raise _bad("mesh", f"a 2-D mesh must name its axes ('dp', 'tp'), not {mesh.mesh_dim_names}",
+                   "init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp'))")
+    return program
+
+
+@public("parallelize")
+def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
+                layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
+    """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
+
+    A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
+    runs over ``tp`` and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
+    parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch (equal, consecutive slices
+    of axis 0, in ``dp`` rank order), gradients are averaged over ``dp``, and dropout masks are those of the
+    whole batch on one process.
+
+    ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
+    parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
+    split). The module still takes and returns full tensors: its input is sliced to the stream's
+    layout and its output gathered, so it is a drop-in replacement for the single-device module.
+    ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
+    """
+    program = _check_arguments(module, mesh, program, name, layout)
+    block = program.block(name)
+    dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
+    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
+    stream = _stream(block, program, layout)
+    styles = _styles(plan, stream, module)
+    if styles:
+        parallelize_module(module, mesh, styles)
+    _share_kv(module, plan, mesh.size())
+    _head_params(module, mesh, plan)
+    if not isinstance(stream, Replicate):
+        _replicate_rest(module, mesh, plan, set(styles))
+        parallelize_module(module, mesh, PrepareModuleInputOutput(
+            input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_input=False,
+            output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
+    if dp is not None:
+        _fully_shard(module, dp, plan)
+        _batch_slice(module, dp)
+        # FSDP2 may compute in another dtype than it stores (mixed precision) and casts the inputs itself
+        vars(module)[CONTRACT_ATTR] = vars(module)[CONTRACT_ATTR]._replace(dtype=None, probe=None)
+    module.blockir_plan = plan
+    return module
