@@ -25,7 +25,7 @@ import time
 import blockir
 from blockir.diagnostics import BlockError
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import CallOp, InputOp, NormOp, OutputOp
+from blockir.ops import CallOp, InputOp, NormOp, OutputOp
 from blockir.ir.program import Program
 
 HEAD = "dim B: batch\ndim S: seq\ndim D: model = 64\ndim F: hidden = 128\ndim H: heads = 4\n\n"

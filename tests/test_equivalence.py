@@ -14,7 +14,7 @@ from blockir.analyses.diff import BlockDiff, diff_blocks
 from blockir.analyses.keys import param_keys
 from blockir.analyses.migration import FunctionCheck, check_function
 from blockir.cli import with_callees
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.kinds import ACTIVATIONS, GATES, KINDS
 from blockir.ir.program import Block, Program
 from conftest import EXAMPLES, ROOT

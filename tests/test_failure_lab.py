@@ -17,7 +17,7 @@ import pytest
 import blockir
 from blockir.cli import main
 from blockir.diagnostics import render_all
-from blockir.ir.ops import CallOp, FusedAddNormOp
+from blockir.ops import CallOp, FusedAddNormOp
 from blockir.ir.program import Program
 from conftest import ROOT, check_golden
 

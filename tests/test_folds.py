@@ -11,7 +11,7 @@ from torch import nn
 
 import blockir
 from blockir.cli import main
-from blockir.ir.ops import DropoutOp, ScaleOp
+from blockir.ops import DropoutOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 from blockir.passes.fold import FoldResult, apply_folds

@@ -9,7 +9,7 @@ import torch
 
 import blockir
 from blockir.lifecycle.session import stand_ins
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.printer import format_block
 from blockir.passes.fuse import fuse_program
 from conftest import EXAMPLES, ROOT, check_golden

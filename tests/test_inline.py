@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import blockir
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.passes.fuse import fuse_program
 from blockir.analyses.sizes import Sizes
 from blockir.passes.inline import inline_stacks

@@ -13,7 +13,7 @@ from torch import Tensor
 import blockir
 from blockir.lower.fx import SEED_HIGH, site_id
 from blockir.lower.rng import KEEP_BITS, dropout_key, fmix32
-from blockir.ir.ops import LayerDropOp
+from blockir.ops import LayerDropOp
 from blockir.ir.printer import format_program
 
 HEADER = """

@@ -15,7 +15,7 @@ import blockir
 from blockir.analyses.fold_legality import fold_report
 from blockir.lower.layers.batchnorm import PRepBN
 from blockir.cli import main
-from blockir.ir.ops import NormOp
+from blockir.ops import NormOp
 from blockir.passes.fold import apply_folds
 from conftest import ROOT
 

@@ -29,7 +29,7 @@ from blockir.frontend.parser import decode
 from blockir.ir import consts as C
 from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, KINDS, MASKS, ArgSpec
-from blockir.ir.ops import OutputOp
+from blockir.ops import OutputOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 from blockir.ir.types import DType, TensorType

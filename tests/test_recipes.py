@@ -15,7 +15,7 @@ from blockir.lifecycle import session
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.sites import residual_sites
 from blockir.cli import main
-from blockir.ir.ops import NormOp, ScaleOp
+from blockir.ops import NormOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
 from blockir.passes.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup

@@ -51,7 +51,7 @@ def test_import_blockir_is_torch_free_and_compile_loads_on_first_use() -> None:
 def test_the_shipped_tables_are_a_fresh_build_of_the_grammar() -> None:
     """A grammar edit without regenerating fails here; the build does not depend on string hashing."""
     from blockir.frontend import tables
-    shipped = (ROOT / "blockir" / "grammar" / tables.TABLES_FILE).read_bytes()
+    shipped = (ROOT / "blockir" / "frontend" / tables.TABLES_FILE).read_bytes()
     assert tables.render(tables.grammar_text()).encode() == shipped
     other_seed = subprocess.run([sys.executable, "-c", "import sys; from blockir.frontend import tables; "
                                  "sys.stdout.write(tables.render(tables.grammar_text()))"], capture_output=True,

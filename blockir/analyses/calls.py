@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from blockir.diagnostics import Span
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
+from blockir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 

@@ -25,7 +25,7 @@ from blockir.analyses.calls import Declared, callee, identity, output_source
 from blockir.analyses.sizes import value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.diagnostics import Span
-from blockir.ir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
+from blockir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.summaries import callees_first, output_source
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, retracted, wrapper
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import CallOp, NormOp
+from blockir.ops import CallOp, NormOp
 from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]  # branches per residual update

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from blockir.analyses import equivalence as E
 from blockir.analyses.keys import key_layout, param_keys
 from blockir.diagnostics import BlockError
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.printer import format_decl, format_op
 from blockir.ir.program import Block, Program
 

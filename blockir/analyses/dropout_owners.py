@@ -23,7 +23,7 @@ from blockir.analyses.sizes import Env, value
 from blockir.analyses.structure import wrapper
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, KindDecl
-from blockir.ir.ops import DropoutOp, LayerDropOp
+from blockir.ops import DropoutOp, LayerDropOp
 from blockir.ir.program import Block
 
 ATTENTION = ("self_attention", "cross_attention")

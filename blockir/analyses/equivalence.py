@@ -31,7 +31,7 @@ import networkx as nx
 from networkx.algorithms.isomorphism import categorical_edge_match, categorical_node_match
 
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import TensorType

@@ -25,17 +25,7 @@ from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import LAYER_NAMES, layer_names
-from blockir.ir.ops import (
-    ActivationOp,
-    AddOp,
-    CallOp,
-    DropoutOp,
-    FusedAddNormOp,
-    NormOp,
-    Op,
-    OutputOp,
-    ScaleOp,
-)
+from blockir.ops import ActivationOp, AddOp, CallOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp, ScaleOp
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 

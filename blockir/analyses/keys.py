@@ -29,7 +29,7 @@ from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import layer_names
-from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op
+from blockir.ops import CallOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 from blockir.signatures import public
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from blockir.analyses.cache import per_object
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, InstanceDecl, Param
-from blockir.ir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp, SubOp
+from blockir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp, SubOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Placement, Role
 

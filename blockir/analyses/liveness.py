@@ -20,8 +20,7 @@ from typing import Literal
 
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.ir.consts import Num
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, MulOp, NormOp, Op, OutputOp,
-                            ScaleOp)
+from blockir.ops import ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, MulOp, NormOp, Op, OutputOp, ScaleOp
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 from blockir.ir.types import DType, TensorType

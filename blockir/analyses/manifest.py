@@ -31,7 +31,7 @@ from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wr
 from blockir.diagnostics import BlockError
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Role
 from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm

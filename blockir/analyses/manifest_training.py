@@ -31,7 +31,7 @@ from blockir.analyses.sizes import Env, value
 from blockir.analyses.summaries import callee
 from blockir.ir import init_roles
 from blockir.ir.decls import ExternDecl, KindDecl
-from blockir.ir.ops import AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ops import AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 POLICIES = ("row_local", "attention_masked", "batch_stats_masked", "unknown", "padding_dependent")

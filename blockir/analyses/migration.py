@@ -31,7 +31,7 @@ import yaml
 from blockir.analyses.equivalence import compare
 from blockir.analyses.keys import Key
 from blockir.diagnostics import BlockError, Span, error
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.printer import format_decl, format_op
 from blockir.ir.program import Block, Program

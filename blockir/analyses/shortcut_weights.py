@@ -36,7 +36,7 @@ from blockir.analyses.structure import Sublayer, decl_kind, interpolation, norma
 from blockir.analyses.summaries import callee
 from blockir.analyses.classify import final_norm
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import CallOp, DropoutOp, FusedAddNormOp, LayerDropOp, MulOp, ScaleOp
+from blockir.ops import CallOp, DropoutOp, FusedAddNormOp, LayerDropOp, MulOp, ScaleOp
 from blockir.ir.program import Block, Program
 
 

@@ -17,7 +17,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import Sublayer, wrapper
 from blockir.analyses.summaries import score_family
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 
 

@@ -31,8 +31,7 @@ import networkx as nx
 from blockir.analyses.cache import per_object
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import GATES
-from blockir.ir.ops import (ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp,
-                            MulOp, NormOp, Op, OutputOp, ScaleOp, SubOp)
+from blockir.ops import ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp, MulOp, NormOp, Op, OutputOp, ScaleOp, SubOp
 from blockir.ir.program import Block
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)

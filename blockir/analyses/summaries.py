@@ -46,7 +46,7 @@ from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import CallOp, DropoutOp, FusedAddNormOp, NormOp, Op
+from blockir.ops import CallOp, DropoutOp, FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 
 CALLS = ("block", "stack")

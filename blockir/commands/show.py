@@ -19,7 +19,7 @@ from blockir.ir.program import Block, Program
 
 def _fused_block(block: Block) -> str:
     """One block after fusion, as parseable text: each fused op is a comment above the ops it replaces."""
-    from blockir.ir.ops import InputOp
+    from blockir.ops import InputOp
     from blockir.ir.printer import format_block, format_op
     from blockir.passes.fuse import fuse_block
     _, chains = fuse_block(block)

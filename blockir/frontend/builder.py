@@ -14,7 +14,7 @@ from blockir.ir import consts as C
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
 from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import KINDS, ArgSpec, KindSpec
-from blockir.ir.ops import AddOp, InputOp, OutputOp
+from blockir.ops import AddOp, InputOp, OutputOp
 from blockir.ir.program import Block, Const, Program
 from blockir.ir.types import Axis, DType, Role, TensorType
 

@@ -9,7 +9,7 @@ from blockir.diagnostics import Span, error
 from blockir.frontend import ast
 from blockir.frontend.scope import Scope, suggest
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, MASKS
 from blockir.ir.types import Axis, DType, Role, TensorType

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from blockir.ir.ops import OutputOp
+from blockir.ops import OutputOp
 from blockir.ir.program import Block
 
 OUTPUT = "<output>"

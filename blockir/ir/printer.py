@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program

@@ -7,7 +7,7 @@ from functools import cached_property
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
-from blockir.ir.ops import InputOp, Op, OutputOp
+from blockir.ops import InputOp, Op, OutputOp
 from blockir.ir.types import Axis, Layout, TensorType
 
 

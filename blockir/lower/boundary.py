@@ -26,7 +26,7 @@ import torch
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.frontend.scope import suggest
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, Role

@@ -49,7 +49,7 @@ from blockir.lower.layers.modules import bound_extern, kind_factory
 from blockir.lower.rng import dropout_key
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import TensorType

@@ -23,7 +23,7 @@ from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import decl_kind
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
+from blockir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.passes.fold_weights import (
     Drop,

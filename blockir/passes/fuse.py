@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from blockir.analyses.norms import family
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
 

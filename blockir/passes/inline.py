@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.analyses.sizes import Sizes
 from blockir.ir.program import Block, Const, Program

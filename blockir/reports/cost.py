@@ -24,7 +24,7 @@ from blockir.analyses.sizes import Env, Sizes, block_env, program_env, reads_lay
 from blockir.analyses.shortcut_weights import StackWeights, describe, route_summary, stack_weights
 from blockir.analyses.structure import interpolation, wrapper
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, TensorType

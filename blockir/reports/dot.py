@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.analyses.structure import wrapper
 from blockir.ir.graph import OUTPUT, block_graph
 from blockir.ir.printer import format_op

@@ -16,7 +16,7 @@ from blockir.analyses.sizes import Env, contexts, layer_counts, program_env, use
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import CallOp
+from blockir.ops import CallOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

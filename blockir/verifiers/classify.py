@@ -11,7 +11,7 @@ from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
 from blockir.analyses.summaries import output_source
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
-from blockir.ir.ops import FusedAddNormOp, NormOp
+from blockir.ops import FusedAddNormOp, NormOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

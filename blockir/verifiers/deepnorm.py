@@ -21,7 +21,7 @@ from blockir.diagnostics import Diagnostic, error
 from blockir.ir import consts as C
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import FusedAddNormOp, Op, ScaleOp
+from blockir.ops import FusedAddNormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

@@ -13,7 +13,7 @@ from blockir.analyses.structure import attention_norms, decl_kind
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Name
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import CallOp, NormOp
+from blockir.ops import CallOp, NormOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

@@ -5,7 +5,7 @@ from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import stated
 from blockir.analyses.liveness import AddDecision, plan
 from blockir.diagnostics import Diagnostic, Note, error, warning
-from blockir.ir.ops import AddOp
+from blockir.ops import AddOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

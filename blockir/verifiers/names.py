@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from blockir.diagnostics import Diagnostic, warning
-from blockir.ir.ops import InputOp, OutputOp
+from blockir.ops import InputOp, OutputOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 

@@ -16,7 +16,7 @@ from blockir.analyses.structure import describe
 from blockir.analyses.summaries import summaries
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import FusedAddNormOp, NormOp, Op
+from blockir.ops import FusedAddNormOp, NormOp, Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, Role, TensorType
 from blockir.verifiers.registry import verifier

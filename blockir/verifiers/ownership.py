@@ -32,7 +32,7 @@ from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Num
 from blockir.ir.decls import KindDecl
-from blockir.ir.ops import AddOp, FusedAddNormOp, SubOp
+from blockir.ops import AddOp, FusedAddNormOp, SubOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 

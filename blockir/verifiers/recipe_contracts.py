@@ -17,7 +17,7 @@ from blockir.analyses.summaries import summaries
 from blockir.analyses.tfixup import gains
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

@@ -11,7 +11,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
 from blockir.diagnostics import BlockError, Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp, SubOp
+from blockir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp, SubOp
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Role, TensorType
 from blockir.verifiers.registry import verifier

@@ -25,7 +25,7 @@ from blockir.analyses.structure import Sublayer, Wrapper, describe, wrapper
 from blockir.analyses.summaries import Summaries, callee, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.decls import InstanceDecl
-from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.deepnorm import alpha_values
 from blockir.verifiers.registry import verifier

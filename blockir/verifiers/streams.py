@@ -15,7 +15,7 @@ from blockir.analyses.structure import describe, wrapper
 from blockir.analyses.summaries import Summary, callee, score_routes, summaries
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import AddOp, CallOp, CastOp, ConcatOp, DropoutOp, MulOp, Op
+from blockir.ops import AddOp, CallOp, CastOp, ConcatOp, DropoutOp, MulOp, Op
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 

@@ -21,7 +21,7 @@ from blockir.analyses.carry import head_source
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, LayerDropOp, NormOp, Op, ScaleOp
+from blockir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, LayerDropOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
 from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier

@@ -11,7 +11,7 @@ from blockir.lower.layers import numerics
 from blockir.lower.fused import functional
 from blockir.lower.fx import EXTRA_LOWERINGS, GraphBuilder, node_name, site_id
 from blockir.lower.rng import dropout_key
-from blockir.ir.ops import FusedAddNormOp
+from blockir.ops import FusedAddNormOp
 
 
 def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module,

@@ -37,7 +37,7 @@ from blockir.analyses.fold_legality import FIRST_LINEAR
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.passes.recipes.base import (

@@ -16,7 +16,7 @@ from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.api import parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.ir.kinds import KINDS
 from blockir.ir.printer import format_program

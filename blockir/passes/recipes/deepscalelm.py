@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from blockir.analyses.sizes import block_env, program_env, value
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
 from blockir.passes.recipes.base import (

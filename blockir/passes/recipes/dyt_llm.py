@@ -26,7 +26,7 @@ from __future__ import annotations
 from blockir.analyses.norms import dyt_llm_alpha
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import attention_norms
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, finish, models_stacking,

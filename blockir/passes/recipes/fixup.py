@@ -24,7 +24,7 @@ the stack depth.
 from __future__ import annotations
 
 from blockir.ir import consts as C
-from blockir.ir import ops as O
+from blockir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.init_roles import PATH_LAYERS
 from blockir.ir.program import Program

@@ -1,0 +1,53 @@
+"""Per-kind hook tables: behaviour a later stage needs from each op kind, registered by the kind's own file.
+
+A table maps an op kind to one function. ``blockir/ops/<kind>.py`` registers its entries when the
+``blockir.ops`` package is imported, so a stage reads ``TABLE.of(op)`` and never lists op classes.
+A hook that needs torch receives the stage's builder as an argument and does not import torch
+itself, so checking a file never loads torch. ``missing()`` lets a test require that every kind
+fills every table it must.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class HookTable:
+    """One named behaviour, one function per op kind (looked up along the kind's MRO)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._by_kind: dict[type, Callable[..., Any]] = {}
+
+    def register(self, *kinds: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for kind in kinds:
+                if kind in self._by_kind:
+                    raise ValueError(f"{self.name}: {kind.__name__} registered twice")
+                self._by_kind[kind] = fn
+            return fn
+        return add
+
+    def get(self, op: Any) -> Callable[..., Any] | None:
+        for kind in type(op).__mro__:
+            if kind in self._by_kind:
+                return self._by_kind[kind]
+        return None
+
+    def of(self, op: Any) -> Callable[..., Any]:
+        fn = self.get(op)
+        if fn is None:
+            raise LookupError(f"no {self.name} hook for {type(op).__name__}")
+        return fn
+
+    def missing(self, kinds: list[type]) -> list[str]:
+        return [k.__name__ for k in kinds if not any(c in self._by_kind for c in k.__mro__)]
+
+
+# The tables stages read. Analyses' tables are filled by the kinds' analysis-hook sections, the
+# lowering tables by their lowering-hook sections (see the two headings at the end of each kind's file).
+LAYOUT = HookTable("layout")            # analyses/layouts: how an op maps its operands' layouts to its results
+KEYS = HookTable("keys")                # analyses/keys: the state-dict keys an op's declarations own
+EQUIVALENCE = HookTable("equivalence")  # analyses/equivalence: the fields that decide whether two ops are equal
+FX_LOWERING = HookTable("fx lowering")  # lower/fx: (op, builder) -> the fx values of its results
+FUSED_LOWERING = HookTable("fused lowering")  # lower/fused: kinds the fused backend lowers differently
+COST = HookTable("cost")                # reports/cost: (op, ledger) -> flops and bytes of the op

@@ -1,0 +1,37 @@
+"""The BiasOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import Elementwise, Learned, RowLocal, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class BiasOp(OpBase):
+    """``operand + param``: a learned per-channel ``bias`` declaration added to a value."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Learned, Elementwise, RowLocal})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    operand: str = role_field("value")
+    param: str = role_field("decl")
+    span: Span = field(**SPAN)
+
+    def label(self) -> str:
+        return f"'… + {self.param}'"
+
+    def text(self) -> str:
+        return f"{self.result} = {self.operand} + {self.param}"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

@@ -1,0 +1,47 @@
+"""The CallOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import Calls, MultiResult, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class CallOp(OpBase):
+    """A branch, linear, activation declaration, extern, block or stack applied to values."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Calls, MultiResult})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    decl: str = role_field("decl")
+    args: tuple[str, ...] = role_field("value")
+    span: Span = field(**SPAN)
+    # the carried streams a multi-result block (or a score-carrying attention) returns after the hidden state
+    more: tuple[str, ...] = role_field("result", default=())
+    more_types: tuple[TensorType, ...] = ()
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return (self.result, *self.more)
+
+    def type_of(self, value: str) -> TensorType | None:
+        return self.more_types[self.more.index(value)] if value in self.more else self.type
+
+    def label(self) -> str:
+        return f"'{self.decl}(…)'"
+
+    def text(self) -> str:
+        return f"{', '.join(self.results)} = {self.decl}({', '.join(self.args)})"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

@@ -1,0 +1,36 @@
+"""The ComplementOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import Elementwise, RowLocal, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class ComplementOp(OpBase):
+    """``1 - operand``: the complementary gate of a convex combination."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Elementwise, RowLocal})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    operand: str = role_field("value")
+    span: Span = field(**SPAN)
+
+    def label(self) -> str:
+        return "'1 - …'"
+
+    def text(self) -> str:
+        return f"{self.result} = 1 - {self.operand}"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

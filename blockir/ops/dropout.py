@@ -1,0 +1,48 @@
+"""The DropoutOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.consts import ConstExpr, format_expr
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import Elementwise, Modifier, RowLocal, Stochastic, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class DropoutOp(OpBase):
+    """Inverted dropout; ``mask`` says which axes one draw covers (element, row, channel, sample)."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Stochastic, Modifier, Elementwise, RowLocal})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    operand: str = role_field("value")
+    p: ConstExpr = role_field("expr")
+    mask: str = field()
+    span: Span = field(**SPAN)
+
+    @property
+    def function(self) -> str:
+        """The built-in function that writes it."""
+        return "drop_path" if self.mask == "sample" else "dropout"
+
+    def label(self) -> str:
+        return f"'{self.function}(…)'"
+
+    def text(self) -> str:
+        p = format_expr(self.p)
+        if self.mask == "sample":
+            return f"{self.result} = drop_path({self.operand}, p={p})"
+        mask = "" if self.mask == "element" else f", mask={self.mask}"
+        return f"{self.result} = dropout({self.operand}, p={p}{mask})"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

@@ -1,0 +1,30 @@
+"""The InputOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import RowLocal, Source, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class InputOp(OpBase):
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Source, RowLocal})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    span: Span = field(**SPAN)
+
+    def text(self) -> str:
+        return f"{self.result}: {self.type}"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

@@ -1,0 +1,28 @@
+"""The MulOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from blockir.ir.traits import Combines, Elementwise, RowLocal, Trait
+from blockir.ops.pair import TensorPair
+
+
+@dataclass(frozen=True)
+class MulOp(TensorPair):
+    """``lhs * rhs`` of two tensors of one type, elementwise: a gate applied to a value."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Combines, Elementwise, RowLocal})
+
+    SYMBOL: ClassVar[str] = "*"
+
+    def label(self) -> str:
+        return "'… * …' (a product of tensors)"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

@@ -1,0 +1,39 @@
+"""The OutputOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.op import OpBase, SPAN, role_field
+from blockir.ir.traits import Sink, Trait
+
+
+@dataclass(frozen=True)
+class OutputOp(OpBase):
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Sink})
+
+    value: str = role_field("value")
+    span: Span = field(**SPAN)
+    more: tuple[str, ...] = role_field("value", default=())  # the carried streams returned after the hidden state
+    result = "<output>"
+    type = None
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return (self.value, *self.more)
+
+    def text(self) -> str:
+        return f"return {', '.join(self.values)}"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)

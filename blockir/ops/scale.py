@@ -1,0 +1,44 @@
+"""The ScaleOp kind: its fields, printing and label."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blockir.diagnostics import Span
+from blockir.ir.consts import ConstExpr
+from blockir.ir.op import OpBase, SPAN, role_field, factor_text
+from blockir.ir.traits import Elementwise, Modifier, RowLocal, Scales, Trait
+from blockir.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class ScaleOp(OpBase):
+    """``factor * operand``: a constant expression, or a learned scalar/vector declaration."""
+
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Scales, Modifier, Elementwise, RowLocal})
+
+    result: str = role_field("result")
+    type: TensorType = field()
+    operand: str = role_field("value")
+    factor: ConstExpr | None = role_field("expr", default=None)
+    param: str | None = role_field("decl", default=None)
+    span: Span = field(**SPAN)
+
+    def __post_init__(self) -> None:
+        if (self.factor is None) == (self.param is None):
+            raise ValueError("a scale has exactly one of a constant factor or a learned parameter")
+
+    def label(self) -> str:
+        return f"'{self.param} * …'" if self.param else "'… * …' (a constant scale)"
+
+    def text(self) -> str:
+        factor = self.param if self.param is not None else factor_text(self.factor)  # type: ignore[arg-type]
+        return f"{self.result} = {factor} * {self.operand}"
+
+
+# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
+# (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+
+# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
+# (each hook receives the stage's builder; none imports torch)
