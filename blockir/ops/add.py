@@ -31,6 +31,20 @@ class AddOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(AddOp)
+def _layout(op: AddOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.lhs)
+
+
+@EQUIVALENCE.register(AddOp)
+def _equivalence(op: AddOp, builder: Any) -> tuple:
+    return builder.label(op, "add")
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -31,6 +31,20 @@ class ConcatOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(ConcatOp)
+def _layout(op: ConcatOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.args[0])
+
+
+@EQUIVALENCE.register(ConcatOp)
+def _equivalence(op: ConcatOp, builder: Any) -> tuple:
+    return builder.label(op, "concat")
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

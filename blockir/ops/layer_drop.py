@@ -30,6 +30,15 @@ class LayerDropOp(DropoutOp):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE
+
+
+@EQUIVALENCE.register(LayerDropOp)
+def _equivalence(op: LayerDropOp, builder: Any) -> tuple:
+    return builder.label(op, "layer_drop")  # one draw per layer: no name keys its mask
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

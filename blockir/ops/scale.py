@@ -39,6 +39,25 @@ class ScaleOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(ScaleOp)
+def _layout(op: ScaleOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@KEYS.register(ScaleOp)
+def _keys(op: ScaleOp, block: Any, arg: int) -> Any:
+    return block.type_of(op.operand)
+
+
+@EQUIVALENCE.register(ScaleOp)
+def _equivalence(op: ScaleOp, builder: Any) -> tuple:
+    return builder.label(op, "scale")
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -30,6 +30,20 @@ class ZerosOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(ZerosOp)
+def _layout(op: ZerosOp, ctx: Any, analyser: Any) -> None:
+    """A zeros start is replicated over every mesh axis: it records no placement."""
+
+
+@EQUIVALENCE.register(ZerosOp)
+def _equivalence(op: ZerosOp, builder: Any) -> tuple:
+    return builder.label(op, "zeros")
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
