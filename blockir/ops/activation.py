@@ -32,7 +32,7 @@ class ActivationOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(ActivationOp)
@@ -43,6 +43,12 @@ def _layout(op: ActivationOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(ActivationOp)
 def _equivalence(op: ActivationOp, builder: Any) -> tuple:
     return builder.label(op, "activation")
+
+
+@BUILD.register(ActivationOp, "fn(x)")
+def _build(ctx: Any, result: str, span: Any, fn: str, operand: str) -> ActivationOp:
+    """A built-in activation or gate function applied to a value."""
+    return ActivationOp(result, ctx.type_of(operand), fn, operand, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

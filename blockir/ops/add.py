@@ -33,7 +33,7 @@ class AddOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(AddOp)
@@ -44,6 +44,12 @@ def _layout(op: AddOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(AddOp)
 def _equivalence(op: AddOp, builder: Any) -> tuple:
     return builder.label(op, "add")
+
+
+@BUILD.register(AddOp, "a + b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> AddOp:
+    """Two tensors of one type summed (``@inplace`` is set afterwards, on the statement's own add)."""
+    return AddOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -34,7 +34,7 @@ class BiasOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
 
 
 @LAYOUT.register(BiasOp)
@@ -50,6 +50,11 @@ def _keys(op: BiasOp, block: Any, arg: int) -> Any:
 @EQUIVALENCE.register(BiasOp)
 def _equivalence(op: BiasOp, builder: Any) -> tuple:
     return builder.label(op, "bias")
+
+
+@BUILD.register(BiasOp, "x + bias")
+def _build(ctx: Any, result: str, span: Any, operand: str, param: str) -> BiasOp:
+    return BiasOp(result, ctx.type_of(operand), operand, param, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -44,7 +44,7 @@ class CallOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
 
 
 @LAYOUT.register(CallOp)
@@ -60,6 +60,14 @@ def _keys(op: CallOp, block: Any, arg: int) -> Any:
 @EQUIVALENCE.register(CallOp)
 def _equivalence(op: CallOp, builder: Any) -> tuple:
     return builder.label(op, "call")
+
+
+@BUILD.register(CallOp, "decl(x)")
+def _build(ctx: Any, result: str, span: Any, decl: str, args: tuple[str, ...], t: TensorType,
+           more: tuple[str, ...] = (), more_types: tuple[TensorType, ...] = ()) -> CallOp:
+    """A declaration applied to values; its result type ``t`` (and those of the carried streams it also
+    returns) follow from the declaration, which the frontend reads."""
+    return CallOp(result, t, decl, args, span=span, more=more, more_types=more_types)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -32,7 +32,7 @@ class CastOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(CastOp)
@@ -43,6 +43,11 @@ def _layout(op: CastOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(CastOp)
 def _equivalence(op: CastOp, builder: Any) -> tuple:
     return builder.label(op, "cast")
+
+
+@BUILD.register(CastOp, "cast(x, t)")
+def _build(ctx: Any, result: str, span: Any, operand: str, dtype: DType) -> CastOp:
+    return CastOp(result, ctx.type_of(operand).with_dtype(dtype), operand, dtype, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

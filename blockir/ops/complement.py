@@ -33,7 +33,7 @@ class ComplementOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(ComplementOp)
@@ -44,6 +44,11 @@ def _layout(op: ComplementOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(ComplementOp)
 def _equivalence(op: ComplementOp, builder: Any) -> tuple:
     return builder.label(op, "complement")
+
+
+@BUILD.register(ComplementOp, "1 - z")
+def _build(ctx: Any, result: str, span: Any, operand: str) -> ComplementOp:
+    return ComplementOp(result, ctx.type_of(operand), operand, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

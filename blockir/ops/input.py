@@ -27,7 +27,7 @@ class InputOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(InputOp)
@@ -38,6 +38,12 @@ def _layout(op: InputOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(InputOp)
 def _equivalence(op: InputOp, builder: Any) -> tuple:
     return builder.input_label(op)
+
+
+@BUILD.register(InputOp, "parameter")
+def _build(ctx: Any, result: str, span: Any, t: TensorType) -> InputOp:
+    """A block parameter of type ``t``, bound under its name."""
+    return InputOp(result, t, span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -25,7 +25,7 @@ class MulOp(TensorPair):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(MulOp)
@@ -36,6 +36,11 @@ def _layout(op: MulOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(MulOp)
 def _equivalence(op: MulOp, builder: Any) -> tuple:
     return builder.label(op, "mul")
+
+
+@BUILD.register(MulOp, "a * b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> MulOp:
+    return MulOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -32,7 +32,7 @@ class NormOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
 
 
 @LAYOUT.register(NormOp)
@@ -48,6 +48,12 @@ def _keys(op: NormOp, block: Any, arg: int) -> Any:
 @EQUIVALENCE.register(NormOp)
 def _equivalence(op: NormOp, builder: Any) -> tuple:
     return builder.label(op, "norm")
+
+
+@BUILD.register(NormOp, "norm(x)")
+def _build(ctx: Any, result: str, span: Any, decl: str, operand: str) -> NormOp:
+    """A norm declaration applied to a value: the result has the value's type."""
+    return NormOp(result, ctx.type_of(operand), decl, operand, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

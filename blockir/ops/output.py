@@ -36,7 +36,7 @@ class OutputOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(OutputOp)
@@ -47,6 +47,12 @@ def _layout(op: OutputOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(OutputOp)
 def _equivalence(op: OutputOp, builder: Any) -> tuple:
     return builder.output_label(op)
+
+
+@BUILD.register(OutputOp, "return")
+def _build(ctx: Any, result: None, span: Any, values: tuple[str, ...]) -> OutputOp:
+    """``return y, s1, …``: the hidden state first, then each carried stream."""
+    return OutputOp(values[0], span, tuple(values[1:]))
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

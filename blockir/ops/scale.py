@@ -41,7 +41,7 @@ class ScaleOp(OpBase):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
 
 
 @LAYOUT.register(ScaleOp)
@@ -57,6 +57,12 @@ def _keys(op: ScaleOp, block: Any, arg: int) -> Any:
 @EQUIVALENCE.register(ScaleOp)
 def _equivalence(op: ScaleOp, builder: Any) -> tuple:
     return builder.label(op, "scale")
+
+
+@BUILD.register(ScaleOp, "s * x")
+def _build(ctx: Any, result: str, span: Any, operand: str, factor: Any, param: str | None) -> ScaleOp:
+    """A constant ``factor`` or a learned ``param`` declaration times a tensor."""
+    return ScaleOp(result, ctx.type_of(operand), operand, factor=factor, param=param, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -26,7 +26,7 @@ class SubOp(TensorPair):
 
 from typing import Any
 
-from blockir.ir.hooks import EQUIVALENCE, LAYOUT
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
 
 
 @LAYOUT.register(SubOp)
@@ -37,6 +37,11 @@ def _layout(op: SubOp, ctx: Any, analyser: Any) -> None:
 @EQUIVALENCE.register(SubOp)
 def _equivalence(op: SubOp, builder: Any) -> tuple:
     return builder.label(op, "sub")
+
+
+@BUILD.register(SubOp, "a - b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> SubOp:
+    return SubOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
