@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from blockir.diagnostics import Span
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
+from blockir.analyses.block_queries import has, transparent
+from blockir.ir.traits import Calls, Function
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 
@@ -24,20 +26,20 @@ class Declared:
 def callee(program: Program, block: Block, op: Op | None) -> InstanceDecl | None:
     """The sub-block or stack declaration ``op`` calls, if it calls one that exists."""
     d = block.decl_map.get(getattr(op, "decl", None) or "")
-    return d if isinstance(op, CallOp) and isinstance(d, InstanceDecl) and d.block in program.block_map else None
+    return d if has(op, Calls) and isinstance(d, InstanceDecl) and d.block in program.block_map else None
 
 
 def identity(block: Block, op: Op | None) -> bool:
     """The identity activation, written as an op or as a declared activation."""
-    if isinstance(op, ActivationOp):
+    if has(op, Function):
         return op.fn == "identity"
     d = block.decl_map.get(getattr(op, "decl", None) or "")
-    return isinstance(op, CallOp) and isinstance(d, KindDecl) and d.kind == "activation" and d.arg("fn") == "identity"
+    return has(op, Calls) and isinstance(d, KindDecl) and d.kind == "activation" and d.arg("fn") == "identity"
 
 
 def _transparent(block: Block, op: Op | None) -> bool:
     """Ops that leave a normalized value normalized: casts, dropout, scales and the identity activation."""
-    return isinstance(op, (CastOp, DropoutOp, ScaleOp)) or identity(block, op)
+    return transparent(op) or identity(block, op)
 
 
 def output_source(block: Block) -> tuple[str | None, Op | None]:

@@ -25,7 +25,9 @@ from blockir.analyses.calls import Declared, callee, identity, output_source
 from blockir.analyses.sizes import value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.diagnostics import Span
-from blockir.ops import ActivationOp, CallOp, CastOp, DropoutOp, Op, ScaleOp
+from blockir.analyses.block_queries import has, transparent
+from blockir.ir.traits import Calls, Converts, Function, Scales, Stochastic
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 if TYPE_CHECKING:
@@ -72,18 +74,18 @@ def route(program: Program, block: Block, leaf: str, state: str, env: Mapping[st
         op = block.producers.get(v)
         d = callee(program, block, op)
         inner = summaries[d.block].passes_input if d is not None and d.count is None else None
-        if isinstance(op, DropoutOp):
+        if has(op, Stochastic):
             dropout = op.span if value(op.p, env) != 0 else dropout
-        elif isinstance(op, ScaleOp) and op.factor is not None:
+        elif has(op, Scales) and op.factor is not None:
             factor, scale = _times(factor, value(op.factor, env)), op.span
-        elif inner is not None and isinstance(op, CallOp) and op.args:
+        elif inner is not None and has(op, Calls) and op.args:
             helper = op
             dropout, scale = inner.dropout or dropout, inner.scale or scale
             factor = _times(factor, inner.factor)
-        elif not (isinstance(op, CastOp) or identity(block, op)):
+        elif not (has(op, Converts) or identity(block, op)):
             return None
         ops.append(op)  # type: ignore[arg-type]
-        v = op.args[0] if isinstance(op, CallOp) else op.operands[0]  # type: ignore[union-attr]
+        v = op.args[0] if has(op, Calls) else op.operands[0]  # type: ignore[union-attr]
     return Route(tuple(reversed(ops)), dropout, helper, factor, scale)
 
 
@@ -125,16 +127,16 @@ def identity_route(program: Program, block: Block, summaries: Mapping[str, Summa
             first = first or s.root.span
         elif d is not None and summaries[d.block].identity_route is not None:
             first = first or summaries[d.block].identity_route
-        elif not isinstance(op, CastOp):
+        elif not has(op, Converts):
             return None
     return first
 
 
 def replacing(block: Block, op: Op | None) -> bool:
     """A computation on the stream that keeps its type and carries nothing of its input past it."""
-    if isinstance(op, ActivationOp):
+    if has(op, Function):
         return op.fn != "identity" and block.type_of(op.result).names == block.type_of(op.operand).names
-    if not isinstance(op, CallOp) or decl_kind(block, op) not in COMPUTATIONS or identity(block, op) \
+    if not has(op, Calls) or decl_kind(block, op) not in COMPUTATIONS or identity(block, op) \
             or not op.args:
         return False
     return block.type_of(op.result).names == block.type_of(op.args[0]).names
@@ -169,7 +171,7 @@ def replaces_state(program: Program, block: Block, summaries: Mapping[str, Summa
 
 def head_call(block: Block, op: Op | None) -> bool:
     """A call of a declared output head."""
-    return isinstance(op, CallOp) and decl_kind(block, op) == "head"
+    return has(op, Calls) and decl_kind(block, op) == "head"
 
 
 def head_source(program: Program, block: Block, summaries: Mapping[str, Summary]
@@ -180,9 +182,9 @@ def head_source(program: Program, block: Block, summaries: Mapping[str, Summary]
     d = callee(program, block, op)
     if not head_call(block, op) and not (d is not None and summaries[d.block].raw_head is not None):
         return None
-    v = op.args[0] if isinstance(op, CallOp) and op.args else None  # type: ignore[union-attr]
+    v = op.args[0] if has(op, Calls) and op.args else None  # type: ignore[union-attr]
     src = block.producers.get(v) if v is not None else None
-    while isinstance(src, (CastOp, DropoutOp, ScaleOp)) or identity(block, src):
+    while transparent(src) or identity(block, src):
         v = src.operands[0]  # type: ignore[union-attr]
         src = block.producers.get(v)
     return op, v, src  # type: ignore[return-value]

@@ -22,7 +22,9 @@ from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.summaries import callees_first, output_source
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, retracted, wrapper
 from blockir.ir.decls import InstanceDecl
-from blockir.ops import CallOp, NormOp
+from blockir.analyses.block_queries import applies_norm, has
+from blockir.ir.traits import Calls
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 Shape = tuple[int, ...]  # branches per residual update
@@ -176,7 +178,7 @@ def _add_sublayer(g: nx.DiGraph, sub: Sublayer, prev: str) -> str:
         if not b.pre_norms:
             g.add_edge(prev, node)
         for op in b.ops:
-            if isinstance(op, NormOp) and op is not b.out_norm and op not in b.pre_norms:
+            if applies_norm(op) and op is not b.out_norm and op not in b.pre_norms:
                 # a norm inside the branch (NormFormer's FFN norm) is outside every registry pattern
                 g.add_node(f"norm:{op.result}", label="inner_norm")
                 g.add_edge(node, f"norm:{op.result}")
@@ -214,7 +216,7 @@ def normformer_missing(block: Block, w: Wrapper) -> list[tuple[str, Sublayer]]:
                 out.append((f"per-head scales on '{b.name}' (head_scale=true)", s))
             if attention and b.out_norm is None:
                 out.append((f"a norm on the output of '{b.name}'", s))
-            inner = [op for op in b.ops if isinstance(op, NormOp) and op is not b.out_norm
+            inner = [op for op in b.ops if applies_norm(op) and op is not b.out_norm
                      and op not in b.pre_norms]
             if not attention and not inner:
                 out.append((f"a norm inside the branch through '{b.name}', after its first projection and activation", s))
@@ -297,7 +299,7 @@ def _refine(block: Block, w: Wrapper, base: str, claimed: set[str]) -> str:
         return "rezero"
     if base == "pre_ln" and gates == {"vector"}:
         return "layerscale"
-    families = {block.decl_map[op.decl].kind for op in block.ops if isinstance(op, NormOp)}
+    families = {block.decl_map[op.decl].kind for op in block.ops if applies_norm(op)}
     if base == "pre_ln" and families == {"dyt"}:
         return "dyt"
     return base
@@ -308,17 +310,17 @@ def _members(program: Program, block: Block, cache: dict[str, Classification]) -
     out = []
     for op in block.ops:
         decl = block.decl_map.get(getattr(op, "decl", "") or "")
-        if isinstance(op, CallOp) and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
+        if has(op, Calls) and isinstance(decl, InstanceDecl) and decl.block in program.block_map:
             count = value(decl.count, env) if decl.count is not None else None
             inner = cache[decl.block]
             out.append(Member(decl.name, decl.block, int(count) if count is not None else None, inner.topology))
     return tuple(out)
 
 
-def final_norm(block: Block) -> NormOp | None:
+def final_norm(block: Block) -> Op | None:
     """The norm that produces the returned value, looking through casts, scales and identities."""
     _, op = output_source(block)
-    return op if isinstance(op, NormOp) else None
+    return op if applies_norm(op) else None
 
 
 def placements(block: Block, w: Wrapper) -> tuple[str, ...]:

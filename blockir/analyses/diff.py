@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from blockir.analyses import equivalence as E
 from blockir.analyses.keys import key_layout, param_keys
 from blockir.diagnostics import BlockError
-from blockir import ops as O
 from blockir.ir.printer import format_decl, format_op
 from blockir.ir.program import Block, Program
+from blockir.ops import Op
 
 
 def _decl(block: Block, name: str | None) -> str:
@@ -29,8 +29,8 @@ class BlockDiff:
     a: Block
     b: Block
     category: str  # one of equivalence.CATEGORIES
-    first_a: O.Op | None  # the first op of a with no counterpart in b (functions differ)
-    first_b: O.Op | None
+    first_a: Op | None  # the first op of a with no counterpart in b (functions differ)
+    first_b: Op | None
     where_a: Block  # the blocks those ops belong to
     where_b: Block
     same_keys: bool | None  # None when the keys could not be sized
@@ -123,5 +123,5 @@ def format_diff(d: BlockDiff, name_a: str, name_b: str) -> str:
     return "\n".join(lines)
 
 
-def _describe(op: O.Op | None) -> str:
+def _describe(op: Op | None) -> str:
     return format_op(op) if op is not None else "(nothing: every op has a counterpart)"

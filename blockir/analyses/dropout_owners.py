@@ -23,7 +23,9 @@ from blockir.analyses.sizes import Env, value
 from blockir.analyses.structure import wrapper
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, KindDecl
-from blockir.ops import DropoutOp, LayerDropOp
+from blockir.analyses.block_queries import has
+from blockir.ir.traits import Stochastic
+from blockir.ops import Op
 from blockir.ir.program import Block
 
 ATTENTION = ("self_attention", "cross_attention")
@@ -51,10 +53,9 @@ class DropoutOwner:
                 **({"mask": self.mask} if self.mask else {}), **({"branch": self.branch} if self.branch else {})}
 
 
-def _residual_kind(op: DropoutOp) -> str:
-    if isinstance(op, LayerDropOp):
-        return "layer_drop"
-    return "drop_path" if op.mask == "sample" else "residual"
+def _residual_kind(op: Op) -> str:
+    # one draw per layer is layer drop, one per sample drop-path
+    return {"layer": "layer_drop", "sample": "drop_path"}.get(op.mask, "residual")  # type: ignore[attr-defined]
 
 
 def dropout_owners(block: Block, env: Env) -> tuple[DropoutOwner, ...]:
@@ -70,13 +71,13 @@ def dropout_owners(block: Block, env: Env) -> tuple[DropoutOwner, ...]:
                                     d.span))
     on_updates = {id(op): b for s in wrapper(block).sublayers for b in s.branches for op in b.dropouts}
     for op in block.ops:
-        if not isinstance(op, DropoutOp):
+        if not has(op, Stochastic):
             continue
         b = on_updates.get(id(op))
         if b is not None:
             out.append(DropoutOwner(op.result, _residual_kind(op), value(op.p, env),
                                     f"the update of '{b.name}' before the residual add", op.span,
-                                    None if isinstance(op, LayerDropOp) else op.mask, b.name))
+                                    None if op.mask == "layer" else op.mask, b.name))
         else:
             out.append(DropoutOwner(op.result, "inner", value(op.p, env), f"'{op.operand}'", op.span, op.mask))
     return tuple(out)

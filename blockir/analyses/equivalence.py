@@ -4,7 +4,9 @@ The one equivalence that ``blockir diff`` and the migration's function check sha
 on every pair. Each block becomes a graph in canonical form:
 
 - an op is labelled by its kind and its attributes, every constant expression folded to its value
-  (``heads=H`` with ``H = 4`` is ``heads=4``; ``2 * 2`` is ``4``), every other name resolved;
+  (``heads=H`` with ``H = 4`` is ``heads=4``; ``2 * 2`` is ``4``), every other name resolved; each
+  kind's ``EQUIVALENCE`` hook (``blockir/ops/<kind>.py``) names the kind and the value that keys
+  its random mask, through :meth:`_Builder.label`;
 - a declaration an op applies is a node of its own, labelled by what it is (kind and folded
   arguments; a block call by the class of the block it calls; a stack by its layer's class and its
   folded count), with an edge to every op that applies it, so a tied declaration differs from two
@@ -31,10 +33,12 @@ import networkx as nx
 from networkx.algorithms.isomorphism import categorical_edge_match, categorical_node_match
 
 from blockir.ir import consts as C
-from blockir import ops as O
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.hooks import EQUIVALENCE
 from blockir.ir.program import Block, Program
+from blockir.ir.traits import BlockInput
 from blockir.ir.types import TensorType
+from blockir.ops import Op
 
 # the categories of a comparison, from closest to farthest
 IDENTICAL = "identical"  # one function, the same parameter keys
@@ -90,13 +94,6 @@ def _type_text(t: TensorType, defs: Mapping[str, C.ConstExpr]) -> str:
     axes = ", ".join(f"{a.name}:{a.role.value}" + (f"={_text(a.size, defs)}" if a.size is not None else "")
                      for a in t.axes)
     return f"[{axes}] {t.dtype}"
-
-
-def _rng_site(op: O.Op) -> str | None:
-    """The name that keys an op's dropout mask (the backends hash it), if it draws one by name."""
-    if type(op) is O.DropoutOp:
-        return op.result
-    return getattr(op, "site", None)
 
 
 class Interner:
@@ -157,20 +154,26 @@ class _Builder:
         assert isinstance(d, KindDecl)
         return ("kind", d.kind, tuple((k, _text(v, self.defs)) for k, v in d.args), *name)
 
-    def op_label(self, op: O.Op) -> tuple:
-        if isinstance(op, O.InputOp):
-            index = [p.name for p in self.block.params].index(op.result)
-            return ("input", index, _type_text(op.type, self.defs), self.block.params[index].layout)
-        if isinstance(op, O.OutputOp):
-            return ("output", tuple(_type_text(t, self.defs) for t in self.block.results), self.block.result_layout,
-                    self.block.kind)
+    def input_label(self, op: Op) -> tuple:
+        """A block parameter: its position, type and placement (its name plays no part)."""
+        index = [p.name for p in self.block.params].index(op.result)
+        return ("input", index, _type_text(op.type, self.defs), self.block.params[index].layout)
+
+    def output_label(self, op: Op) -> tuple:
+        """The return: the block's result types and placement."""
+        return ("output", tuple(_type_text(t, self.defs) for t in self.block.results), self.block.result_layout,
+                self.block.kind)
+
+    def label(self, op: Op, kind: str, site: str | None = None) -> tuple:
+        """An op of ``kind``: its number of results, the name keying its random mask (``site``, which the
+        backends hash) and every attribute that is neither a value, a result nor a declaration, folded."""
         attrs = []
         for f in fields(op):  # type: ignore[arg-type]
             role = f.metadata.get("role")
             if f.name == "span" or role in ("value", "result", "decl"):
                 continue  # values are edges, declarations are nodes, result names are not part of it
             attrs.append((f.name, _text(getattr(op, f.name), self.defs)))
-        return (type(op).__name__, len(op.results), _rng_site(op), tuple(attrs))
+        return (kind, len(op.results), site, tuple(attrs))
 
     def graph(self) -> nx.DiGraph:
         g = nx.DiGraph()
@@ -184,7 +187,7 @@ class _Builder:
             decl_nodes[d.name] = f"decl:{d.name}"
             g.add_node(decl_nodes[d.name], label=self.decl_label(d))
         for i, op in enumerate(block.ops):
-            label = self.op_label(op)
+            label = EQUIVALENCE.of(op)(op, self)
             g.add_node(i, label=label)
             applied = []
             for f in fields(op):  # type: ignore[arg-type]
@@ -214,13 +217,13 @@ class _Builder:
         return g
 
 
-def first_unmatched(block: Block, mine: list[int], theirs: list[int]) -> O.Op | None:
+def first_unmatched(block: Block, mine: list[int], theirs: list[int]) -> Op | None:
     """The first op of ``block`` whose structural hash the other side lacks (inputs aside)."""
     pool = Counter(theirs)
     for op, h in zip(block.ops, mine):
         if pool[h] > 0:
             pool[h] -= 1
-        elif not isinstance(op, O.InputOp):
+        elif not op.has(BlockInput):
             return op
     return None
 
@@ -233,8 +236,8 @@ class Comparison:
     b: Block
     same_function: bool
     same_names: bool  # the named forms agree too: the same parameter keys for any sizes
-    first_a: O.Op | None  # where the functions first differ: an op of a with no counterpart in b
-    first_b: O.Op | None
+    first_a: Op | None  # where the functions first differ: an op of a with no counterpart in b
+    first_b: Op | None
     where_a: Block  # the blocks those ops belong to: the innermost pair of one name that differs
     where_b: Block
 

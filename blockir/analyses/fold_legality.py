@@ -25,7 +25,9 @@ from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import LAYER_NAMES, layer_names
-from blockir.ops import ActivationOp, AddOp, CallOp, DropoutOp, FusedAddNormOp, NormOp, Op, OutputOp, ScaleOp
+from blockir.analyses.block_queries import applies_norm, has
+from blockir.ir.traits import Calls, Function, ResidualSum, Scales, Sink, Stochastic
+from blockir.ops import Op
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 
@@ -93,24 +95,24 @@ def _exact(block: Block, value: str) -> None:
 def _through(block: Block, v: str) -> str:
     """Walk back over ops that are the identity in inference (dropout) to the real producer."""
     op = block.producers.get(v)
-    while isinstance(op, DropoutOp):
+    while has(op, Stochastic):
         v = op.operand
         op = block.producers.get(v)
     return v
 
 
-def _into_producer(block: Block, op: ScaleOp) -> tuple[str, ...]:
+def _into_producer(block: Block, op: Op) -> tuple[str, ...]:
     """Parameters a scale folds into on its producer's output side; raises _No with the reason."""
     v = _through(block, op.operand)
     prod = block.producers.get(v)
     if len(block.users.get(v, ())) > 1:
         raise _No("not_linear", f"{describe(block, v)} also feeds another op, which the folded weight would scale too")
-    if isinstance(prod, ActivationOp) or prod is not None and decl_kind(block, prod) == "activation":
+    if has(prod, Function) or prod is not None and decl_kind(block, prod) == "activation":
         raise _No("nonlinearity", f"the nonlinearity {describe(block, v)} lies between it and the linear")
-    if isinstance(prod, NormOp):
+    if applies_norm(prod):
         return _into_norm(block, prod)
     kind = decl_kind(block, prod) if prod is not None else None
-    if not isinstance(prod, CallOp) or kind not in LAST_LINEAR:
+    if not has(prod, Calls) or kind not in LAST_LINEAR:
         if kind in ("extern", "block", "stack"):
             raise _No("opaque", f"its producer {describe(block, v)} is bound from Python or a block: its last op "
                       "is unknown")
@@ -125,7 +127,7 @@ def _into_producer(block: Block, op: ScaleOp) -> tuple[str, ...]:
     return _keys(prod.decl, tuple(names))
 
 
-def _into_norm(block: Block, norm: NormOp) -> tuple[str, ...]:
+def _into_norm(block: Block, norm: Op) -> tuple[str, ...]:
     decl = _kind_decl(block, norm)
     if decl is None or not family(decl).weight(decl):
         raise _No("not_linear", f"the norm {describe(block, norm.result)} has no affine state to absorb it")
@@ -144,7 +146,7 @@ def _into_consumers(block: Block, value: str, what: str, with_bias: bool) -> tup
     while stack:
         v = stack.pop()
         for user in block.users.get(v, ()):
-            if isinstance(user, DropoutOp) or isinstance(user, ScaleOp) and user.factor is not None:
+            if has(user, Stochastic) or has(user, Scales) and user.factor is not None:
                 stack.append(user.result)  # the identity in inference / a constant that commutes with the fold
                 continue
             keys += _consumer(block, user, v, what, with_bias)
@@ -152,14 +154,14 @@ def _into_consumers(block: Block, value: str, what: str, with_bias: bool) -> tup
 
 
 def _consumer(block: Block, user: Op, v: str, what: str, with_bias: bool) -> list[str]:
-    if isinstance(user, (AddOp, FusedAddNormOp)):
+    if has(user, ResidualSum):
         raise _No("not_linear", f"{what} reaches the residual add {format_op(user)!r}, which is not a linear layer")
-    if isinstance(user, OutputOp):
+    if has(user, Sink):
         raise _No("not_linear", f"{what} is the block's output; no linear follows inside the block")
-    if isinstance(user, ActivationOp) or decl_kind(block, user) == "activation":
+    if has(user, Function) or decl_kind(block, user) == "activation":
         raise _No("nonlinearity", f"the nonlinearity {describe(block, user.result)} lies between it and the linear")
     kind = decl_kind(block, user)
-    if not isinstance(user, CallOp) or kind not in FIRST_LINEAR:
+    if not has(user, Calls) or kind not in FIRST_LINEAR:
         if kind in ("extern", "block", "stack"):
             raise _No("opaque", f"its consumer {describe(block, user.result)} is bound from Python or a block: its "
                       "first op is unknown")
@@ -177,7 +179,7 @@ def _consumer(block: Block, user: Op, v: str, what: str, with_bias: bool) -> lis
     return list(_keys(user.decl, tuple((n + "." if n else "") + x for n in names for x in suffixes)))
 
 
-def _scale_site(block: Block, op: ScaleOp, mode: str, shortcut_of: dict[int, str]) -> FoldSite:
+def _scale_site(block: Block, op: Op, mode: str, shortcut_of: dict[int, str]) -> FoldSite:
     name = f"{format_expr(op.factor, 2)} * {op.operand}" if op.factor is not None else str(op.param)
     if mode == "train":
         return FoldSite("scale", name, op.span, False, "keep", (), "training",
@@ -201,7 +203,7 @@ def _scale_site(block: Block, op: ScaleOp, mode: str, shortcut_of: dict[int, str
             return FoldSite("scale", name, op.span, False, "keep", (), first.code, first.reason)
 
 
-def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
+def _affine_site(block: Block, op: Op, mode: str) -> FoldSite | None:
     decl = _kind_decl(block, op)
     if decl is None or not family(decl).weight(decl):
         return None  # already affine-free: nothing to fold
@@ -222,7 +224,7 @@ def _affine_site(block: Block, op: NormOp, mode: str) -> FoldSite | None:
         return FoldSite("affine", label, op.span, False, "keep", (), no.code, no.reason)
 
 
-def _statistics_site(block: Block, op: NormOp, decl: KindDecl, mode: str) -> FoldSite:
+def _statistics_site(block: Block, op: Op, decl: KindDecl, mode: str) -> FoldSite:
     """A batch-coupled norm is, with its running moments fixed, one per-channel map s x + t (RepBN's eta
     included): all of it folds into the linears that read it (Guo et al., arXiv:2405.11582)."""
     if mode == "train":
@@ -242,14 +244,14 @@ def _statistics_site(block: Block, op: NormOp, decl: KindDecl, mode: str) -> Fol
         return FoldSite("statistics", decl.name, op.span, False, "keep", (), no.code, no.reason)
 
 
-def _dropout_site(op: DropoutOp, mode: str) -> FoldSite:
+def _dropout_site(op: Op, mode: str) -> FoldSite:
     name = f"{op.function}({op.operand})"
     if mode == "train":
         return FoldSite("dropout", name, op.span, False, "keep", (), "training", "dropout is active in training")
     return FoldSite("dropout", name, op.span, True, "remove: the identity in inference")
 
 
-def _batch_coupled(block: Block, op: NormOp) -> bool:
+def _batch_coupled(block: Block, op: Op) -> bool:
     decl = _kind_decl(block, op)
     return decl is not None and family(decl).batch_coupled
 
@@ -259,18 +261,18 @@ def fold_report(block: Block, mode: str) -> list[FoldSite]:
     if mode not in ("train", "infer"):
         raise ValueError(f"mode must be 'train' or 'infer', got {mode!r}")
     shortcut_of = {id(op): s.branches[0].name for s in wrapper(block).sublayers if s.branches
-                   for op in s.shortcut_ops if isinstance(op, ScaleOp)}
+                   for op in s.shortcut_ops if has(op, Scales)}
     out: list[FoldSite] = []
     for op in block.ops:
-        if isinstance(op, ScaleOp):
+        if has(op, Scales):
             out.append(_scale_site(block, op, mode, shortcut_of))
-        elif isinstance(op, NormOp) and _batch_coupled(block, op):
+        elif applies_norm(op) and _batch_coupled(block, op):
             out.append(_statistics_site(block, op, block.decl_map[op.decl], mode))  # type: ignore[arg-type]
-        elif isinstance(op, NormOp):
+        elif applies_norm(op):
             site = _affine_site(block, op, mode)
             if site is not None:
                 out.append(site)
-        elif isinstance(op, DropoutOp):
+        elif has(op, Stochastic):
             out.append(_dropout_site(op, mode))
     return out
 

@@ -29,7 +29,8 @@ from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import layer_names
-from blockir.ops import CallOp, FusedAddNormOp, NormOp, Op
+from blockir.ir.hooks import KEYS
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.signatures import public
 
@@ -81,18 +82,13 @@ def _facts(k: Key) -> str:
 
 
 def _first_use(block: Block, decl: str) -> Op | None:
-    return next((op for op in block.ops if getattr(op, "decl", None) == decl), None)
+    return next((op for op in block.ops if decl in op.applied), None)
 
 
 def _width(block: Block, op: Op | None, arg: int, s: Sizes) -> int:
-    if isinstance(op, CallOp) and len(op.args) > arg:
-        t = block.type_of(op.args[arg])
-    elif isinstance(op, NormOp):
-        t = block.type_of(op.operand)
-    elif isinstance(op, FusedAddNormOp):
-        t = op.residual_type
-    else:
-        t = block.result
+    """The width of argument ``arg`` of the op applying a declaration (its kind's ``KEYS`` hook says which
+    type that is), else the block's result width."""
+    t = (KEYS.of(op)(op, block, arg) if op is not None else None) or block.result
     if t.last is None:
         raise BlockError([error("E0701", f"'{block.name}' has no model axis to size its branches", block.span)])
     return s.axis(t.last)

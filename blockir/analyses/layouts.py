@@ -13,6 +13,10 @@ call to another block analyses that block under the caller's placements
 for every parameter the callee leaves undeclared, so a layer without
 annotations inherits the layout of the model that stacks it.
 
+How each op kind places its results is that kind's ``LAYOUT`` hook (``blockir/ops/<kind>.py``):
+``(op, ctx, analyser)`` records the placements of ``op``'s results in ``ctx`` through the
+methods of :class:`BlockLayouts` and :meth:`_Analyser.call`.
+
 A mesh axis a layout does not mention is replicated over, so ``()`` and
 ``tp=replicate`` compare equal. Files without a ``mesh`` dim have no layouts
 and the analysis is empty.
@@ -24,7 +28,9 @@ from dataclasses import dataclass, field
 from blockir.analyses.cache import per_object
 from blockir.diagnostics import Span
 from blockir.ir.decls import ExternDecl, InstanceDecl, Param
-from blockir.ops import AddOp, CallOp, FusedAddNormOp, InputOp, NormOp, Op, OutputOp, SubOp
+from blockir.ir.hooks import LAYOUT
+from blockir.ir.traits import Normalizes
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Placement, Role
 
@@ -88,6 +94,22 @@ class BlockLayouts:
     def of(self, value: str) -> Layout:
         return self.values.get(value, ())
 
+    def bind(self, param: str) -> None:
+        """A block parameter takes the placement this analysis was given for it."""
+        self.values[param] = dict(zip((p.name for p in self.block.params), self.inputs)).get(param, ())
+
+    def keep(self, op: Op, value: str) -> None:
+        """Every result of ``op`` keeps the placement of ``value`` (an op acting row by row or element by element)."""
+        for r in op.results:
+            self.values[r] = self.of(value)
+
+    def returns(self, op: Op, value: str) -> None:
+        """The block returns ``value``: it meets the block's declared result placement, if any."""
+        if self.block.result_layout:
+            self.boundaries.append(Boundary(op, value, self.of(value), self.block.result_layout,
+                                            f"the declared result of {self.block.kind} '{self.block.name}'",
+                                            self.block.span))
+
     def contexts(self) -> list["BlockLayouts"]:
         """This analysis and every callee analysis below it, each once."""
         out: list[BlockLayouts] = []
@@ -115,33 +137,18 @@ class _Analyser:
             return self.memo[key]
         out = BlockLayouts(block, inputs)
         self.memo[key] = out
-        params = dict(zip((p.name for p in block.params), inputs))
         for op in block.ops:
-            if isinstance(op, InputOp):
-                out.values[op.result] = params.get(op.result, ())
-            elif isinstance(op, OutputOp):
-                if block.result_layout:
-                    out.boundaries.append(Boundary(op, op.value, out.of(op.value), block.result_layout,
-                                                   f"the declared result of {block.kind} '{block.name}'", block.span))
-            elif isinstance(op, CallOp):
-                out.values[op.result] = self._call(out, op)
-            elif isinstance(op, FusedAddNormOp):
-                for r in op.results:
-                    out.values[r] = out.of(op.shortcut)
-            elif isinstance(op, (AddOp, SubOp)):
-                # elementwise over the logical tensor: the verifier holds both operands to one placement
-                out.values[op.result] = out.of(op.lhs)
-            elif op.operands:
-                out.values[op.result] = out.of(op.operands[0])
+            LAYOUT.of(op)(op, out, self)
         return out
 
-    def _check_args(self, ctx: BlockLayouts, op: CallOp, params: tuple[Param, ...], what: str) -> None:
+    def _check_args(self, ctx: BlockLayouts, op: Op, params: tuple[Param, ...], what: str) -> None:
         for p, arg in zip(params, op.args):
             if p.layout:
                 ctx.boundaries.append(Boundary(op, arg, ctx.of(arg), p.layout,
                                                f"parameter '{p.name}' of {what}", p.span))
 
-    def _call(self, ctx: BlockLayouts, op: CallOp) -> Layout:
+    def call(self, ctx: BlockLayouts, op: Op) -> Layout:
+        """The placement of what a call of a declaration returns (``op.decl`` applied to ``op.args``)."""
         d = ctx.block.decl_map.get(op.decl)
         first = ctx.of(op.args[0]) if op.args else ()
         if isinstance(d, ExternDecl):
@@ -182,8 +189,6 @@ def norm_sites(ctx: BlockLayouts) -> list[tuple[Op, str, Layout]]:
     """(op, norm declaration, placement of the normalized row) for every norm in the block."""
     out: list[tuple[Op, str, Layout]] = []
     for op in ctx.block.ops:
-        if isinstance(op, NormOp):
-            out.append((op, op.decl, ctx.of(op.operand)))
-        elif isinstance(op, FusedAddNormOp):
-            out.append((op, op.decl, ctx.of(op.shortcut)))
+        if op.has(Normalizes):  # a norm's result keeps the placement of the row it normalizes
+            out.append((op, op.decl, ctx.of(op.result)))
     return out

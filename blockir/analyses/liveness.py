@@ -20,7 +20,9 @@ from typing import Literal
 
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.ir.consts import Num
-from blockir.ops import ActivationOp, AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, MulOp, NormOp, Op, OutputOp, ScaleOp
+from blockir.analyses.block_queries import applies_norm, has, plain_add
+from blockir.ir.traits import AddNorm, Calls, Converts, Function, Product, ResidualSum, Scales, Sink, Stochastic
+from blockir.ops import Op
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 from blockir.ir.types import DType, TensorType
@@ -42,7 +44,7 @@ class Keep:
 
 @dataclass(frozen=True)
 class AddDecision:
-    op: AddOp | FusedAddNormOp
+    op: Op
     target: str  # the operand whose storage the result would take
     inplace: bool
     blocker: Op | None = None  # the op that reads or saved the target, or made the alias
@@ -51,7 +53,7 @@ class AddDecision:
 
     @property
     def result(self) -> str:
-        return self.op.residual if isinstance(self.op, FusedAddNormOp) else self.op.result
+        return self.op.residual if has(self.op, AddNorm) else self.op.result
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class BufferPlan:
         return next(d for d in self.adds if d.result == result)
 
 
-def _mask(op: DropoutOp, t: TensorType) -> str:
+def _mask(op: Op, t: TensorType) -> str:
     axes = list(t.names)
     keep = {"element": axes, "row": axes[:-1], "channel": axes[:1] + axes[-1:], "sample": axes[:1],
             "layer": []}[op.mask]
@@ -93,24 +95,24 @@ def _zero(p: object) -> bool:
 
 def kept(block: Block, op: Op) -> Keep | None:
     """What ``op`` saves for backward in training (None: nothing)."""
-    if isinstance(op, NormOp):
+    if applies_norm(op):
         t = block.type_of(op.operand)
         rows = "[" + ", ".join([*t.names[:-1], "1"]) + "]"
         kind = decl_kind(block, op)
         stats = () if kind == "dyt" else (f"row statistics {rows}",)
         return Keep(op, (op.operand,), stats, "a norm keeps its input" + (" and row statistics" if stats else ""))
-    if isinstance(op, CallOp):
+    if has(op, Calls):
         what = "an activation" if decl_kind(block, op) == "activation" else "a branch"
         return Keep(op, op.args, (), f"{what} keeps its input")
-    if isinstance(op, ActivationOp):
+    if has(op, Function):
         return Keep(op, (op.operand,), (), "an activation keeps its input")
-    if isinstance(op, DropoutOp) and not _zero(op.p):
+    if has(op, Stochastic) and not _zero(op.p):
         return Keep(op, (), (f"mask {_mask(op, op.type)} or its seed",), "dropout keeps a mask or a seed")
-    if isinstance(op, ScaleOp) and op.param is not None:
+    if has(op, Scales) and op.param is not None:
         return Keep(op, (op.operand,), (), "a learned scale keeps its input")
-    if isinstance(op, MulOp):
+    if has(op, Product):
         return Keep(op, (op.lhs, op.rhs), (), "a product keeps both factors")
-    if isinstance(op, FusedAddNormOp):
+    if has(op, AddNorm):
         values = (op.residual,) + ((op.branch,) if op.branch_param is not None else ())
         return Keep(op, values, ("row statistics",), "a fused add+norm keeps the residual sum and row statistics")
     return None
@@ -122,9 +124,9 @@ def _aliases(block: Block, mode: str) -> dict[str, set[str]]:
     for op in block.ops:
         for r in op.results:
             alias[r] = {r}
-        if isinstance(op, CastOp) or isinstance(op, DropoutOp) and (mode == "infer" or _zero(op.p)):
+        if has(op, Converts) or has(op, Stochastic) and (mode == "infer" or _zero(op.p)):
             alias[op.result] |= alias.get(op.operand, {op.operand})
-        elif isinstance(op, CallOp) and decl_kind(block, op) in OPAQUE:
+        elif has(op, Calls) and decl_kind(block, op) in OPAQUE:
             for a in op.args:
                 alias[op.result] |= alias.get(a, {a})
     for v, group in list(alias.items()):
@@ -137,14 +139,14 @@ def _targets(block: Block) -> dict[int, str]:
     """id(add) → the operand an in-place write would overwrite."""
     out = {id(s.root): s.shortcut for s in wrapper(block).sublayers if s.shortcut is not None}
     for op in block.ops:
-        if isinstance(op, AddOp):
+        if plain_add(op):
             out.setdefault(id(op), op.lhs)
-        elif isinstance(op, FusedAddNormOp):
+        elif has(op, AddNorm):
             out.setdefault(id(op), op.shortcut)
     return out
 
 
-def _decide(block: Block, index: int, op: AddOp | FusedAddNormOp, target: str, alias: dict[str, set[str]],
+def _decide(block: Block, index: int, op: Op, target: str, alias: dict[str, set[str]],
             saved_by: dict[str, Op]) -> AddDecision:
     group = alias.get(target, {target})
     for later in block.ops[index + 1:]:
@@ -158,7 +160,7 @@ def _decide(block: Block, index: int, op: AddOp | FusedAddNormOp, target: str, a
             why = f" ({keep.why})" if keep is not None else ""
             return AddDecision(op, target, False, saved_by[v], "saved",
                                f"{_name(block, saved_by[v])} saves {_which(block, target, {v})} for backward{why}")
-    if isinstance(op, FusedAddNormOp):
+    if has(op, AddNorm):
         other = op.branch
     else:
         other = op.rhs if op.lhs == target else op.lhs
@@ -166,7 +168,7 @@ def _decide(block: Block, index: int, op: AddOp | FusedAddNormOp, target: str, a
         producer = block.producers.get(other)
         return AddDecision(op, target, False, producer, "alias",
                            f"the other operand {describe(block, other)} may share its storage")
-    have = (op.residual_type if isinstance(op, FusedAddNormOp) else op.type).dtype
+    have = (op.residual_type if has(op, AddNorm) else op.type).dtype
     store = block.type_of(target).dtype
     if have != store:
         return AddDecision(op, target, False, None, "dtype",
@@ -185,7 +187,7 @@ def _which(block: Block, target: str, values: set[str]) -> str:
 
 
 def _name(block: Block, op: Op) -> str:
-    if isinstance(op, OutputOp):
+    if has(op, Sink):
         return "the return"
     decl = getattr(op, "decl", None)
     return f"'{decl}'" if decl else describe(block, op.result)
@@ -203,7 +205,7 @@ def plan(block: Block, mode: Mode) -> BufferPlan:
     alias = _aliases(block, mode)
     targets = _targets(block)
     decisions = [_decide(block, i, op, targets[id(op)], alias, saved_by)
-                 for i, op in enumerate(block.ops) if isinstance(op, (AddOp, FusedAddNormOp))]
+                 for i, op in enumerate(block.ops) if has(op, ResidualSum)]
     buffers, peak, peak_at = _allocate(block, mode, decisions, set(saved_by))
     types = {v: block.type_of(v) for v, _ in buffers}
     return BufferPlan(block.name, mode, block.result, tuple(buffers), tuple(decisions), keeps, peak, peak_at, types)
@@ -242,7 +244,7 @@ def _allocate(block: Block, mode: str, decisions: list[AddDecision],
     for i, op in enumerate(block.ops):
         for r in op.results:
             same = inplace.get(id(op)) if r == getattr(op, "residual", r) else None
-            if same is None and isinstance(op, DropoutOp) and mode == "infer":
+            if same is None and has(op, Stochastic) and mode == "infer":
                 same = op.operand  # dropout is the identity in inference
             if same is not None:
                 take(r, buffer[same])
@@ -259,7 +261,7 @@ def _allocate(block: Block, mode: str, decisions: list[AddDecision],
         if width > peak:
             peak, peak_at = width, ", ".join(op.results) or "the return"
         for v in [*op.operands, *op.results]:
-            if v in buffer and 0 <= last[v] <= i and v not in saved and not isinstance(op, OutputOp):
+            if v in buffer and 0 <= last[v] <= i and v not in saved and not has(op, Sink):
                 b = buffer[v]
                 holders[b] -= 1
                 last[v] = -1  # released once

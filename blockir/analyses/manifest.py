@@ -31,7 +31,9 @@ from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wr
 from blockir.diagnostics import BlockError
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
-from blockir.ops import DropoutOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.analyses.block_queries import applies_norm, has
+from blockir.ir.traits import Normalizes, Scales, Stochastic
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Layout, Role
 from blockir.analyses.classify import RECIPES, REGISTRY, Classification, classify, final_norm
@@ -45,7 +47,7 @@ def _number(v: float | int | None) -> float | int | None:
     return float(v) if isinstance(v, float) else v
 
 
-def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: Env) -> dict[str, Any]:
+def norm_site(block: Block, op: Op, placement: str, env: Env) -> dict[str, Any]:
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
     kind = decl.kind
@@ -64,7 +66,7 @@ def norm_site(block: Block, op: NormOp | FusedAddNormOp, placement: str, env: En
         site["alpha_init"] = _number(value(decl.arg("alpha"), env))
     if fam.batch_coupled:
         # one moment per channel, taken over every other axis of the input: the rows of the batch
-        operand = op.operand if isinstance(op, NormOp) else op.residual
+        operand = op.operand if applies_norm(op) else op.residual
         site["reduction_axes"] = [a for a in block.type_of(operand).names if a not in decl.arg("axes")]
         site["center"] = True
         site["batch_stats"] = {"padding": decl.arg("padding"), "momentum": _number(value(decl.arg("momentum"), env)),
@@ -86,7 +88,7 @@ def _collapse(sites: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _scale(block: Block, op: ScaleOp, env: Env) -> Any:
+def _scale(block: Block, op: Op, env: Env) -> Any:
     if op.factor is not None:
         return _number(value(op.factor, env))
     decl = block.decl_map.get(op.param or "")
@@ -95,13 +97,13 @@ def _scale(block: Block, op: ScaleOp, env: Env) -> Any:
 
 
 def _product(block: Block, ops: tuple, env: Env) -> Any:
-    scales = [_scale(block, op, env) for op in ops if isinstance(op, ScaleOp)]
+    scales = [_scale(block, op, env) for op in ops if has(op, Scales)]
     if not scales:
         return 1.0
     return scales[0] if len(scales) == 1 else scales
 
 
-def _dropout(op: DropoutOp, env: Env) -> dict[str, Any]:
+def _dropout(op: Op, env: Env) -> dict[str, Any]:
     return {"p": _number(value(op.p, env)), "mask": op.mask}
 
 
@@ -156,7 +158,7 @@ def block_manifest(program: Program, block: Block, env: Env,
 def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, env: Env) -> dict[str, Any]:
     places = wrapper(block).norm_sites
     norms = [norm_site(block, op, places.get(op.result, "other"), env) for op in block.ops
-             if isinstance(op, (NormOp, FusedAddNormOp))]
+             if has(op, Normalizes)]
     unique: dict[str, dict[str, Any]] = {}
     for n in norms:
         unique.setdefault(n["name"], n)  # a tied norm counts once in the summary
@@ -170,7 +172,7 @@ def _update_fields(block: Block, subs: tuple[Sublayer, ...], c: Classification, 
         fields["residual"]["from_norm"] = [n.decl if n is not None else None for n in from_norm]
     branch_drops = {id(d) for s in subs for b in s.branches for d in b.dropouts}
     inner = [{"value": op.result, **_dropout(op, env)} for op in block.ops
-             if isinstance(op, DropoutOp) and id(op) not in branch_drops]
+             if has(op, Stochastic) and id(op) not in branch_drops]
     if inner:
         fields["inner_dropout"] = inner
     return fields

@@ -31,7 +31,9 @@ from blockir.analyses.sizes import Env, value
 from blockir.analyses.summaries import callee
 from blockir.ir import init_roles
 from blockir.ir.decls import ExternDecl, KindDecl
-from blockir.ops import AddOp, CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.analyses.block_queries import applies_norm, has, plain_add, transparent
+from blockir.ir.traits import Calls, Normalizes
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 POLICIES = ("row_local", "attention_masked", "batch_stats_masked", "unknown", "padding_dependent")
@@ -73,11 +75,11 @@ def initialisation(block: Block, env: Env) -> list[dict[str, Any]]:
 
 def _own_policy(program: Program, block: Block, op: Op, memo: dict[str, str]) -> str:
     decl = block.decl_map.get(getattr(op, "decl", "") or "")
-    if isinstance(op, (NormOp, FusedAddNormOp)) and isinstance(decl, KindDecl) and family(decl).batch_coupled:
+    if has(op, Normalizes) and isinstance(decl, KindDecl) and family(decl).batch_coupled:
         return "batch_stats_masked" if decl.arg("padding") == "mask" else "padding_dependent"
-    if isinstance(op, CallOp) and isinstance(decl, KindDecl) and decl.kind in ATTENTION:
+    if has(op, Calls) and isinstance(decl, KindDecl) and decl.kind in ATTENTION:
         return "attention_masked"
-    if isinstance(op, CallOp) and isinstance(decl, ExternDecl):
+    if has(op, Calls) and isinstance(decl, ExternDecl):
         return "unknown"
     d = callee(program, block, op)
     if d is not None:
@@ -100,7 +102,7 @@ def padding_policy(program: Program, block: Block, memo: dict[str, str] | None =
     for op in block.ops:
         if not op.results:
             continue
-        own = "row_local" if isinstance(op, (CastOp, DropoutOp, ScaleOp)) else \
+        own = "row_local" if transparent(op) else \
             _own_policy(program, block, op, memo)
         policy = max([own, *(out.get(v, "row_local") for v in op.operands)], key=_RANK.__getitem__)
         for r in op.results:
@@ -108,13 +110,13 @@ def padding_policy(program: Program, block: Block, memo: dict[str, str] | None =
     return out
 
 
-def embedding_norm(block: Block) -> NormOp | None:
+def embedding_norm(block: Block) -> Op | None:
     """A norm applied to a token embedding's output (Peri-LN's optional input norm, BERT's embedding norm)."""
-    embedded = {op.result for op in block.ops if isinstance(op, CallOp)
+    embedded = {op.result for op in block.ops if has(op, Calls)
                 and isinstance(block.decl_map.get(op.decl), KindDecl) and block.decl_map[op.decl].kind == "embedding"}
     for op in block.ops:
-        if isinstance(op, NormOp) and op.operand in embedded:
+        if applies_norm(op) and op.operand in embedded:
             return op
-        if isinstance(op, (AddOp, CastOp, DropoutOp, ScaleOp)) and set(op.operands) & embedded:
+        if (plain_add(op) or transparent(op)) and set(op.operands) & embedded:
             embedded |= set(op.results)  # sums of lookups (tokens + positions), casts, dropout and scales
     return None

@@ -28,13 +28,15 @@ from typing import Callable, Mapping
 
 import yaml
 
+from blockir.analyses.block_queries import has
 from blockir.analyses.equivalence import compare
 from blockir.analyses.keys import Key
 from blockir.diagnostics import BlockError, Span, error
-from blockir import ops as O
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.printer import format_decl, format_op
 from blockir.ir.program import Block, Program
+from blockir.ir.traits import Scales
+from blockir.ops import Op
 
 Shape = tuple[int, ...]
 SECTIONS = ("rename", "transpose", "reshape", "drop")
@@ -239,9 +241,9 @@ def _numel(shape: Shape) -> int:
 def _strip_scales(block: Block, params: frozenset[str]) -> Block:
     """``block`` without its scale ops by the learned parameters ``params``: their readers read the unscaled value."""
     renames: dict[str, str] = {}
-    ops: list[O.Op] = []
+    ops: list[Op] = []
     for op in block.ops:
-        if isinstance(op, O.ScaleOp) and op.param in params:
+        if has(op, Scales) and op.param in params:
             renames[op.result] = renames.get(op.operand, op.operand)
             continue
         names = {v: renames[v] for v in op.operands if v in renames}

@@ -36,7 +36,8 @@ from blockir.analyses.structure import Sublayer, decl_kind, interpolation, norma
 from blockir.analyses.summaries import callee
 from blockir.analyses.classify import final_norm
 from blockir.ir.decls import KindDecl
-from blockir.ops import CallOp, DropoutOp, FusedAddNormOp, LayerDropOp, MulOp, ScaleOp
+from blockir.analyses.block_queries import has
+from blockir.ir.traits import AddNorm, Calls, Product, Scales, Stochastic
 from blockir.ir.program import Block, Program
 
 
@@ -102,18 +103,18 @@ def _shortcut(block: Block, s: Sublayer, scope: Sizes) -> tuple[str, float | Non
     if interpolation(block, s) is not None:
         return "interpolation", None  # x + a * (t - x): the state keeps 1 - a of a learned a
     weight = 1.0
-    if isinstance(s.root, FusedAddNormOp) and s.root.shortcut_factor is not None:
+    if has(s.root, AddNorm) and s.root.shortcut_factor is not None:
         weight *= float(scope.value(s.root.shortcut_factor))
     for op in s.shortcut_ops:
-        if isinstance(op, ScaleOp) and op.param is not None:
+        if has(op, Scales) and op.param is not None:
             return "learned", None
-        if isinstance(op, MulOp):
+        if has(op, Product):
             return "gated", None
-        if isinstance(op, (DropoutOp, LayerDropOp)) and scope.known(op.p) != 0:
+        if has(op, Stochastic) and scope.known(op.p) != 0:
             return "dropped", None
-        if isinstance(op, CallOp) and decl_kind(block, op) == "linear":
+        if has(op, Calls) and decl_kind(block, op) == "linear":
             return "projection", None
-        if isinstance(op, ScaleOp):
+        if has(op, Scales):
             weight *= float(scope.value(op.factor))  # type: ignore[arg-type]
     return ("identity" if weight == 1.0 else "constant"), weight
 
@@ -145,7 +146,7 @@ def _updates(program: Program, block: Block, scope: Sizes, prefix: str, layer: i
         if s is not None:
             kind, weight = _shortcut(block, s, scope)
             post = s.post_norm.decl if s.post_norm is not None else \
-                (s.root.decl if isinstance(s.root, FusedAddNormOp) and s.fused_post else None)
+                (s.root.decl if has(s.root, AddNorm) and s.fused_post else None)
             out.append(Update(prefix + s.result, layer, kind, weight, _branch_init(block, s, scope), post))
             continue
         d = callee(program, block, op)

@@ -17,7 +17,9 @@ from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import Sublayer, wrapper
 from blockir.analyses.summaries import score_family
 from blockir.ir.decls import InstanceDecl
-from blockir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.analyses.block_queries import applies_norm, has
+from blockir.ir.traits import AddNorm, Calls, Scales
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 
@@ -69,13 +71,13 @@ def _walk(program: Program, block: Block, sizes: Sizes) -> Iterator[Site | Score
     roots: dict[int, dict[int, Sublayer]] = {}  # per block: its sublayers by the op that closes them
     for inner, prefix, op in executed_ops(program, block, sizes):
         family = score_family(inner, op)
-        if family is not None and isinstance(op, CallOp) and op.more:
+        if family is not None and has(op, Calls) and op.more:
             yield ScoreSite(prefix + op.more[0], family == "causal self-attention")
         if id(inner) not in roots:
             roots[id(inner)] = {id(sub.root): sub for sub in wrapper(inner).sublayers if sub.shortcut is not None}
         sub = roots[id(inner)].get(id(op))
         if sub is not None:
-            total = sub.root.residual if isinstance(sub.root, FusedAddNormOp) else sub.root.result
+            total = sub.root.residual if has(sub.root, AddNorm) else sub.root.result
             yield Site(prefix + total, prefix + sub.shortcut, tuple(prefix + v for v in sub.updates))
 
 
@@ -101,10 +103,10 @@ def method_sites(program: Program, block: Block, sizes: Sizes) -> list[MethodSit
     seen: set[str] = set()
     for inner, prefix, op in executed_ops(program, block, sizes):
         decl = inner.decl_map.get(getattr(op, "decl", None) or getattr(op, "param", None) or "")
-        if isinstance(op, ScaleOp) and op.param is not None and prefix + op.param not in seen \
+        if has(op, Scales) and op.param is not None and prefix + op.param not in seen \
                 and any(op in b.scales for s in wrapper(inner).sublayers for b in s.branches):
             seen.add(prefix + op.param)
             out.append(MethodSite("gate", prefix + op.param, None))
-        elif isinstance(op, NormOp) and getattr(decl, "kind", None) == "dyt":
+        elif applies_norm(op) and getattr(decl, "kind", None) == "dyt":
             out.append(MethodSite("dyt", prefix + op.decl, prefix + op.operand))
     return out

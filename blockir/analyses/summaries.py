@@ -46,7 +46,9 @@ from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import CallOp, DropoutOp, FusedAddNormOp, NormOp, Op
+from blockir.analyses.block_queries import applies_norm, has
+from blockir.ir.traits import AddNorm, Calls, Normalizes, Stochastic
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 
 CALLS = ("block", "stack")
@@ -123,7 +125,7 @@ def _memory_params(program: Program, block: Block, summaries: Mapping[str, Summa
     memory = memory_inputs(block)
     read: set[str] = set()
     for op in block.ops:
-        if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention" and len(op.args) == 2:
+        if has(op, Calls) and decl_kind(block, op) == "cross_attention" and len(op.args) == 2:
             read |= ancestors(block, op.args[1]) & memory
         d = callee(program, block, op)
         if d is not None:
@@ -178,7 +180,7 @@ def _eps(block: Block, env: dict, summaries: Mapping[str, Summary]) -> dict[str,
 def score_family(block: Block, op: Op) -> str | None:
     """The attention family of a call that carries scores: their axes and masks differ by family."""
     d = block.decl_map.get(getattr(op, "decl", None) or "")
-    if not isinstance(op, CallOp) or not isinstance(d, KindDecl) or d.arg("score_residual") is None:
+    if not has(op, Calls) or not isinstance(d, KindDecl) or d.arg("score_residual") is None:
         return None
     if d.kind == "cross_attention":
         return "cross-attention"
@@ -190,7 +192,7 @@ def score_routes(program: Program, block: Block, summaries: Mapping[str, Summary
     """Each value that carries scores, with the attention families (and the calls) that write or read it."""
     out: dict[str, list[tuple[str, Op]]] = {}
     for op in block.ops:
-        if not isinstance(op, CallOp):
+        if not has(op, Calls):
             continue
         f = score_family(block, op)
         if f is not None:
@@ -228,7 +230,7 @@ def _takes_state(program: Program, block: Block, env: dict, summaries: Mapping[s
     state = block.params[0].name
     for s in wrapper(block).sublayers:
         if s.state == state:
-            fused = isinstance(s.root, FusedAddNormOp)
+            fused = has(s.root, AddNorm)
             return None if s.post_norm is not None or fused else Declared(block.name, s.root.span)
     for op in block.ops:  # a block that only hands its input on: the callee that continues it
         d = callee(program, block, op)
@@ -242,16 +244,16 @@ def _summarise(program: Program, block: Block, env: dict, summaries: Mapping[str
     readers, writers = _scores(program, block, summaries)
     calls = [(op, d) for op in block.ops if (d := callee(program, block, op)) is not None]
     inner = [summaries[d.block] for _, d in calls]
-    has_norms = any(isinstance(op, (NormOp, FusedAddNormOp)) for op in block.ops) or any(s.has_norms for s in inner)
+    has_norms = any(has(op, Normalizes) for op in block.ops) or any(s.has_norms for s in inner)
     v, out = output_source(block)
     out_call = callee(program, block, out) if out is not None else None
-    if isinstance(out, NormOp) or isinstance(out, FusedAddNormOp) and v == out.normalized:
+    if applies_norm(out) or has(out, AddNorm) and v == out.normalized:
         ends = True
     else:
         ends = out_call is not None and summaries[out_call.block].ends_normalized
     returns_stream = bool(w.sublayers) or out_call is not None and summaries[out_call.block].unnormalized_stream
     drops = not w.sublayers and any(
-        isinstance(p := block.producers.get(s), DropoutOp) and value(p.p, env) != 0
+        has(p := block.producers.get(s), Stochastic) and value(p.p, env) != 0
         or (d := callee(program, block, p)) is not None and summaries[d.block].drops_state
         for s in w.spine[1:])
     carried = carry.carries(program, block, env, summaries)

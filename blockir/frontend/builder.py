@@ -1,6 +1,7 @@
 """Syntax tree → typed IR. Reports every name, argument and type error it finds."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import networkx as nx
@@ -12,10 +13,11 @@ from blockir.frontend.lowering import BlockSignature, Lowerer, role_of, to_const
 from blockir.frontend.scope import Scope, suggest
 from blockir.ir import consts as C
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, KindDecl, Param
+from blockir.ir.hooks import BUILD
 from blockir.ir.identifiers import reserved_declaration
 from blockir.ir.kinds import KINDS, ArgSpec, KindSpec
-from blockir.ops import AddOp, InputOp, OutputOp
 from blockir.ir.program import Block, Const, Program
+from blockir.ir.traits import ResidualSum
 from blockir.ir.types import Axis, DType, Role, TensorType
 
 MAX_LAYERS = 100_000
@@ -275,7 +277,7 @@ class Builder:
             scope.values[p.name] = t
             layout = build_layout(p.type, t, self.dims, self.err)
             params.append(Param(p.name, t, p.span, layout or ()))
-            inputs.append(InputOp(p.name, t, p.span))
+            inputs.append(BUILD.of("parameter")(None, p.name, p.span, t))
         env = dict(self.env, **{C.LAYER: 0, C.NUM_LAYERS: 1})
         consts = []
         for s in b.body:
@@ -325,7 +327,7 @@ class Builder:
                          f"but declares {declared}", ret.span, notes=[Note("declared here", b.span)],
                          hint="return the hidden state first, then each carried stream in declared order")
             elif all(v is not None for v in values):
-                output = OutputOp(values[0], ret.span, tuple(values[1:]))  # type: ignore[arg-type]
+                output = BUILD.of("return")(lower, None, ret.span, tuple(values))
         result_layout = build_layout(b.result, sig.result if sig else None, self.dims, self.err)
         if sum(d.is_error for d in self.diags) > errors_before or sig is None or output is None:
             return None
@@ -357,8 +359,8 @@ class Builder:
             scope.poisoned.update((s.target, *(n for n, _ in s.more_targets)))
         elif inplace and len(lower.ops) > before:
             op = lower.ops[-1]
-            if isinstance(op, AddOp):
-                lower.ops[-1] = AddOp(op.result, op.type, op.lhs, op.rhs, True, op.span)
+            if op.has(ResidualSum):  # the statement's own add, not a bias the '+' turned out to add
+                lower.ops[-1] = replace(op, inplace=True)
 
     # --- program -----------------------------------------------------------
     def build(self) -> Program:

@@ -1,18 +1,23 @@
-"""Syntax-tree expressions → constant expressions and SSA ops, with type inference."""
+"""Syntax-tree expressions → constant expressions and SSA ops, with type inference.
+
+This module checks the syntax of each construct and lowers its operands; which op a checked construct
+becomes is the kind's own ``BUILD`` hook (``blockir/ops/<kind>.py``), looked up by the construct.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from blockir.diagnostics import Span, error
 from blockir.frontend import ast
 from blockir.frontend.scope import Scope, suggest
 from blockir.ir import consts as C
-from blockir import ops as O
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
+from blockir.ir.hooks import BUILD
 from blockir.ir.kinds import ACTIVATIONS, FUNCTIONS, GATES, MASKS
-from blockir.ir.types import Axis, DType, Role, TensorType
+from blockir.ir.types import DType, Role, TensorType
+from blockir.ops import Op
 
 TENSOR_OPS_HINT = ("tensors combine with '+' (an add, or a learned bias), '*' (a scaling or an elementwise product), "
                    "'-' (the difference of two tensors) and '1 - z' only")
@@ -70,7 +75,7 @@ class Lowerer:
     scope: Scope
     signatures: dict[str, BlockSignature]
     env: Callable[[C.ConstExpr], float | int | None]
-    ops: list[O.Op] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
     reserved: set[str] = field(default_factory=set)
     counter: int = 0
     more_targets: tuple[str, ...] = ()  # the further names of `y, s = call(…)`, taken by the outermost call
@@ -82,11 +87,19 @@ class Lowerer:
         self.counter += 1
         return name
 
-    def emit(self, op: O.Op) -> str:
+    def emit(self, op: Op) -> str:
         self.ops.append(op)
         for r in op.results:
             self.scope.values[r] = op.type_of(r)
         return op.result
+
+    def type_of(self, value: str) -> TensorType:
+        return self.scope.values[value]
+
+    def build(self, construct: str, name: str | None, span: Span, *args: Any, **kw: Any) -> str | None:
+        """Emit the op ``construct`` becomes (its kind's ``BUILD`` hook), named ``name`` or a fresh temporary."""
+        op = BUILD.of(construct)(self, name or self.fresh(), span, *args, **kw)
+        return self.emit(op) if op is not None else None
 
     def _results(self, e: ast.Call, returns: tuple[TensorType, ...], more: tuple[str, ...]) -> bool:
         """Whether a call that returns ``1 + len(returns)`` values is bound to as many names."""
@@ -165,13 +178,11 @@ class Lowerer:
             operand = self.tensor(e.right if lb is not None else e.left)
             if operand is None:
                 return None
-            return self.emit(O.BiasOp(name or self.fresh(), self.scope.values[operand], operand, lb or rb,
-                                      span=e.span))
+            return self.build("x + bias", name, e.span, operand, lb or rb)
         lhs, rhs = self.tensor(e.left), self.tensor(e.right)
         if lhs is None or rhs is None:
             return None
-        t = self.scope.values[lhs]
-        return self.emit(O.AddOp(name or self.fresh(), t, lhs, rhs, span=e.span))
+        return self.build("a + b", name, e.span, lhs, rhs)
 
     def _factor(self, e: ast.Expr) -> tuple[C.ConstExpr | None, str | None] | None:
         if isinstance(e, ast.Ref) and isinstance(self.scope.decls.get(e.name), KindDecl) \
@@ -193,13 +204,12 @@ class Lowerer:
             lhs, rhs = self.tensor(e.left), self.tensor(e.right)
             if lhs is None or rhs is None:
                 return None
-            return self.emit(O.MulOp(name or self.fresh(), self.scope.values[lhs], lhs, rhs, span=e.span))
+            return self.build("a * b", name, e.span, lhs, rhs)
         factor, tensor_side = (lf, e.right) if lf is not None else (rf, e.left)
         operand = self.tensor(tensor_side)
         if operand is None:
             return None
-        t = self.scope.values[operand]
-        return self.emit(O.ScaleOp(name or self.fresh(), t, operand, factor=factor[0], param=factor[1], span=e.span))
+        return self.build("s * x", name, e.span, operand, factor[0], factor[1])
 
     def _complement(self, e: ast.BinOp, name: str | None) -> str | None:
         one = to_const(e.left, self.scope)
@@ -212,13 +222,13 @@ class Lowerer:
         operand = self.tensor(e.right)
         if operand is None:
             return None
-        return self.emit(O.ComplementOp(name or self.fresh(), self.scope.values[operand], operand, span=e.span))
+        return self.build("1 - z", name, e.span, operand)
 
     def _sub(self, e: ast.BinOp, name: str | None) -> str | None:
         lhs, rhs = self.tensor(e.left), self.tensor(e.right)
         if lhs is None or rhs is None:
             return None
-        return self.emit(O.SubOp(name or self.fresh(), self.scope.values[lhs], lhs, rhs, span=e.span))
+        return self.build("a - b", name, e.span, lhs, rhs)
 
     # --- calls -----------------------------------------------------------
     def _args(self, e: ast.Call, arity: int | None, kwargs_ok: tuple[str, ...] = ()) -> list[str] | None:
@@ -271,16 +281,15 @@ class Lowerer:
             args = self._args(e, len(sig.params) if sig else None)
             if sig is None or not self._results(e, sig.more, more) or args is None:
                 return None
-            return self.emit(O.CallOp(name or self.fresh(), sig.result, decl.name, tuple(args), span=e.span,
-                                      more=more, more_types=sig.more))
+            return self.build("decl(x)", name, e.span, decl.name, tuple(args), sig.result, more, sig.more)
         args = self._args(e, 3 if decl.kind == "cross_attention" else 2)
         if args is None:
             return None
         scores = self.scope.values[args[-1]]
         if not self._results(e, (scores,), more):
             return None
-        return self.emit(O.CallOp(name or self.fresh(), self.scope.values[args[0]], decl.name, tuple(args),
-                                  span=e.span, more=more, more_types=(scores,)))
+        return self.build("decl(x)", name, e.span, decl.name, tuple(args), self.scope.values[args[0]], more,
+                          (scores,))
 
     def _call_decl(self, e: ast.Call, decl, name: str | None) -> str | None:
         if isinstance(decl, KindDecl) and decl.category == "scale":
@@ -298,14 +307,14 @@ class Lowerer:
             t = decl.result
             if t.dtype is None:
                 t = t.with_dtype(self.scope.values[args[0]].dtype if args else None)
-            return self.emit(O.CallOp(name or self.fresh(), t, decl.name, tuple(args), span=e.span))
+            return self.build("decl(x)", name, e.span, decl.name, tuple(args), t)
         arity = 2 if decl.kind == "cross_attention" else 1
         args = self._args(e, arity)
         if args is None:
             return None
         t = self.scope.values[args[0]]
         if decl.category == "norm":
-            return self.emit(O.NormOp(name or self.fresh(), t, decl.name, args[0], span=e.span))
+            return self.build("norm(x)", name, e.span, decl.name, args[0])
         if decl.kind == "embedding":
             width = self.scope.dims.get(decl.arg("width"))
             if width is not None:
@@ -314,7 +323,7 @@ class Lowerer:
             out = self.scope.dims.get(decl.arg("out_dim" if decl.kind == "linear" else "vocab"))
             if out is not None and t.axes:
                 t = t.with_last(out)
-        return self.emit(O.CallOp(name or self.fresh(), t, decl.name, tuple(args), span=e.span))
+        return self.build("decl(x)", name, e.span, decl.name, tuple(args), t)
 
     def _call_function(self, e: ast.Call, name: str | None) -> str | None:
         fn = e.callee
@@ -322,7 +331,7 @@ class Lowerer:
             args = self._args(e, 1)
             if args is None:
                 return None
-            return self.emit(O.ActivationOp(name or self.fresh(), self.scope.values[args[0]], fn, args[0], span=e.span))
+            return self.build("fn(x)", name, e.span, fn, args[0])
         if fn in ("dropout", "drop_path", "layer_drop"):
             return self._dropout(e, name)
         if fn == "cast":
@@ -336,18 +345,7 @@ class Lowerer:
         args = self._args(e, None)
         if args is None:
             return None
-        types = [self.scope.values[a] for a in args]
-        lasts = [t.last for t in types if t.last is not None]
-        if len(lasts) != len(types):
-            self.err("E0111", "'concat' needs tensors with at least one axis", e.span)
-            return None
-        size = None
-        if all(a.size is not None for a in lasts):
-            size = lasts[0].size
-            for a in lasts[1:]:
-                size = C.Bin("+", size, a.size)
-        joined = Axis("+".join(a.name for a in lasts), lasts[0].role, size)
-        return self.emit(O.ConcatOp(name or self.fresh(), types[0].with_last(joined), tuple(args), span=e.span))
+        return self.build("concat(…)", name, e.span, tuple(args))
 
     def _zeros(self, e: ast.Call, name: str | None) -> str | None:
         lit = e.args[0] if len(e.args) == 1 and not e.kwargs else None
@@ -360,12 +358,7 @@ class Lowerer:
                 self.scope.undefined(n, lit.span, "dim")
                 return None
             axes.append(self.scope.dims[n])
-        try:
-            t = TensorType(tuple(axes))
-        except ValueError as exc:
-            self.err("E0111", str(exc), lit.span)
-            return None
-        return self.emit(O.ZerosOp(name or self.fresh(), t, span=e.span))
+        return self.build("zeros([…])", name, e.span, tuple(axes), lit.span)
 
     def _kw(self, e: ast.Call, key: str) -> ast.KwArg | None:
         return next((k for k in e.kwargs if k.name == key), None)
@@ -395,10 +388,7 @@ class Lowerer:
             return None
         if args is None or p is None:
             return None
-        t = self.scope.values[args[0]]
-        if e.callee == "layer_drop":
-            return self.emit(O.LayerDropOp(name or self.fresh(), t, args[0], p, span=e.span))
-        return self.emit(O.DropoutOp(name or self.fresh(), t, args[0], p, mask, span=e.span))
+        return self.build(f"{e.callee}(x)", name, e.span, args[0], p, mask)
 
     def _cast(self, e: ast.Call, name: str | None) -> str | None:
         if len(e.args) != 2 or e.kwargs:
@@ -412,9 +402,7 @@ class Lowerer:
         operand = self.tensor(e.args[0])
         if operand is None:
             return None
-        dtype = DType(word)
-        t = self.scope.values[operand].with_dtype(dtype)
-        return self.emit(O.CastOp(name or self.fresh(), t, operand, dtype, span=e.span))
+        return self.build("cast(x, t)", name, e.span, operand, DType(word))
 
 
 def role_of(word: str) -> Role | None:

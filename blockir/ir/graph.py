@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from blockir.ops import OutputOp
 from blockir.ir.program import Block
+from blockir.ir.traits import Sink
 
 OUTPUT = "<output>"
 
@@ -17,7 +17,7 @@ def block_graph(block: Block) -> nx.DiGraph:
     """
     g = nx.DiGraph()
     for op in block.ops:
-        names = op.results if not isinstance(op, OutputOp) else (OUTPUT,)
+        names = (OUTPUT,) if op.has(Sink) else op.results
         for name in names:
             g.add_node(name, op=op)
         for i, v in enumerate(op.operands):

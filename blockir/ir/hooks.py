@@ -51,3 +51,39 @@ EQUIVALENCE = HookTable("equivalence")  # analyses/equivalence: the fields that 
 FX_LOWERING = HookTable("fx lowering")  # lower/fx: (op, builder) -> the fx values of its results
 FUSED_LOWERING = HookTable("fused lowering")  # lower/fused: kinds the fused backend lowers differently
 COST = HookTable("cost")                # reports/cost: (op, ledger) -> flops and bytes of the op
+
+
+class ConstructTable:
+    """The op kind each construct of the language builds, registered by the kind's own file.
+
+    ``BUILD.register(Kind, "a + b")`` files a function under the surface constructs the kind is written
+    as; the frontend reads ``BUILD.of("a + b")`` once it has checked the syntax and lowered the operands,
+    so it never names a kind. Each function takes the frontend's lowering context first (it offers
+    ``type_of(value)`` and ``err(code, message, span, hint)``), then what its construct documents, and
+    returns the op, or None after reporting why there is none.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._by_construct: dict[str, tuple[type, Callable[..., Any]]] = {}
+
+    def register(self, kind: type, *constructs: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for c in constructs:
+                if c in self._by_construct:
+                    raise ValueError(f"{self.name}: construct {c!r} registered twice")
+                self._by_construct[c] = (kind, fn)
+            return fn
+        return add
+
+    def of(self, construct: str) -> Callable[..., Any]:
+        if construct not in self._by_construct:
+            raise LookupError(f"no {self.name} hook for {construct!r}")
+        return self._by_construct[construct][1]
+
+    def constructs(self) -> dict[str, type]:
+        """Each registered construct and the kind it builds."""
+        return {c: kind for c, (kind, _) in self._by_construct.items()}
+
+
+BUILD = ConstructTable("build")  # frontend/lowering: the op a checked construct of the language becomes

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockir import ops as O
 from blockir.ir.consts import ConstExpr, Num, format_expr, names_in
 from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program
+from blockir.ir.traits import BlockInput
 from blockir.ir.types import Axis, TensorType, format_layout
+from blockir.ops import Op
 
 TYPE_COLUMN = 48
 INDENT = "  "
@@ -52,7 +53,7 @@ def _factor(c: ConstExpr) -> str:
     return format_expr(c, 2)
 
 
-def format_op(op: O.Op) -> str:
+def format_op(op: Op) -> str:
     return op.text()
 
 
@@ -78,10 +79,9 @@ def format_block(b: Block) -> str:
     if b.consts or b.decls:
         lines.append("")
     for op in b.ops:
-        if isinstance(op, O.InputOp):
-            continue
-        t = op.type if not isinstance(op, O.OutputOp) else None
-        lines.append(INDENT + _with_type(format_op(op), t, getattr(op, "more_types", ())))
+        if op.has(BlockInput):
+            continue  # the signature declares it
+        lines.append(INDENT + _with_type(format_op(op), op.type, getattr(op, "more_types", ())))
     lines.append("}")
     return "\n".join(lines)
 

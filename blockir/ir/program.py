@@ -7,7 +7,8 @@ from functools import cached_property
 from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
-from blockir.ops import InputOp, Op, OutputOp
+from blockir.ir.traits import BlockInput, Sink
+from blockir.ops import Op
 from blockir.ir.types import Axis, Layout, TensorType
 
 
@@ -56,12 +57,12 @@ class Block:
         return {k: tuple(v) for k, v in out.items()}
 
     @property
-    def inputs(self) -> tuple[InputOp, ...]:
-        return tuple(op for op in self.ops if isinstance(op, InputOp))
+    def inputs(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.has(BlockInput))
 
     @property
-    def output(self) -> OutputOp | None:
-        return next((op for op in self.ops if isinstance(op, OutputOp)), None)
+    def output(self) -> Op | None:
+        return next((op for op in self.ops if op.has(Sink)), None)
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,31 @@ class RowLocal(Trait):
 
 class MultiResult(Trait):
     """May define more than one value (``op.results`` lists them in order)."""
+
+
+class BlockInput(Trait):
+    """Binds the block parameter ``op.result``; the block's signature prints it, not a statement."""
+
+
+class AddNorm(Trait):
+    """Sums ``op.shortcut`` and ``op.branch`` into ``op.residual`` and normalizes that into ``op.normalized``."""
+
+
+class Product(Trait):
+    """Multiplies two tensors elementwise, ``op.lhs * op.rhs``: a gate applied to a value."""
+
+
+class Difference(Trait):
+    """Subtracts two tensors, ``op.lhs - op.rhs``: a step from ``op.rhs`` toward ``op.lhs``."""
+
+
+class Complement(Trait):
+    """``1 - op.operand``: the complementary gate of a convex combination."""
+
+
+class Function(Trait):
+    """Applies the built-in function named ``op.fn`` to ``op.operand``."""
+
+
+class Converts(Trait):
+    """Changes only the dtype of ``op.operand``, to ``op.dtype``."""

@@ -6,13 +6,13 @@ from typing import ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.op import OpBase, SPAN, role_field
-from blockir.ir.traits import Elementwise, RowLocal, Trait
+from blockir.ir.traits import Elementwise, Function, RowLocal, Trait
 from blockir.ir.types import TensorType
 
 
 @dataclass(frozen=True)
 class ActivationOp(OpBase):
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Elementwise, RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Elementwise, RowLocal, Function})
 
     result: str = role_field("result")
     type: TensorType = field()
@@ -29,6 +29,26 @@ class ActivationOp(OpBase):
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(ActivationOp)
+def _layout(op: ActivationOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@EQUIVALENCE.register(ActivationOp)
+def _equivalence(op: ActivationOp, builder: Any) -> tuple:
+    return builder.label(op, "activation")
+
+
+@BUILD.register(ActivationOp, "fn(x)")
+def _build(ctx: Any, result: str, span: Any, fn: str, operand: str) -> ActivationOp:
+    """A built-in activation or gate function applied to a value."""
+    return ActivationOp(result, ctx.type_of(operand), fn, operand, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -31,6 +31,26 @@ class AddOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(AddOp)
+def _layout(op: AddOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.lhs)
+
+
+@EQUIVALENCE.register(AddOp)
+def _equivalence(op: AddOp, builder: Any) -> tuple:
+    return builder.label(op, "add")
+
+
+@BUILD.register(AddOp, "a + b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> AddOp:
+    """Two tensors of one type summed (``@inplace`` is set afterwards, on the statement's own add)."""
+    return AddOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -32,6 +32,30 @@ class BiasOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(BiasOp)
+def _layout(op: BiasOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@KEYS.register(BiasOp)
+def _keys(op: BiasOp, block: Any, arg: int) -> Any:
+    return block.type_of(op.operand)
+
+
+@EQUIVALENCE.register(BiasOp)
+def _equivalence(op: BiasOp, builder: Any) -> tuple:
+    return builder.label(op, "bias")
+
+
+@BUILD.register(BiasOp, "x + bias")
+def _build(ctx: Any, result: str, span: Any, operand: str, param: str) -> BiasOp:
+    return BiasOp(result, ctx.type_of(operand), operand, param, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -42,6 +42,33 @@ class CallOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(CallOp)
+def _layout(op: CallOp, ctx: Any, analyser: Any) -> None:
+    ctx.values[op.result] = analyser.call(ctx, op)
+
+
+@KEYS.register(CallOp)
+def _keys(op: CallOp, block: Any, arg: int) -> Any:
+    return block.type_of(op.args[arg]) if len(op.args) > arg else None
+
+
+@EQUIVALENCE.register(CallOp)
+def _equivalence(op: CallOp, builder: Any) -> tuple:
+    return builder.label(op, "call")
+
+
+@BUILD.register(CallOp, "decl(x)")
+def _build(ctx: Any, result: str, span: Any, decl: str, args: tuple[str, ...], t: TensorType,
+           more: tuple[str, ...] = (), more_types: tuple[TensorType, ...] = ()) -> CallOp:
+    """A declaration applied to values; its result type ``t`` (and those of the carried streams it also
+    returns) follow from the declaration, which the frontend reads."""
+    return CallOp(result, t, decl, args, span=span, more=more, more_types=more_types)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -6,13 +6,13 @@ from typing import ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.op import OpBase, SPAN, role_field
-from blockir.ir.traits import Elementwise, Modifier, RowLocal, Trait
+from blockir.ir.traits import Converts, Elementwise, Modifier, RowLocal, Trait
 from blockir.ir.types import DType, TensorType
 
 
 @dataclass(frozen=True)
 class CastOp(OpBase):
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Modifier, Elementwise, RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Modifier, Elementwise, RowLocal, Converts})
 
     result: str = role_field("result")
     type: TensorType = field()
@@ -29,6 +29,25 @@ class CastOp(OpBase):
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(CastOp)
+def _layout(op: CastOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@EQUIVALENCE.register(CastOp)
+def _equivalence(op: CastOp, builder: Any) -> tuple:
+    return builder.label(op, "cast")
+
+
+@BUILD.register(CastOp, "cast(x, t)")
+def _build(ctx: Any, result: str, span: Any, operand: str, dtype: DType) -> CastOp:
+    return CastOp(result, ctx.type_of(operand).with_dtype(dtype), operand, dtype, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

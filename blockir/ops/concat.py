@@ -31,6 +31,39 @@ class ConcatOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.consts import Bin
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+from blockir.ir.types import Axis
+
+
+@LAYOUT.register(ConcatOp)
+def _layout(op: ConcatOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.args[0])
+
+
+@EQUIVALENCE.register(ConcatOp)
+def _equivalence(op: ConcatOp, builder: Any) -> tuple:
+    return builder.label(op, "concat")
+
+
+@BUILD.register(ConcatOp, "concat(…)")
+def _build(ctx: Any, result: str, span: Any, args: tuple[str, ...]) -> ConcatOp | None:
+    """Tensors joined along their last axes: the joined axis is named ``a+b`` and sized by the sum of sizes."""
+    types = [ctx.type_of(a) for a in args]
+    lasts = [t.last for t in types if t.last is not None]
+    if len(lasts) != len(types):
+        ctx.err("E0111", "'concat' needs tensors with at least one axis", span)
+        return None
+    size = None
+    if all(a.size is not None for a in lasts):
+        size = lasts[0].size
+        for a in lasts[1:]:
+            size = Bin("+", size, a.size)
+    joined = Axis("+".join(a.name for a in lasts), lasts[0].role, size)
+    return ConcatOp(result, types[0].with_last(joined), args, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -43,6 +43,26 @@ class DropoutOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(DropoutOp)
+def _layout(op: DropoutOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@EQUIVALENCE.register(DropoutOp)
+def _equivalence(op: DropoutOp, builder: Any) -> tuple:
+    return builder.label(op, "dropout", site=op.result)  # its own name keys its mask
+
+
+@BUILD.register(DropoutOp, "dropout(x)", "drop_path(x)")
+def _build(ctx: Any, result: str, span: Any, operand: str, p: ConstExpr, mask: str) -> DropoutOp:
+    """Dropout with a checked probability ``p``; drop-path is the mask ``sample``."""
+    return DropoutOp(result, ctx.type_of(operand), operand, p, mask, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -7,7 +7,7 @@ from typing import ClassVar
 from blockir.diagnostics import Span
 from blockir.ir.consts import ConstExpr, format_expr
 from blockir.ir.op import OpBase, SPAN, role_field, factor_text
-from blockir.ir.traits import MultiResult, Normalizes, ResidualSum, RowLocal, Trait
+from blockir.ir.traits import AddNorm, MultiResult, Normalizes, ResidualSum, RowLocal, Trait
 from blockir.ir.types import TensorType
 
 
@@ -16,7 +16,7 @@ class FusedAddNormOp(OpBase):
     """``residual = shortcut_scale * shortcut + branch_scale * dropout(branch)``;
     ``normalized = norm(residual)``. Two named results, in ABI order."""
 
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Normalizes, ResidualSum, MultiResult, RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Normalizes, ResidualSum, MultiResult, RowLocal, AddNorm})
 
     normalized: str = role_field("result")
     residual: str = role_field("result")
@@ -63,6 +63,25 @@ class FusedAddNormOp(OpBase):
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+from typing import Any
+
+from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(FusedAddNormOp)
+def _layout(op: FusedAddNormOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.shortcut)
+
+
+@KEYS.register(FusedAddNormOp)
+def _keys(op: FusedAddNormOp, block: Any, arg: int) -> Any:
+    return op.residual_type
+
+
+@EQUIVALENCE.register(FusedAddNormOp)
+def _equivalence(op: FusedAddNormOp, builder: Any) -> tuple:
+    return builder.label(op, "fused_add_norm", site=op.site)  # the absorbed dropout's name keys its mask
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -30,6 +30,21 @@ class LayerDropOp(DropoutOp):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE
+
+
+@EQUIVALENCE.register(LayerDropOp)
+def _equivalence(op: LayerDropOp, builder: Any) -> tuple:
+    return builder.label(op, "layer_drop")  # one draw per layer: no name keys its mask
+
+
+@BUILD.register(LayerDropOp, "layer_drop(x)")
+def _build(ctx: Any, result: str, span: Any, operand: str, p: Any, mask: str) -> LayerDropOp:
+    """Layer drop: its mask is always the whole layer, whatever the construct's default."""
+    return LayerDropOp(result, ctx.type_of(operand), operand, p, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

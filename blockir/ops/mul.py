@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from blockir.ir.traits import Combines, Elementwise, RowLocal, Trait
+from blockir.ir.traits import Combines, Elementwise, Product, RowLocal, Trait
 from blockir.ops.pair import TensorPair
 
 
@@ -12,7 +12,7 @@ from blockir.ops.pair import TensorPair
 class MulOp(TensorPair):
     """``lhs * rhs`` of two tensors of one type, elementwise: a gate applied to a value."""
 
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Combines, Elementwise, RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Combines, Elementwise, RowLocal, Product})
 
     SYMBOL: ClassVar[str] = "*"
 
@@ -22,6 +22,25 @@ class MulOp(TensorPair):
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(MulOp)
+def _layout(op: MulOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.lhs)
+
+
+@EQUIVALENCE.register(MulOp)
+def _equivalence(op: MulOp, builder: Any) -> tuple:
+    return builder.label(op, "mul")
+
+
+@BUILD.register(MulOp, "a * b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> MulOp:
+    return MulOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -30,6 +30,31 @@ class NormOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(NormOp)
+def _layout(op: NormOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@KEYS.register(NormOp)
+def _keys(op: NormOp, block: Any, arg: int) -> Any:
+    return block.type_of(op.operand)
+
+
+@EQUIVALENCE.register(NormOp)
+def _equivalence(op: NormOp, builder: Any) -> tuple:
+    return builder.label(op, "norm")
+
+
+@BUILD.register(NormOp, "norm(x)")
+def _build(ctx: Any, result: str, span: Any, decl: str, operand: str) -> NormOp:
+    """A norm declaration applied to a value: the result has the value's type."""
+    return NormOp(result, ctx.type_of(operand), decl, operand, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -34,6 +34,26 @@ class OutputOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(OutputOp)
+def _layout(op: OutputOp, ctx: Any, analyser: Any) -> None:
+    ctx.returns(op, op.value)
+
+
+@EQUIVALENCE.register(OutputOp)
+def _equivalence(op: OutputOp, builder: Any) -> tuple:
+    return builder.output_label(op)
+
+
+@BUILD.register(OutputOp, "return")
+def _build(ctx: Any, result: None, span: Any, values: tuple[str, ...]) -> OutputOp:
+    """``return y, s1, …``: the hidden state first, then each carried stream."""
+    return OutputOp(values[0], span, tuple(values[1:]))
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

@@ -39,6 +39,31 @@ class ScaleOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
+
+
+@LAYOUT.register(ScaleOp)
+def _layout(op: ScaleOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.operand)
+
+
+@KEYS.register(ScaleOp)
+def _keys(op: ScaleOp, block: Any, arg: int) -> Any:
+    return block.type_of(op.operand)
+
+
+@EQUIVALENCE.register(ScaleOp)
+def _equivalence(op: ScaleOp, builder: Any) -> tuple:
+    return builder.label(op, "scale")
+
+
+@BUILD.register(ScaleOp, "s * x")
+def _build(ctx: Any, result: str, span: Any, operand: str, factor: Any, param: str | None) -> ScaleOp:
+    """A constant ``factor`` or a learned ``param`` declaration times a tensor."""
+    return ScaleOp(result, ctx.type_of(operand), operand, factor=factor, param=param, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

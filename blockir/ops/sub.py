@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from blockir.ir.traits import Combines, Elementwise, RowLocal, Trait
+from blockir.ir.traits import Combines, Difference, Elementwise, RowLocal, Trait
 from blockir.ops.pair import TensorPair
 
 
@@ -13,7 +13,7 @@ class SubOp(TensorPair):
     """``lhs - rhs`` of two tensors of one type: the step from a point toward a target, as in the
     normalized interpolation ``h + alpha * (t - h)`` of nGPT (Loshchilov et al., arXiv:2410.01131)."""
 
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Combines, Elementwise, RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Combines, Elementwise, RowLocal, Difference})
 
     SYMBOL: ClassVar[str] = "-"
 
@@ -23,6 +23,25 @@ class SubOp(TensorPair):
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
+
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(SubOp)
+def _layout(op: SubOp, ctx: Any, analyser: Any) -> None:
+    ctx.keep(op, op.lhs)
+
+
+@EQUIVALENCE.register(SubOp)
+def _equivalence(op: SubOp, builder: Any) -> tuple:
+    return builder.label(op, "sub")
+
+
+@BUILD.register(SubOp, "a - b")
+def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> SubOp:
+    return SubOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables

@@ -30,6 +30,31 @@ class ZerosOp(OpBase):
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)
 
+from typing import Any
+
+from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
+
+
+@LAYOUT.register(ZerosOp)
+def _layout(op: ZerosOp, ctx: Any, analyser: Any) -> None:
+    """A zeros start is replicated over every mesh axis: it records no placement."""
+
+
+@EQUIVALENCE.register(ZerosOp)
+def _equivalence(op: ZerosOp, builder: Any) -> tuple:
+    return builder.label(op, "zeros")
+
+
+@BUILD.register(ZerosOp, "zeros([…])")
+def _build(ctx: Any, result: str, span: Any, axes: tuple[Any, ...], axes_span: Any) -> ZerosOp | None:
+    """Zeros over the listed axes; a list that makes no tensor type (an axis twice) is E0111 at the list."""
+    try:
+        t = TensorType(tuple(axes))
+    except ValueError as exc:
+        ctx.err("E0111", str(exc), axes_span)
+        return None
+    return ZerosOp(result, t, span=span)
+
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)

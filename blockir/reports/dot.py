@@ -7,20 +7,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from blockir import ops as O
 from blockir.analyses.structure import wrapper
 from blockir.ir.graph import OUTPUT, block_graph
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
+from blockir.ops import Op
 
 
 def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _label(op: O.Op) -> str:
-    text = format_op(op) if not isinstance(op, O.InputOp) else f"{op.result}: {op.type}"
-    return text.replace("@inplace ", "") + ("  (in place)" if isinstance(op, O.AddOp) and op.inplace else "")
+def _label(op: Op) -> str:
+    text = format_op(op)
+    return text.removeprefix("@inplace ") + ("  (in place)" if text.startswith("@inplace ") else "")
 
 
 def block_body(block: Block, prefix: str = "") -> list[str]:
