@@ -14,10 +14,10 @@ sub-block, stack and bound extern: their ``call_module`` nodes carry the context
 """
 from __future__ import annotations
 
-from blockir.lower.fx.builder import FX, Backend, GraphBuilder, build_graph
+from blockir.lower.fx.builder import FX, Backend
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
-from blockir.lower.fx.runtime import SEED_HIGH, SPLAT, Runtime, dropout_site, inplace_add, site_id
+from blockir.lower.fx.runtime import SEED_HIGH, SPLAT, dropout_site, inplace_add, site_id
 from blockir.lower.fx.tree import Stack, lower_block
 
-__all__ = ["FX", "Backend", "GraphBuilder", "build_graph", "CONTRACT_ATTR", "BlockModule", "SEED_HIGH", "SPLAT",
-           "Runtime", "dropout_site", "inplace_add", "site_id", "Stack", "lower_block"]
+__all__ = ["FX", "Backend", "CONTRACT_ATTR", "BlockModule", "SEED_HIGH", "SPLAT", "dropout_site", "inplace_add",
+           "site_id", "Stack", "lower_block"]

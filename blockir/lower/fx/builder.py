@@ -49,7 +49,8 @@ class GraphBuilder:
     value: a later layer whose constants evaluate the same reuses the graph.
     """
 
-    def __init__(self, block: Block, sizes: Sizes, inplace: dict[int, str] | None = None, backend: Backend = FX):
+    def __init__(self, block: Block, sizes: Sizes, inplace: dict[int, str] | None = None,
+                 backend: Backend = FX) -> None:
         self.block = block
         self.inplace = inplace or {}  # id(add) → the operand whose buffer it overwrites
         self.sizes = sizes
