@@ -53,11 +53,14 @@ class WrapperCost:
         """Whether a dropout probability is not zero at these sizes (and this layer)."""
         return value(p, self.env) != 0
 
-    def param_bytes(self, name: str, like: str) -> int:
-        """Bytes of a learned gain or bias declaration (one number, or one per channel of its axis), at the dtype of ``like``."""
+    def param_elements(self, name: str) -> int:
+        """Elements of a learned gain or bias declaration: one number, or one per channel of its axis."""
         gain = self.decl(name)
-        count = 1 if gain.kind == "scalar" else size(gain.arg("axis"), self.env)  # type: ignore[union-attr]
-        return count * itemsize(self.block.type_of(like), self.dtype)
+        return 1 if gain.kind == "scalar" else size(gain.arg("axis"), self.env)  # type: ignore[union-attr]
+
+    def param_bytes(self, name: str, like: str) -> int:
+        """Bytes of a learned gain or bias declaration at the dtype of ``like``."""
+        return self.param_elements(name) * itemsize(self.block.type_of(like), self.dtype)
 
     def norm_parameter_bytes(self, name: str, like: str) -> int:
         """Bytes of norm declaration ``name``'s parameters, at the dtype of its input ``like``."""
@@ -78,10 +81,7 @@ class WrapperCost:
         decl = self.decl(norm)
         assert isinstance(decl, KindDecl)
         residual_type = self.block.type_of(residual)
-        elements = 0
-        if scale is not None:
-            gain = self.decl(scale)
-            elements = 1 if gain.kind == "scalar" else size(gain.arg("axis"), self.env)  # type: ignore[union-attr]
+        elements = self.param_elements(scale) if scale is not None else 0
         fam = family(decl)
         return FusedBoundary(decl.kind, rows(residual_type, self.env), size(residual_type.axes[-1].name, self.env),
                              itemsize(self.block.type_of(branch), self.dtype), itemsize(residual_type, self.dtype),
