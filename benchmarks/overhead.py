@@ -86,7 +86,8 @@ def compare(label: str, b: int, s: int, width: int, inter: int, heads: int, kv: 
 
 def input_check(repeats: int) -> list[str]:
     """Forward of a tiny LlamaDecoderLayer with and without the input check, and the check alone."""
-    from blockir.lower.fx import check_inputs, lower_block
+    from blockir.lower.boundary import check_inputs
+    from blockir.lower.fx import lower_block
     from blockir.analyses.sizes import Sizes
 
     program = blockir.parse(LLAMA_TEXT, "llama.block")

@@ -13,6 +13,8 @@ from torch import Tensor, nn
 import blockir
 from blockir.analyses.keys import param_keys
 from blockir.lower import fx as bfx
+from blockir.lower.boundary import check_inputs
+from blockir.lower.fx import module as generated
 from blockir.lower.layers import numerics
 from blockir.lower.layers.branches import rope_cos_sin
 
@@ -176,13 +178,13 @@ def test_the_layers_of_a_stack_share_one_graph_and_one_class() -> None:
 
 def test_code_is_generated_once_per_distinct_block(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
-    real = bfx._generate
+    real = generated.generate
 
     def counting(name: str, *args: object) -> object:
         made.append(name)
         return real(name, *args)
 
-    monkeypatch.setattr(bfx, "_generate", counting)
+    monkeypatch.setattr(generated, "generate", counting)
     _compile(_stack(200), "M", device="meta")
     assert sorted(made) == ["L", "M"]
     made.clear()
@@ -271,7 +273,7 @@ def test_symbolic_trace_gives_the_forward_without_context() -> None:
         torch.testing.assert_close(traced(x), m(x), rtol=1e-6, atol=1e-6)
     # the norms and dropout are single calls; the input check survives as one
     targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
-    assert {bfx.check_inputs, bfx.dropout_site, numerics.rms_norm} <= targets
+    assert {check_inputs, bfx.dropout_site, numerics.rms_norm} <= targets
     with pytest.raises(blockir.BlockError, match="axis D has size 4"):
         traced(_x(2, 3, 4))
 

@@ -56,11 +56,13 @@ def test_a_deep_stack_costs_its_layers_times_one_layer() -> None:
 @pytest.mark.parametrize("branch", [PLAIN, STOCHASTIC])
 def test_the_ledger_of_a_stack_equals_the_ledger_of_its_layers_written_out(branch: str) -> None:
     # five layers: deep enough for the repeating pattern, small enough to inline in full as well
-    from blockir.reports import cost
+    from blockir.analyses.sizes import program_env
+    from blockir.ir.types import DType
+    from blockir.reports.cost import walk
     program = stack(5, branch)
-    base = cost.program_env(program, {"B": 2, "S": 8})
-    extrapolated = cost._inlined_tally(program, "Model", base, cost.DType.BF16)
-    assert extrapolated == cost._inlined_walk(program, "Model", base, cost.DType.BF16, {})
+    base = program_env(program, {"B": 2, "S": 8})
+    extrapolated = walk._inlined_tally(program, "Model", base, DType.BF16)
+    assert extrapolated == walk._inlined_walk(program, "Model", base, DType.BF16, {})
     assert totals(5, branch)[0] == 5
 
 

@@ -26,9 +26,9 @@ import torch
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, error
 from blockir.frontend.scope import suggest
-from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
+from blockir.ir.traits import Calls
 from blockir.ir.types import DType, Role
 
 Keywords = frozenset[str] | None  # None: any keyword (a callee that takes **kwargs)
@@ -67,7 +67,7 @@ def _token_rows(program: Program | None, block: Block, value: str, sizes: Sizes)
     fewest rows of a token table that indexes by it (None when only position tables read its shape)."""
     reads, rows = False, None
     for op in block.users.get(value, ()):
-        if not isinstance(op, O.CallOp):
+        if not op.has(Calls):
             continue
         decl = block.decl_map[op.decl]
         found: tuple[bool, int | None] = (False, None)

@@ -10,7 +10,9 @@ import torch
 
 from blockir.api import load, verify
 from blockir.lower.bind import check_bind
-from blockir.lower.fx import BlockModule, lower_block
+from blockir.lower.fx.builder import FX
+from blockir.lower.fx.module import BlockModule
+from blockir.lower.fx.tree import lower_block
 from blockir.lower.layers.modules import tie_heads
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, Span, argument_error, error
@@ -112,16 +114,19 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     if wrong:
         raise BlockError(wrong)
     bindings = check_bind(program, program.block(name), sizes, bind, dtype)
+    lowering = FX
     if backend == "fused":
-        import blockir.lower.fused.lowering  # noqa: F401  (registers the fused op lowering)
+        from blockir.lower.fused.lowering import FUSED
         from blockir.passes.fuse import fuse_program
         from blockir.passes.inline import inline_stacks
         from blockir.passes.manager import run_rewrites
         program = run_rewrites(program, [("inline", lambda p: inline_stacks(p, name, sizes)), ("fuse", fuse_program)])
+        lowering = FUSED
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     with rng, place if place is not None else nullcontext():
         if seed is not None:
             torch.manual_seed(seed)
-        module = lower_block(program, program.block(name), sizes, bindings, act_dtype=dtype, mode=mode, check=True)
+        module = lower_block(program, program.block(name), sizes, bindings, act_dtype=dtype, mode=mode, check=True,
+                             backend=lowering)
     tie_heads(module, program.block(name))
     return module

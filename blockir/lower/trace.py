@@ -6,7 +6,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from blockir.lower.fx import SPLAT, BlockModule, Stack
+from blockir.lower.fx.module import BlockModule
+from blockir.lower.fx.runtime import SPLAT
+from blockir.lower.fx.tree import Stack
 from blockir.diagnostics import BlockError, argument_error
 from blockir.signatures import public
 

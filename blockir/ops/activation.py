@@ -53,3 +53,17 @@ def _build(ctx: Any, result: str, span: Any, fn: str, operand: str) -> Activatio
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(ActivationOp)
+def _lower(op: ActivationOp, b: Any) -> None:
+    b.fn(b.rt.ACTIVATIONS[op.fn], (b.env[op.operand],), op.result)
+
+
+@COST.register(ActivationOp)
+def _cost(op: ActivationOp, c: Any) -> None:
+    """Part of a branch's computation, which the ledger does not count."""

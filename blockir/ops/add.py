@@ -54,3 +54,23 @@ def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> AddOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+import operator
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(AddOp)
+def _lower(op: AddOp, b: Any) -> None:
+    target = b.inplace_target(op)  # in inference, the operand whose buffer the buffer plan lets it overwrite
+    if target is None:
+        b.fn(operator.add, (b.env[op.lhs], b.env[op.rhs]), op.result)
+    else:
+        other = op.rhs if target == op.lhs else op.lhs
+        b.fn(b.rt.inplace_add, (b.env[target], b.env[other]), op.result, wrapped=True)
+
+
+@COST.register(AddOp)
+def _cost(op: AddOp, c: Any) -> None:
+    c.moves(op.lhs, op.rhs, op.result)

@@ -59,3 +59,20 @@ def _build(ctx: Any, result: str, span: Any, operand: str, param: str) -> BiasOp
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+import operator
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(BiasOp)
+def _lower(op: BiasOp, b: Any) -> None:
+    b.fn(operator.add, (b.env[op.operand], b.attr(op.param)), op.result)
+
+
+@COST.register(BiasOp)
+def _cost(op: BiasOp, c: Any) -> None:
+    # its gradient is the sum of the incoming one: nothing saved
+    c.moves(op.operand, op.result)
+    c.moves_bytes(c.param_bytes(op.param, op.operand))

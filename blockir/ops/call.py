@@ -72,3 +72,27 @@ def _build(ctx: Any, result: str, span: Any, decl: str, args: tuple[str, ...], t
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.decls import InstanceDecl, KindDecl
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(CallOp)
+def _lower(op: CallOp, b: Any) -> None:
+    decl = b.decl(op.decl)
+    if isinstance(decl, InstanceDecl) and decl.count is not None:
+        b.value(decl.count)  # the number of layers is part of what the graph was built for
+    # a linear or an activation declaration reads no context; a branch, sub-block, stack or extern (whose
+    # BoundExtern calls the adapter) is handed the forward's
+    with_ctx = not (isinstance(decl, KindDecl) and decl.category in ("linear", "activation"))
+    ssa = None if op.more else op.result  # a call with carried results returns a tuple, taken apart below
+    node = b.module(op.decl, tuple(b.env[a] for a in op.args), ssa, with_ctx=with_ctx)
+    if op.more:
+        b.unpack(node, op.results)
+
+
+@COST.register(CallOp)
+def _cost(op: CallOp, c: Any) -> None:
+    """A branch's internals are not counted; the ledger walks a called sub-block or stack itself."""

@@ -52,3 +52,17 @@ def _build(ctx: Any, result: str, span: Any, operand: str, dtype: DType) -> Cast
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(CastOp)
+def _lower(op: CastOp, b: Any) -> None:
+    b.method("to", (b.env[op.operand], b.rt.TORCH_DTYPES[op.dtype]), op.result)
+
+
+@COST.register(CastOp)
+def _cost(op: CastOp, c: Any) -> None:
+    c.moves(op.operand, op.result)

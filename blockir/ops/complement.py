@@ -53,3 +53,17 @@ def _build(ctx: Any, result: str, span: Any, operand: str) -> ComplementOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(ComplementOp)
+def _lower(op: ComplementOp, b: Any) -> None:
+    b.fn(b.rt.complement, (b.env[op.operand],), op.result)
+
+
+@COST.register(ComplementOp)
+def _cost(op: ComplementOp, c: Any) -> None:
+    c.moves(op.operand, op.result)

@@ -67,3 +67,17 @@ def _build(ctx: Any, result: str, span: Any, args: tuple[str, ...]) -> ConcatOp 
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(ConcatOp)
+def _lower(op: ConcatOp, b: Any) -> None:
+    b.fn(b.rt.cat, (tuple(b.env[a] for a in op.args),), op.result, {"dim": -1})
+
+
+@COST.register(ConcatOp)
+def _cost(op: ConcatOp, c: Any) -> None:
+    """Not a residual-wrapper op: the ledger does not count it."""

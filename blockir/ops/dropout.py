@@ -66,3 +66,24 @@ def _build(ctx: Any, result: str, span: Any, operand: str, p: ConstExpr, mask: s
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(DropoutOp)
+def _lower(op: DropoutOp, b: Any) -> None:
+    p = float(b.value(op.p))
+    if p == 0.0:
+        b.bind(op.result, b.env[op.operand])
+        return
+    # the mask is keyed by (seed, layer, site): the site is the value's name, so fusion keeps it
+    b.fn(b.rt.dropout_site, (b.env[op.operand], p, op.mask, b.training_flag(), b.seed_node(), b.layer_index(),
+                             b.rt.site_id(op.result)), op.result, wrapped=True)
+
+
+@COST.register(DropoutOp)
+def _cost(op: DropoutOp, c: Any) -> None:
+    if c.active(op.p):  # p = 0 lowers to nothing; an active mask is regenerated, never stored
+        c.moves(op.operand, op.result)

@@ -86,3 +86,34 @@ def _equivalence(op: FusedAddNormOp, builder: Any) -> tuple:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FUSED_LOWERING
+
+
+@FUSED_LOWERING.register(FusedAddNormOp)
+def _lower_fused(op: FusedAddNormOp, b: Any) -> None:
+    p = float(b.value(op.p)) if op.p is not None else 0.0
+    if op.branch_param is not None:
+        scale: Any = b.attr(op.branch_param)
+    else:
+        scale = float(b.value(op.branch_factor)) if op.branch_factor is not None else None
+    shortcut_scale = float(b.value(op.shortcut_factor)) if op.shortcut_factor is not None else 1.0
+    seed = b.seed_node() if p > 0.0 else None
+    site = b.rt.site_id(op.site) if op.site is not None else 0  # the absorbed dropout's mask, unchanged
+    pair = b.fn(b.rt.fused_boundary, (b.env[op.branch], b.env[op.shortcut], b.attr(op.decl), scale,
+                                      shortcut_scale, p, b.training_flag(), seed, b.layer_index(), site))
+    b.unpack(pair, op.results)
+
+
+@COST.register(FusedAddNormOp)
+def _cost(op: FusedAddNormOp, c: Any) -> None:
+    # one boundary kernel: backward keeps residual_out and the statistics, and the branch under a learned scale
+    boundary = c.boundary(op.decl, op.branch, op.residual, op.normalized, op.branch_param)
+    c.moves_bytes(boundary.forward_bytes())
+    c.keeps(op.residual, boundary.residual_bytes)
+    if boundary.scale_elements:
+        c.keeps(op.branch, boundary.branch_bytes)
+    c.keeps_statistics(boundary.stats_bytes)
+    c.reduces(boundary.family, boundary.rows)

@@ -48,3 +48,17 @@ def _build(ctx: Any, result: str, span: Any, t: TensorType) -> InputOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(InputOp)
+def _lower(op: InputOp, b: Any) -> None:
+    """Its placeholder is made with the forward's signature, before any op is lowered."""
+
+
+@COST.register(InputOp)
+def _cost(op: InputOp, c: Any) -> None:
+    """Moves nothing."""

@@ -48,3 +48,18 @@ def _build(ctx: Any, result: str, span: Any, operand: str, p: Any, mask: str) ->
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import FX_LOWERING
+
+
+@FX_LOWERING.register(LayerDropOp)
+def _lower(op: LayerDropOp, b: Any) -> None:
+    p = float(b.value(op.p))
+    if p == 0.0:
+        b.bind(op.result, b.env[op.operand])
+        return
+    # keyed by (seed, layer) alone: every layer_drop of one layer shares its draw
+    b.fn(b.rt.layer_drop_site, (b.env[op.operand], p, b.training_flag(), b.seed_node(), b.layer_index()),
+         op.result, wrapped=True)

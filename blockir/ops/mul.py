@@ -45,3 +45,20 @@ def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> MulOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+import operator
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(MulOp)
+def _lower(op: MulOp, b: Any) -> None:
+    b.fn(operator.mul, (b.env[op.lhs], b.env[op.rhs]), op.result)
+
+
+@COST.register(MulOp)
+def _cost(op: MulOp, c: Any) -> None:
+    c.moves(op.lhs, op.rhs, op.result)
+    c.keeps(op.lhs)  # each factor's gradient needs the other
+    c.keeps(op.rhs)

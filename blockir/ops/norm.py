@@ -58,3 +58,25 @@ def _build(ctx: Any, result: str, span: Any, decl: str, operand: str) -> NormOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(NormOp)
+def _lower(op: NormOp, b: Any) -> None:
+    # a batch-coupled norm reads the padding mask from the context
+    b.module(op.decl, (b.env[op.operand],), op.result, with_ctx=b.batch_coupled(op.decl))
+
+
+@COST.register(NormOp)
+def _cost(op: NormOp, c: Any) -> None:
+    # reads its input and parameters, writes its result and row statistics; backward keeps the input
+    rows = c.rows(op.operand)
+    stats = c.norm_statistics(op.decl, rows)
+    c.moves(op.operand, op.result)
+    c.moves_bytes(c.norm_parameter_bytes(op.decl, op.operand) + stats)
+    c.keeps(op.operand)
+    c.keeps_statistics(stats)
+    c.reduces(c.decl(op.decl).kind, rows)

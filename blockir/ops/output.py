@@ -57,3 +57,17 @@ def _build(ctx: Any, result: None, span: Any, values: tuple[str, ...]) -> Output
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(OutputOp)
+def _lower(op: OutputOp, b: Any) -> None:
+    b.output(tuple(b.env[v] for v in op.values) if op.more else b.env[op.value])
+
+
+@COST.register(OutputOp)
+def _cost(op: OutputOp, c: Any) -> None:
+    """Moves nothing."""

@@ -67,3 +67,25 @@ def _build(ctx: Any, result: str, span: Any, operand: str, factor: Any, param: s
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+import operator
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(ScaleOp)
+def _lower(op: ScaleOp, b: Any) -> None:
+    factor = b.attr(op.param) if op.param is not None else float(b.value(op.factor))
+    offset = b.decl(op.param).arg("offset", 0) if op.param is not None else 0
+    if offset:
+        factor = b.fn(b.rt.offset_weight, (factor, offset))
+    b.fn(operator.mul, (factor, b.env[op.operand]), op.result)
+
+
+@COST.register(ScaleOp)
+def _cost(op: ScaleOp, c: Any) -> None:
+    c.moves(op.operand, op.result)
+    if op.param is not None:  # a learned gain reads itself and keeps its input for its own gradient
+        c.moves_bytes(c.param_bytes(op.param, op.operand))
+        c.keeps(op.operand)

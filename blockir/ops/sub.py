@@ -46,3 +46,18 @@ def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> SubOp:
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+import operator
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(SubOp)
+def _lower(op: SubOp, b: Any) -> None:
+    b.fn(operator.sub, (b.env[op.lhs], b.env[op.rhs]), op.result)
+
+
+@COST.register(SubOp)
+def _cost(op: SubOp, c: Any) -> None:
+    c.moves(op.lhs, op.rhs, op.result)

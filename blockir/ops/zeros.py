@@ -58,3 +58,18 @@ def _build(ctx: Any, result: str, span: Any, axes: tuple[Any, ...], axes_span: A
 
 # ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
 # (each hook receives the stage's builder; none imports torch)
+
+from typing import Any
+
+from blockir.ir.hooks import COST, FX_LOWERING
+
+
+@FX_LOWERING.register(ZerosOp)
+def _lower(op: ZerosOp, b: Any) -> None:
+    # in the dtype and on the device of the block's first input, each size read where an input has the axis
+    b.fn(b.rt.zeros_of, (b.env[b.block.inputs[0].result], b.runtime_sizes(op.type)), op.result, wrapped=True)
+
+
+@COST.register(ZerosOp)
+def _cost(op: ZerosOp, c: Any) -> None:
+    """Moves nothing the ledger counts: a carried stream's start."""

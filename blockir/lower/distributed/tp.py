@@ -17,7 +17,7 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
-from blockir.lower.fx import CONTRACT_ATTR, BlockModule
+from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.numerics import batch_slice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program

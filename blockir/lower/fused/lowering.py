@@ -1,17 +1,20 @@
-"""fx lowering of FusedAddNormOp: one call of torch.ops.blockir.add_{layer,rms}_norm per boundary."""
+"""The fused backend: the fx backend, with a fused add+norm lowered to one custom-op call per boundary.
+
+It reads the ``FUSED_LOWERING`` table before ``FX_LOWERING`` (the fused add+norm kind registers its
+entry in ``blockir/ops/fused_add_norm.py``) and extends the fx runtime with :func:`fused_boundary`,
+the function that entry's node calls.
+"""
 from __future__ import annotations
 
-import operator
-
 import torch
-import torch.fx as fx
 from torch import nn
 
-from blockir.lower.layers import numerics
+from blockir.ir.hooks import FUSED_LOWERING, FX_LOWERING
 from blockir.lower.fused import functional
-from blockir.lower.fx import EXTRA_LOWERINGS, GraphBuilder, node_name, site_id
+from blockir.lower.fx.builder import Backend
+from blockir.lower.fx.runtime import Runtime
+from blockir.lower.layers import numerics
 from blockir.lower.rng import dropout_key
-from blockir.ops import FusedAddNormOp
 
 
 def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module,
@@ -29,20 +32,10 @@ def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module
                                    **common)
 
 
-def lower_fused(b: GraphBuilder, op: FusedAddNormOp) -> fx.Node:
-    p = float(b.value(op.p)) if op.p is not None else 0.0
-    if op.branch_param is not None:
-        scale: fx.Node | float | None = b.attr(op.branch_param)
-    else:
-        scale = float(b.value(op.branch_factor)) if op.branch_factor is not None else None
-    shortcut_scale = float(b.value(op.shortcut_factor)) if op.shortcut_factor is not None else 1.0
-    seed = b.seed_node() if p > 0.0 else None
-    site = site_id(op.site) if op.site is not None else 0
-    pair = b.fn(fused_boundary, (b.env[op.branch], b.env[op.shortcut], b.attr(op.decl), scale, shortcut_scale, p,
-                                 b.training_flag(), seed, b.layer_index(), site))
-    for index, ssa in enumerate(op.results):
-        b.bind(ssa, b.graph.create_node("call_function", operator.getitem, (pair, index), {}, name=node_name(ssa)))
-    return pair
+class FusedRuntime(Runtime):
+    """The fx runtime and the fused boundary."""
+
+    fused_boundary = staticmethod(fused_boundary)
 
 
-EXTRA_LOWERINGS[FusedAddNormOp] = lower_fused
+FUSED = Backend("fused", (FUSED_LOWERING, FX_LOWERING), FusedRuntime)
