@@ -62,3 +62,11 @@ class RowLocal(Trait):
 
 class MultiResult(Trait):
     """May define more than one value (``op.results`` lists them in order)."""
+
+
+class Concatenates(Trait):
+    """Joins its operands ``op.args`` along the last axis into one wider value."""
+
+
+class DropsLayer(Trait):
+    """One draw per layer and step keeps or drops every update of the layer together (layer drop)."""
