@@ -269,3 +269,22 @@ def test_example_and_its_fused_form_verify_clean(path: Path) -> None:
     assert blockir.verify(program) == []
     fused, _ = fuse_program(program)
     assert blockir.verify(fused) == []
+
+
+def test_a_head_reading_the_normalized_output_of_a_fused_add_norm_reads_a_final_norm() -> None:
+    """Fusing the last residual add into the final norm keeps ``final_norm = 1`` true."""
+    text = HEAD + """dim V: vocab = 32
+
+model M(x: [B, S, D]) -> [B, S, V] {
+  const final_norm = 1
+  n: rmsnorm(D, accum=f32)
+  f: mlp(F)
+  ln_f: rmsnorm(D, accum=f32)
+  lm_head: head(V)
+  h = x + f(n(x))
+  return lm_head(ln_f(h))
+}
+"""
+    fused, changed = fuse_program(blockir.parse(text, "t.block"))
+    assert changed
+    assert [d.code for d in blockir.verify(fused) if d.is_error] == []
