@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from blockir.api import load, parse, verify
+from blockir.api import hf_block_text, load, parse, verify
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span
 from blockir.ir.program import Program
 from blockir.signatures import public
@@ -19,8 +19,7 @@ from blockir.signatures import public
 def from_hf_config(config: Any, exact: bool = False) -> Program:
     """The program of a transformers config (dict or config object): ``compile`` the class its ``architectures``
     names (by default its ``*ForCausalLM``); a config the importer cannot honour raises a located BlockError."""
-    from blockir.importers.hf.writer import block_text
-    text = block_text(config, exact)
+    text = hf_block_text(config, exact)
     model_type = getattr(config, "model_type", None) or (config.get("model_type") if isinstance(config, dict) else None)
     return parse(text, f"<hf {model_type}>")
 

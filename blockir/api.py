@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
-from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
+from blockir.diagnostics import BlockError, Diagnostic, Note, Span, argument_error, error, json_span, render
 from blockir.frontend.builder import build
 from blockir.frontend.parser import decode, gc_paused, parse_ast
 from blockir.ir.program import Program
@@ -64,3 +65,38 @@ def load(path: str | Path) -> Program:
     if any(d.is_error for d in diags):
         raise BlockError(diags, {str(path): text})
     return program
+
+
+def hf_block_text(config: Any, exact: bool = False, *, source: str | None = None) -> str:
+    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object), of the
+    class its ``architectures`` names, checked: a file that fails its own check is never handed out (E0814).
+    Every problem is a ``BlockError`` located at ``source: $.field`` (``source`` defaults to ``<hf config>``).
+
+    ``exact`` writes ``impl=eager`` on every attention: HF's eager reference op for op.
+    """
+    from blockir.importers.hf.entry import import_text
+    from blockir.importers.hf.text import SOURCE
+    where = SOURCE if source is None else source
+    text = import_text(config, exact, source=where)
+    check_written(text, where)
+    return text
+
+
+def check_written(text: str, source: str) -> None:
+    """Run the verifiers on a file an importer wrote for ``source``: a size past the language's bound is the
+    config's (E0808); any other error is the importer's (E0814)."""
+    name = f"{source} (imported)"
+    try:
+        found = [d for d in verify(parse(text, name)) if d.is_error]
+    except BlockError as exc:
+        found = exc.diagnostics
+    oversized = [d for d in found if d.code == "E0702" and d.message.startswith("dim ")]
+    if oversized:  # a size the writer derives (4 × the width …) past the language's bound: the config's sizes
+        raise BlockError([error("E0808", f"a size derived from this config is too large: {oversized[0].message}",
+                                json_span(source), hint="the language bounds every dim as it does in a .block file")])
+    if found:
+        first = found[0]
+        raise BlockError([error("E0814", f"the file written for this config fails its own check: error[{first.code}] "
+                                f"{first.message}", json_span(source), notes=[Note(render(first, {name: text}))],
+                                hint="the importer writes a construct of this config wrongly; the file was not "
+                                     "written")])

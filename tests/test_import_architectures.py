@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import blockir  # noqa: E402
-from blockir.importers.hf.writer import block_text  # noqa: E402
+from blockir.api import hf_block_text as block_text  # noqa: E402
 from blockir.importers.hf.family import BASES  # noqa: E402
 from hf_configs import CONFIGS, MORE_CONFIGS  # noqa: E402
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import blockir
-from blockir.importers.hf.writer import block_text
+from blockir.api import hf_block_text as block_text
 from blockir.importers.hf.config import table
 from blockir.importers.hf.schema import FAMILIES
 from hf_configs import CONFIGS, MORE_CONFIGS

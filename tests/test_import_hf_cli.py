@@ -12,7 +12,7 @@ import pytest
 
 import blockir
 from blockir.cli import main
-from blockir.importers.hf.writer import block_text
+from blockir.api import hf_block_text as block_text
 from hf_configs import CONFIGS
 
 
@@ -152,7 +152,7 @@ def test_the_import_and_its_check_need_neither_torch_nor_transformers() -> None:
     import subprocess
     import sys
     root = Path(__file__).parents[1]
-    code = ("import sys; from hf_configs import CONFIGS; from blockir.importers.hf.writer import block_text; "
+    code = ("import sys; from hf_configs import CONFIGS; from blockir.api import hf_block_text as block_text; "
             "block_text(CONFIGS['llama']); print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": f"{root}:{root / 'tests'}", "PATH": ""}, cwd=root)

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
-from blockir.importers.hf.writer import block_text  # noqa: E402
+from blockir.api import hf_block_text as block_text  # noqa: E402
 from blockir.importers.hf.more import ENCODERS  # noqa: E402
 from blockir.ir.printer import format_program  # noqa: E402
 

@@ -23,6 +23,8 @@ FORBIDDEN = {
     "passes": ("reports", "commands"),
     # lift reads the language, analyses and verifiers, and compiles through the backends for its certificate
     "lift": ("passes", "reports", "importers", "commands"),
+    # importers write text and read the language; the check of what they wrote is the caller's (blockir.api)
+    "importers": ("verifiers", "passes", "reports", "lower", "lifecycle", "commands", "lift"),
 }
 # who may import the lift: its command, and the package's lazy export
 LIFT_USERS = ("lift", "commands")

@@ -249,7 +249,7 @@ def test_the_forward_refuses_what_it_does_not_read(saved) -> None:
 
 def test_import_hf_reads_a_folder(saved, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from blockir.cli import main
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text as block_text
 
     assert main(["import", "hf", str(saved[1])]) == 0
     assert capsys.readouterr().out == block_text(json.loads((saved[1] / "config.json").read_text()))

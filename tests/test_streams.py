@@ -7,6 +7,8 @@ its own learned share of the branch output,
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -161,3 +163,14 @@ block Layer(x: [B, S, D], v: [B, S, D]) -> ([B, S, D], [B, S, D]) {
 def test_a_carried_stream_joins_the_hidden_state_only_through_a_weight(join: str, found: list) -> None:
     program = blockir.parse(CARRIED_JOIN.replace("JOIN", join), "t.block")
     assert [(d.code, d.span.line, d.message) for d in blockir.verify(program) if d.is_error] == found
+
+
+SCORES_JOIN = (Path(__file__).parent / "failure_lab" / "35_score_residual_as_hidden.block").read_text()
+
+
+@pytest.mark.parametrize("sign", ["+", "-", "*"])
+def test_scores_combined_with_the_hidden_state_by_any_elementwise_op_are_reported(sign: str) -> None:
+    """Each elementwise combination of two tensors (add, difference, product) joins scores to the stream."""
+    program = blockir.parse(SCORES_JOIN.replace("  v = h + s", f"  v = h {sign} s"), "t.block")
+    found = [(d.code, d.span.line, d.message) for d in blockir.verify(program) if d.code == "E0423"]
+    assert found == [("E0423", 19, "attention scores 's' [B, H, S, S] join the hidden state 'h' [B, S, D]")]

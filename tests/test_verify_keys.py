@@ -239,7 +239,7 @@ def test_an_untied_head_still_needs_its_own_weight() -> None:
 
 def test_imported_gpt2_records_conv1d_and_its_tied_head() -> None:
     transformers = pytest.importorskip("transformers")
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text as block_text
     cfg = transformers.GPT2Config(vocab_size=97, n_embd=64, n_layer=1, n_head=4, n_positions=32)
     real = transformers.GPT2LMHeadModel(cfg)
     program = blockir.parse(block_text(real.config.to_dict()), "<gpt2>")

@@ -260,7 +260,7 @@ model Decoder(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {
 def test_no_imported_family_reports_anything() -> None:
     from test_import_hf import CONFIGS as DECODERS  # the families the import tests compare with transformers
     from test_import_hf_more import CONFIGS as OTHERS
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text as block_text
 
     configs = {**DECODERS, **{f"more:{k}": v for k, v in OTHERS.items()}}
     assert len(configs) >= 46

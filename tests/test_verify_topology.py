@@ -269,3 +269,50 @@ def test_example_and_its_fused_form_verify_clean(path: Path) -> None:
     assert blockir.verify(program) == []
     fused, _ = fuse_program(program)
     assert blockir.verify(fused) == []
+
+
+def test_a_head_reading_the_normalized_output_of_a_fused_add_norm_reads_a_final_norm() -> None:
+    """Fusing the last residual add into the final norm keeps ``final_norm = 1`` true."""
+    text = HEAD + """dim V: vocab = 32
+
+model M(x: [B, S, D]) -> [B, S, V] {
+  const final_norm = 1
+  n: rmsnorm(D, accum=f32)
+  f: mlp(F)
+  ln_f: rmsnorm(D, accum=f32)
+  lm_head: head(V)
+  h = x + f(n(x))
+  return lm_head(ln_f(h))
+}
+"""
+    fused, changed = fuse_program(blockir.parse(text, "t.block"))
+    assert changed
+    assert [d.code for d in blockir.verify(fused) if d.is_error] == []
+
+
+def test_fixup_reports_a_norm_fused_into_an_add_as_a_kept_norm() -> None:
+    """Fusing a norm into the add before it does not hide it from ``fixup = 1``: the same errors before and after."""
+    text = HEAD + """
+block CalledFixup(x: [B, S, D]) -> [B, S, D] {
+  const fixup = 1
+  ln_1: rmsnorm(D, accum=f32)
+  self_attn: self_attention(heads=H, causal=true)
+  ln_2: rmsnorm(D, accum=f32)
+  mlp: mlp(F, act=relu)
+  h = x + self_attn(ln_1(x))
+  y = h + mlp(ln_2(h))
+  return y
+}
+"""
+    program = blockir.parse(text, "t.block")
+    fused, changed = fuse_program(program)
+    assert changed
+    found = [(d.code, d.message) for d in blockir.verify(fused) if d.code == "E0442"]
+    assert found == [(d.code, d.message) for d in blockir.verify(program) if d.code == "E0442"]
+    assert [m for _, m in found] == [
+        "'CalledFixup' states fixup = 1 but branch 'self_attn' keeps norm 'ln_1' and has no scalar multiplier "
+        "(scalar(init=1)) and has no scalar biases before its first weight layer and after its multiplier "
+        "(bias(init=0))",
+        "'CalledFixup' states fixup = 1 but branch 'mlp' keeps norm 'ln_2' and has no scalar multiplier "
+        "(scalar(init=1)) and has no scalar biases before its first weight layer and after its multiplier "
+        "(bias(init=0))"]

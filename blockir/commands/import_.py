@@ -22,11 +22,11 @@ def _destination(output: str, force: bool) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from blockir.lifecycle.atomic import write_file
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text
     from blockir.importers.hf.read import read_config
     destination = _destination(args.output, args.force) if args.output else None
     config, name = read_config(args.config)
-    text = block_text(config, exact=args.exact, source=name)
+    text = hf_block_text(config, exact=args.exact, source=name)
     if destination is None:
         print(text, end="")
         return EXIT_OK

@@ -102,6 +102,29 @@ class OpBase:
                 changes[f.name] = new
         return replace(self, **changes) if changes else self  # type: ignore[type-var]
 
+    # What some kinds have and others do not, asked without naming a kind; each default says "none".
+    SYMBOL: ClassVar[str] = ""  # the infix operator of a kind written ``lhs SYMBOL rhs``
+
+    def terms(self) -> tuple[str, ...]:
+        """The values its result adds or subtracts, as written (a fused add: the shortcut, then the branch)."""
+        return ()
+
+    def norm_input(self) -> str | None:
+        """The value whose rows it normalizes: a norm's operand, or the sum a fused add+norm computes."""
+        return None
+
+    def shortcut_scale(self) -> ConstExpr | None:
+        """The constant it multiplies the shortcut term of its own sum by."""
+        return None
+
+    def branch_scale(self) -> ConstExpr | None:
+        """The constant it multiplies the branch term of its own sum by."""
+        return None
+
+    def asserts_inplace(self) -> bool:
+        """Whether the source asks for its result to take over an operand's storage (``@inplace``)."""
+        return False
+
 
 @lru_cache(maxsize=None)
 def _decls(kind: type) -> tuple[str, ...]:

@@ -90,3 +90,11 @@ class Function(Trait):
 
 class Converts(Trait):
     """Changes only the dtype of ``op.operand``, to ``op.dtype``."""
+
+
+class Concatenates(Trait):
+    """Joins its operands ``op.args`` along the last axis into one wider value."""
+
+
+class DropsLayer(Trait):
+    """One draw per layer and step keeps or drops every update of the layer together (layer drop)."""

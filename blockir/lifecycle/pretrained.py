@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from blockir.api import parse, verify
+from blockir.api import hf_block_text, parse, verify
 from blockir.lower.layers.causal_lm import CausalLM
 from blockir.lifecycle.hf_folder import fail, model_key, read_config, read_generation_config, tensors, weight_files
 from blockir.diagnostics import BlockError, argument_error
@@ -120,7 +120,6 @@ def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: tor
     ``device`` is where the weights are loaded to (default CPU).
     """
     from blockir.lower.compile import checked_device, compile
-    from blockir.importers.hf.writer import block_text
 
     if not isinstance(folder, (str, PathLike)):
         raise BlockError([argument_error("from_pretrained", "folder", f"folder must be a path, got "
@@ -131,7 +130,7 @@ def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: tor
     place = checked_device(device)
     weights_dtype = _dtype(config, dtype, where)
     files = weight_files(root)
-    text = block_text(config, exact=exact)
+    text = hf_block_text(config, exact=exact)
     program = parse(text, f"<hf {config['model_type']}>")
     errors = [d for d in verify(program) if d.is_error]
     if errors:

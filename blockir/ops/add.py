@@ -27,6 +27,14 @@ class AddOp(OpBase):
     def text(self) -> str:
         return f"{'@inplace ' if self.inplace else ''}{self.result} = {self.lhs} + {self.rhs}"
 
+    SYMBOL: ClassVar[str] = "+"
+
+    def terms(self) -> tuple[str, ...]:
+        return (self.lhs, self.rhs)
+
+    def asserts_inplace(self) -> bool:
+        return self.inplace
+
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.op import OpBase, SPAN, role_field
-from blockir.ir.traits import RowLocal, Trait
+from blockir.ir.traits import Concatenates, RowLocal, Trait
 from blockir.ir.types import TensorType
 
 
@@ -14,7 +14,7 @@ from blockir.ir.types import TensorType
 class ConcatOp(OpBase):
     """Concatenation along the last axis (legal syntax; the residual verifier flags it on the stream)."""
 
-    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({RowLocal})
+    TRAITS: ClassVar[frozenset[type[Trait]]] = frozenset({Concatenates, RowLocal})
 
     result: str = role_field("result")
     type: TensorType = field()

@@ -60,6 +60,18 @@ class FusedAddNormOp(OpBase):
         return (f"{self.normalized}, {self.residual} = fused_add_norm[{self.decl}]"
                 f"(branch={self.branch}, shortcut={self.shortcut}{tail})")
 
+    def terms(self) -> tuple[str, ...]:
+        return (self.shortcut, self.branch)
+
+    def norm_input(self) -> str | None:
+        return self.residual
+
+    def shortcut_scale(self) -> ConstExpr | None:
+        return self.shortcut_factor
+
+    def branch_scale(self) -> ConstExpr | None:
+        return self.branch_factor
+
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from blockir.ir.consts import format_expr
+from blockir.ir.traits import DropsLayer, Trait
 from blockir.ops.dropout import DropoutOp
 
 
@@ -16,6 +18,7 @@ class LayerDropOp(DropoutOp):
     inference, a branch modifier); only its mask, scale and randomness differ.
     """
 
+    TRAITS: ClassVar[frozenset[type[Trait]]] = DropoutOp.TRAITS | frozenset({DropsLayer})
 
     mask: str = field(default="layer")
 

@@ -26,6 +26,9 @@ class NormOp(OpBase):
     def text(self) -> str:
         return f"{self.result} = {self.decl}({self.operand})"
 
+    def norm_input(self) -> str | None:
+        return self.operand
+
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)

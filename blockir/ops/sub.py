@@ -20,6 +20,9 @@ class SubOp(TensorPair):
     def label(self) -> str:
         return "'… - …'"
 
+    def terms(self) -> tuple[str, ...]:
+        return (self.lhs, self.rhs)
+
 
 # ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
 # (keep this block and the next one apart: each stage adds its own registrations below its heading)

@@ -16,7 +16,7 @@ from blockir.analyses.sizes import Env, contexts, layer_counts, program_env, use
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
-from blockir.ops import CallOp
+from blockir.ir.traits import Calls
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -26,7 +26,7 @@ COUNTS = ("heads", "kv_heads", "head_dim")
 
 def _width(block: Block, decl: KindDecl, env: Env) -> tuple[str, int] | None:
     """The name and size of the query width at the declaration's first use, when known."""
-    use = next((op for op in block.ops if isinstance(op, CallOp) and op.decl == decl.name and op.args), None)
+    use = next((op for op in block.ops if op.has(Calls) and op.decl == decl.name and op.args), None)
     if use is None:
         return None
     last = block.type_of(use.args[0]).last
@@ -142,7 +142,7 @@ def _joins(block: Block, env: Mapping[str, float | int], declared: Mapping[str, 
     out = []
     for op in block.ops:
         d = block.decl_map.get(getattr(op, "decl", None) or "")
-        if not (isinstance(op, CallOp) and isinstance(d, KindDecl) and d.kind == "linear" and op.args):
+        if not (op.has(Calls) and isinstance(d, KindDecl) and d.kind == "linear" and op.args):
             continue
         last = block.type_of(op.args[0]).last
         if last is None or "+" not in last.name:

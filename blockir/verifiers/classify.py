@@ -11,7 +11,7 @@ from blockir.analyses.facts import FACTS, stated
 from blockir.analyses.structure import Sublayer, Wrapper, normalized_shortcut, wrapper
 from blockir.analyses.summaries import output_source
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
-from blockir.ops import FusedAddNormOp, NormOp
+from blockir.ir.traits import Normalizes
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -66,7 +66,7 @@ def _hands_on_normalized(block: Block, w: Wrapper) -> bool:
     stack, each layer then continues the previous layer's normalized result."""
     _, out = output_source(block)
     first = w.sublayers[0]
-    return isinstance(out, (NormOp, FusedAddNormOp)) and bool(block.params) and first.post_norm is None \
+    return out is not None and out.has(Normalizes) and bool(block.params) and first.post_norm is None \
         and first.state == block.params[0].name
 
 

@@ -21,7 +21,8 @@ from blockir.diagnostics import Diagnostic, error
 from blockir.ir import consts as C
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import KindDecl
-from blockir.ops import FusedAddNormOp, Op, ScaleOp
+from blockir.ir.traits import Scales
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -40,14 +41,14 @@ def shortcut_scales(block: Block) -> list[Op]:
     out: list[Op] = []
     for s in wrapper(block).sublayers:
         if s.post_norm is not None:
-            out += [op for op in s.shortcut_ops if isinstance(op, ScaleOp) and op.factor is not None]
-        elif s.fused_post and isinstance(s.root, FusedAddNormOp) and s.root.shortcut_factor is not None:
+            out += [op for op in s.shortcut_ops if op.has(Scales) and op.factor is not None]
+        elif s.fused_post and s.root.shortcut_scale() is not None:
             out.append(s.root)
     return out
 
 
 def _factor(op: Op) -> ConstExpr:
-    return op.shortcut_factor if isinstance(op, FusedAddNormOp) else op.factor  # type: ignore[union-attr,return-value]
+    return op.factor if op.has(Scales) else op.shortcut_scale()  # type: ignore[union-attr,return-value]
 
 
 def contexts(program: Program, block: Block, stacks: dict[str, tuple[tuple[str, int], ...]]) -> list[Context]:

@@ -13,24 +13,24 @@ from blockir.analyses.structure import attention_norms, decl_kind
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Name
 from blockir.ir.decls import KindDecl
-from blockir.ops import CallOp, NormOp
+from blockir.ir.traits import Calls, Normalizes
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
 
 def _causal(block: Block) -> bool:
-    return any(isinstance(op, CallOp) and decl_kind(block, op) == "self_attention"
+    return any(op.has(Calls) and decl_kind(block, op) == "self_attention"
                and block.decl_map[op.decl].arg("causal") for op in block.ops)
 
 
 def verify_block(block: Block, env: dict) -> list[Diagnostic]:
     if not _causal(block):
         return []
-    dyts = {op.decl: block.decl_map[op.decl] for op in block.ops if isinstance(op, NormOp)
+    dyts = {op.decl: block.decl_map[op.decl] for op in block.ops if op.has(Normalizes)
             and isinstance(block.decl_map.get(op.decl), KindDecl) and block.decl_map[op.decl].kind == "dyt"}
     attention_ops = attention_norms(block)
     at_attention = {op.decl for op in attention_ops} & set(dyts)
-    others = {op.decl for op in block.ops if isinstance(op, NormOp) and op.decl in dyts and op not in attention_ops}
+    others = {op.decl for op in block.ops if op.has(Normalizes) and op.decl in dyts and op not in attention_ops}
     if not at_attention or not others or any(value(d.arg("alpha"), env) != DYT_GENERIC_ALPHA for d in dyts.values()):
         return []
     first = dyts[min(at_attention)]

@@ -5,13 +5,12 @@ from blockir.analyses.sizes import block_env, program_env
 from blockir.analyses.facts import stated
 from blockir.analyses.liveness import AddDecision, plan
 from blockir.diagnostics import Diagnostic, Note, error, warning
-from blockir.ops import AddOp
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
 
 def verify_block(block: Block, env: dict) -> list[Diagnostic]:
-    asserted = [op for op in block.ops if isinstance(op, AddOp) and op.inplace]
+    asserted = [op for op in block.ops if op.asserts_inplace()]
     if not asserted:
         return []
     infer, train = plan(block, "infer"), plan(block, "train")

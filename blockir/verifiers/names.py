@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from blockir.diagnostics import Diagnostic, warning
-from blockir.ops import InputOp, OutputOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -17,8 +16,9 @@ def verify_names(program: Program) -> list[Diagnostic]:
                 out.append(warning("W0103", f"declaration '{d.name}' is never used", d.span,
                                    hint="remove it, or apply it in an equation; unused state still loads from checkpoints"))
         used_values = {v for op in block.ops for v in op.operands}
+        inputs = {id(op) for op in block.inputs}  # reported below, as inputs
         for op in block.ops:
-            if isinstance(op, (InputOp, OutputOp)):
+            if id(op) in inputs:
                 continue
             for r in op.results:
                 if r not in used_values and not r.startswith("%") and r not in getattr(op, "more", ()):

@@ -16,7 +16,8 @@ from blockir.analyses.structure import describe
 from blockir.analyses.summaries import summaries
 from blockir.diagnostics import Diagnostic, Note, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import FusedAddNormOp, NormOp, Op
+from blockir.ir.traits import Normalizes
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import DType, Role, TensorType
 from blockir.verifiers.registry import verifier
@@ -27,13 +28,8 @@ ROLE_WORDS = {Role.SEQ: "sequence", Role.BATCH: "batch"}
 
 def _sites(block: Block, name: str) -> list[tuple[Op, str, TensorType]]:
     """(op, input value, input type) for every application of norm ``name``."""
-    out = []
-    for op in block.ops:
-        if isinstance(op, NormOp) and op.decl == name:
-            out.append((op, op.operand, block.type_of(op.operand)))
-        elif isinstance(op, FusedAddNormOp) and op.decl == name:
-            out.append((op, op.residual, op.residual_type))
-    return out
+    return [(op, v, block.type_of(v)) for op in block.ops
+            if op.has(Normalizes) and op.decl == name and (v := op.norm_input()) is not None]
 
 
 def _check_axes(program: Program, decl: KindDecl, sites: list[tuple[Op, str, TensorType]],

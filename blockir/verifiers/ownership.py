@@ -32,7 +32,6 @@ from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Num
 from blockir.ir.decls import KindDecl
-from blockir.ops import AddOp, FusedAddNormOp, SubOp
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -48,12 +47,9 @@ COLLECTIVE = {
 def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
     block, out = ctx.block, []
     for op in block.ops:
-        if isinstance(op, (AddOp, SubOp)):
-            lhs, rhs = op.lhs, op.rhs
-        elif isinstance(op, FusedAddNormOp):
-            lhs, rhs = op.shortcut, op.branch
-        else:
+        if len(op.terms()) != 2:
             continue
+        lhs, rhs = op.terms()
         a, b = ctx.of(lhs), ctx.of(rhs)
         if same(a, b):
             continue
@@ -61,8 +57,8 @@ def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
             else (None, None)
         if pending is not None:
             meshes = ", ".join(partial(ctx.of(pending)))
-            if isinstance(op, SubOp):
-                joined = f"subtracted from {describe(block, other)}" if pending == op.rhs else \
+            if op.SYMBOL == "-":
+                joined = f"subtracted from {describe(block, other)}" if pending == rhs else \
                     f"that {describe(block, other)} is subtracted from"
                 what = "apply the other operand"
             else:
@@ -77,7 +73,7 @@ def _adds(ctx: BlockLayouts) -> list[Diagnostic]:
                      "for a sharded stream), so the shortcut is added once"))
             continue
         out.append(error(
-            "E0601", f"operands of '{'-' if isinstance(op, SubOp) else '+'}' are placed differently: "
+            "E0601", f"operands of '{'-' if op.SYMBOL == '-' else '+'}' are placed differently: "
             f"{describe(block, lhs)} is {describe_layout(a)}, "
             f"{describe(block, rhs)} is {describe_layout(b)}", op.span,
             hint="a residual add needs the same ownership map on both sides, not only the same local shape"))
@@ -99,7 +95,7 @@ def _norms(ctx: BlockLayouts) -> list[Diagnostic]:
                 op.span, notes=[Note("declared here", decl.span)],
                 hint="a feature-sharded row needs global moments: one all-reduce of the row's sum and sum of "
                      "squares (drop moments=local)"))
-        t = op.residual_type if isinstance(op, FusedAddNormOp) else block.type_of(op.operands[0])
+        t = block.type_of(op.norm_input())  # type: ignore[arg-type]
         rows = [m for a in t.rows for m in sharded(layout, a)]
         if rows and decl.arg("affine_grad") == "local" and family(decl).weight(decl):
             out.append(error(

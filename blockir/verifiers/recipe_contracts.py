@@ -17,7 +17,7 @@ from blockir.analyses.summaries import summaries
 from blockir.analyses.tfixup import gains
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import BiasOp, FusedAddNormOp, NormOp, ScaleOp
+from blockir.ir.traits import Learned, Normalizes, Scales
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -36,11 +36,11 @@ def _learned(block: Block, name: str | None, kind: str) -> bool:
 
 
 def _fixup_missing(block: Block, s: Sublayer, b: Branch) -> list[str]:
-    norms = [n.decl for n in (*b.pre_norms, b.out_norm, s.post_norm) if isinstance(n, NormOp)]
+    norms = [n.decl for n in (*b.pre_norms, b.out_norm, s.post_norm) if n is not None and n.has(Normalizes)]
     out = [f"keeps norm '{n}'" for n in dict.fromkeys(norms)]
-    if not any(isinstance(op, ScaleOp) and _learned(block, op.param, "scalar") for op in b.ops):
+    if not any(op.has(Scales) and _learned(block, op.param, "scalar") for op in b.ops):
         out.append("has no scalar multiplier (scalar(init=1))")
-    if sum(isinstance(op, BiasOp) and _learned(block, op.param, "bias") for op in b.ops) < 2:
+    if sum(op.has(Learned) and _learned(block, op.param, "bias") for op in b.ops) < 2:
         out.append("has no scalar biases before its first weight layer and after its multiplier (bias(init=0))")
     return out
 
@@ -55,18 +55,18 @@ def _fixup(block: Block, stated_at: Note) -> list[Diagnostic]:
                 out.append(error("E0442", f"'{block.name}' states fixup = 1 but branch '{b.name}' "
                                  + " and ".join(missing), s.root.span, notes=[stated_at], hint=FIXUP_HINT))
     out += [error("E0442", f"'{block.name}' states fixup = 1 but keeps norm '{op.decl}'", op.span, notes=[stated_at],
-                  hint=FIXUP_HINT) for op in block.ops if isinstance(op, NormOp) and op.result not in seen]
+                  hint=FIXUP_HINT) for op in block.ops if op.has(Normalizes) and op.result not in seen]
     return out
 
 
 def _deepscalelm(block: Block, env: dict, stated_at: Note) -> list[Diagnostic]:
     out = []
     for s in wrapper(block).sublayers:
-        skip = [op.factor for op in s.shortcut_ops if isinstance(op, ScaleOp) and op.factor is not None]
+        skip = [op.factor for op in s.shortcut_ops if op.has(Scales) and op.factor is not None]
         scale = [op.factor for b in s.branches for op in b.scales if op.factor is not None]
-        if isinstance(s.root, FusedAddNormOp):  # the fused add+norm carries both scales itself
-            skip += [s.root.shortcut_factor] if s.root.shortcut_factor is not None else []
-            scale += [s.root.branch_factor] if s.root.branch_factor is not None else []
+        # a fused add+norm carries both scales itself
+        skip += [f for f in (s.root.shortcut_scale(),) if f is not None]
+        scale += [f for f in (s.root.branch_scale(),) if f is not None]
         lam = value(skip[0], env) if len(skip) == 1 else None
         beta = value(scale[0], env) if len(scale) == 1 and len(s.branches) == 1 else None
         if lam is None or beta is None:
@@ -104,7 +104,7 @@ def _tfixup(program: Program, block: Block, base: dict, depths: tuple[int, ...],
         where = "" if inner is block else f", which runs '{inner.name}',"
         out += [error("E0445", f"'{block.name}' states tfixup = 1{where} but keeps norm '{op.decl}'", op.span,
                       notes=[stated_at], hint=TFIXUP_HINT)
-                for op in inner.ops if isinstance(op, (NormOp, FusedAddNormOp))]
+                for op in inner.ops if op.has(Normalizes)]
         branches = [d for d in inner.decls if isinstance(d, KindDecl) and d.spec.arg("init_gain") is not None]
         for d in branches:
             if d.arg("init_gain") is None:

@@ -11,7 +11,8 @@ from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import ancestors, decl_kind, describe, state_input, wrapper
 from blockir.diagnostics import BlockError, Diagnostic, Note, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
-from blockir.ops import AddOp, BiasOp, CallOp, ConcatOp, MulOp, ScaleOp, SubOp
+from blockir.ir.traits import Calls, Combines, Concatenates, Learned, Scales
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.ir.types import Role, TensorType
 from blockir.verifiers.registry import verifier
@@ -30,18 +31,18 @@ def _memory_input(block: Block, value: str, state: str | None) -> str | None:
     v = value
     while v not in inputs:
         op = block.producers.get(v)
-        if op is None or len(op.operands) != 1 or isinstance(op, CallOp):
+        if op is None or len(op.operands) != 1 or op.has(Calls):
             return None
         v = op.operands[0]
     return v
 
 
-def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[CallOp, str] | None:
+def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[Op, str] | None:
     """A cross-attention that produced ``value`` from a query taken from memory."""
     op = block.producers.get(value)
-    while op is not None and not isinstance(op, CallOp) and len(op.operands) == 1:
+    while op is not None and not op.has(Calls) and len(op.operands) == 1:
         op = block.producers.get(op.operands[0])
-    if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention":
+    if op is not None and op.has(Calls) and decl_kind(block, op) == "cross_attention":
         inputs = {i.result for i in block.inputs} - {state}
         memory = ancestors(block, op.args[0]) & inputs
         if memory:
@@ -52,8 +53,8 @@ def _query_from_memory(block: Block, value: str, state: str | None) -> tuple[Cal
 WHAT = {"+": "a residual add", "-": "a difference of tensors", "*": "a product of tensors"}
 
 
-def _check_add(block: Block, op: AddOp | MulOp | SubOp, state: str | None) -> Diagnostic | None:
-    sign = "*" if isinstance(op, MulOp) else "-" if isinstance(op, SubOp) else "+"
+def _check_add(block: Block, op: Op, state: str | None) -> Diagnostic | None:
+    sign = op.SYMBOL
     lt, rt = block.type_of(op.lhs), block.type_of(op.rhs)
     if lt.names == rt.names or lt.is_scores != rt.is_scores:  # scores meeting the stream: the streams verifier
         return None
@@ -97,28 +98,29 @@ def _check_add(block: Block, op: AddOp | MulOp | SubOp, state: str | None) -> Di
                       "need the same axes, in the same order")
 
 
-def _check_channel(block: Block, op: ScaleOp | BiasOp) -> Diagnostic | None:
+def _check_channel(block: Block, op: Op) -> Diagnostic | None:
     """A learned vector or bias runs along the last axis of the value it applies to."""
-    decl = block.decl_map.get(op.param or "")
+    decl = block.decl_map.get(op.param or "")  # type: ignore[union-attr]
     if not isinstance(decl, KindDecl) or decl.arg("axis") is None:
         return None
-    t = block.type_of(op.operand)
+    operand = op.operands[0]
+    t = block.type_of(operand)
     if t.last is not None and t.last.name == decl.arg("axis"):
         return None
-    return error("E0213", f"{decl.kind} '{decl.name}' runs along {decl.arg('axis')}, but {describe(block, op.operand)} "
+    return error("E0213", f"{decl.kind} '{decl.name}' runs along {decl.arg('axis')}, but {describe(block, operand)} "
                  f"is {t}", op.span, notes=[Note("declared here", decl.span)],
                  hint="declare it over the last axis of the value it applies to")
 
 
-def _is_skip(block: Block, op: ConcatOp) -> bool:
+def _is_skip(block: Block, op: Op) -> bool:
     """A U-Net skip: the joined states are read only by linears that project them back to the stream width."""
     users = block.users.get(op.result, ())
-    return bool(users) and all(isinstance(u, CallOp) and decl_kind(block, u) == "linear"
+    return bool(users) and all(u.has(Calls) and decl_kind(block, u) == "linear"
                                and isinstance(d := block.decl_map.get(u.decl), KindDecl)
                                and d.arg("out_dim") == block.result.names[-1] for u in users)
 
 
-def _check_concat(block: Block, op: ConcatOp, stream: frozenset[str]) -> Diagnostic | None:
+def _check_concat(block: Block, op: Op, stream: frozenset[str]) -> Diagnostic | None:
     if _is_skip(block, op):
         # the joined values are layer states: the stream, or what a block or stack returned
         states = [a for a in op.args if a in stream or decl_kind(block, block.producers[a]) in ("block", "stack")]
@@ -139,7 +141,7 @@ def _check_concat(block: Block, op: ConcatOp, stream: frozenset[str]) -> Diagnos
 def _joined_width_matches(program: Program, block: Block, joined: str, in_dim: str) -> bool:
     """Whether a linear's input dim has the size of the axes a concat joined (unknown sizes are not judged)."""
     producer = block.producers.get(joined)
-    if not isinstance(producer, ConcatOp):
+    if producer is None or not producer.has(Concatenates):
         return False
     try:
         sizes = Sizes.of(program)
@@ -150,7 +152,7 @@ def _joined_width_matches(program: Program, block: Block, joined: str, in_dim: s
     return want is None or None in parts or sum(parts) == want  # type: ignore[arg-type]
 
 
-def _signature(program: Program, block: Block, op: CallOp) -> list[tuple[str, TensorType, object]]:
+def _signature(program: Program, block: Block, op: Op) -> list[tuple[str, TensorType, object]]:
     decl = block.decl_map.get(op.decl)
     if isinstance(decl, ExternDecl):
         return [(p.name, p.type, decl.span) for p in decl.params]
@@ -160,7 +162,7 @@ def _signature(program: Program, block: Block, op: CallOp) -> list[tuple[str, Te
     return []
 
 
-def _check_call(program: Program, block: Block, op: CallOp) -> list[Diagnostic]:
+def _check_call(program: Program, block: Block, op: Op) -> list[Diagnostic]:
     out = []
     for (name, want, span), arg in zip(_signature(program, block, op), op.args):
         got = block.type_of(arg)
@@ -207,13 +209,13 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for op in block.ops:
         d: Diagnostic | None = None
-        if isinstance(op, (AddOp, MulOp, SubOp)):
+        if op.has(Combines):
             d = _check_add(block, op, state)
-        elif isinstance(op, (ScaleOp, BiasOp)):
+        elif op.has(Scales) or op.has(Learned):
             d = _check_channel(block, op)
-        elif isinstance(op, ConcatOp):
+        elif op.has(Concatenates):
             d = _check_concat(block, op, frozenset(stream))
-        elif isinstance(op, CallOp):
+        elif op.has(Calls):
             out += _check_call(program, block, op)
         if d is not None:
             out.append(d)

@@ -25,7 +25,8 @@ from blockir.analyses.structure import Sublayer, Wrapper, describe, wrapper
 from blockir.analyses.summaries import Summaries, callee, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.decls import InstanceDecl
-from blockir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, NormOp, Op, ScaleOp
+from blockir.ir.traits import Calls, Modifier, Normalizes
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.verifiers.deepnorm import alpha_values
 from blockir.verifiers.registry import verifier
@@ -46,14 +47,14 @@ def _join(block: Block, s: Sublayer, leaf: str) -> Op:
 
 
 def _residual_branch(program: Program, block: Block, leaf: str, state: str, env: Mapping,
-                     facts: Summaries) -> tuple[CallOp, InstanceDecl, Span] | None:
+                     facts: Summaries) -> tuple[Op, InstanceDecl, Span] | None:
     """A branch that calls a block returning its input plus updates on the state itself: (the call, the block,
     its first add)."""
     op = block.producers.get(leaf)
-    while isinstance(op, (CastOp, DropoutOp, ScaleOp)):
-        op = block.producers.get(op.operand)
+    while op is not None and op.has(Modifier):
+        op = block.producers.get(op.operands[0])
     d = callee(program, block, op)
-    if not isinstance(op, CallOp) or d is None or d.count is not None or not op.args:
+    if op is None or not op.has(Calls) or d is None or d.count is not None or not op.args:
         return None
     first = facts[d.block].identity_route
     if first is None or route(program, block, op.args[0], state, env, facts) is None:
@@ -100,8 +101,8 @@ def _declared(program: Program, block: Block, s: Sublayer, factor: float, env: M
 def _constant(program: Program, block: Block, s: Sublayer, r: Route, env: Mapping,
               stacks: dict) -> Iterator[Diagnostic]:
     factor, site = r.factor, r.scale
-    if isinstance(s.root, FusedAddNormOp) and s.root.shortcut_factor is not None:
-        extra = value(s.root.shortcut_factor, env)
+    if s.root.shortcut_scale() is not None:
+        extra = value(s.root.shortcut_scale(), env)
         factor = None if factor is None or extra is None else factor * extra
         site = site or s.root.span
     if site is None or factor is None or math.isclose(factor, 1.0, rel_tol=1e-12):
@@ -171,7 +172,7 @@ def _replaced(program: Program, block: Block, w: Wrapper, facts: Summaries) -> I
                         f"{describe(block, state)} with no update carrying the state past it: on the stream, it "
                         "replaces the state", op.span, notes=[Note(f"'{d.block}' replaces its input here", inner.span)],
                         hint=f"give '{d.block}' a shortcut (x + f(…)), or call it as a branch: {state} + {d.name}(…)")
-        if not isinstance(op, (NormOp, CastOp, DropoutOp, ScaleOp)):
+        if not (op.has(Modifier) or op.has(Normalizes) and v == op.result):
             state = v  # a norm, cast, scale or dropout of the state is a view of it, not the next state
 
 

@@ -15,7 +15,8 @@ from blockir.analyses.structure import describe, wrapper
 from blockir.analyses.summaries import Summary, callee, score_routes, summaries
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import AddOp, CallOp, CastOp, ConcatOp, DropoutOp, MulOp, Op
+from blockir.ir.traits import Calls, Combines, Concatenates, Modifier, ResidualSum, Scales
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.verifiers.registry import verifier
 
@@ -47,7 +48,7 @@ def _check_stack(program: Program, block: Block, decl: InstanceDecl, summary: Su
 
 
 def _joins_stream(block: Block, op: Op) -> Diagnostic | None:
-    if not isinstance(op, (AddOp, MulOp, ConcatOp)):
+    if not (op.has(Combines) or op.has(Concatenates)):
         return None
     scores = [v for v in op.operands if block.type_of(v).is_scores]
     other = [v for v in op.operands if not block.type_of(v).is_scores]
@@ -60,7 +61,7 @@ def _joins_stream(block: Block, op: Op) -> Diagnostic | None:
                       "to the residual stream")
 
 
-def _check_axes(block: Block, op: CallOp) -> Diagnostic | None:
+def _check_axes(block: Block, op: Op) -> Diagnostic | None:
     """The scores an attention takes have its own axes: query rows, then key rows."""
     d = block.decl_map[op.decl]
     t = block.type_of(op.args[-1])
@@ -109,8 +110,8 @@ def _unweighted(block: Block, v: str) -> str | None:
     """The carried input ``v`` is, seen through casts and dropout (a learned weight makes it a mix, not a join)."""
     carried = {p.name for p in block.params[1:1 + len(block.more_results)]}
     op = block.producers.get(v)
-    while isinstance(op, (CastOp, DropoutOp)):
-        v = op.operand
+    while op is not None and op.has(Modifier) and not op.has(Scales):
+        v = op.operands[0]
         op = block.producers.get(v)
     # scores joining the stream are E0423's
     return v if v in carried and not block.type_of(v).is_scores else None
@@ -124,7 +125,7 @@ def _joins_hidden(block: Block) -> list[Diagnostic]:
     spine = set(wrapper(block).spine)
     out = []
     for op in block.ops:
-        if not isinstance(op, AddOp):
+        if not (op.has(ResidualSum) and op.has(Combines)):
             continue
         for mine, other in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
             carried = _unweighted(block, mine)
@@ -153,7 +154,7 @@ def verify_block(program: Program, block: Block) -> list[Diagnostic]:
             out.append(d)
         decl = block.decl_map.get(getattr(op, "decl", None) or "")
         # a route two families share is reported once, as shared, not again as the wrong axes for one of them
-        if isinstance(op, CallOp) and isinstance(decl, KindDecl) and decl.arg("score_residual") is not None \
+        if op.has(Calls) and isinstance(decl, KindDecl) and decl.arg("score_residual") is not None \
                 and op.args[-1] not in shared:
             d = _check_axes(block, op)
             if d is not None:

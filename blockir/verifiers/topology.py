@@ -21,7 +21,8 @@ from blockir.analyses.carry import head_source
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
 from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ops import CallOp, CastOp, DropoutOp, FusedAddNormOp, LayerDropOp, NormOp, Op, ScaleOp
+from blockir.ir.traits import Calls, DropsLayer, Modifier, Normalizes, Scales, Stochastic
+from blockir.ops import Op
 from blockir.ir.program import Block, Program
 from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier
@@ -30,8 +31,9 @@ SELF = ("self_attention", "causal_self_attention")
 MLPS = ("mlp", "gated_mlp")
 
 
-def _p(op: DropoutOp, env: dict) -> float | int | None:
-    return value(op.p, env)
+def _p(op: Op, env: dict) -> float | int | None:
+    """The drop probability of a stochastic op in ``env``."""
+    return value(op.p, env)  # type: ignore[union-attr]
 
 
 # --- dropout -----------------------------------------------------------------
@@ -40,7 +42,7 @@ def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator
     results = {s.result for s in w.sublayers} | {s.root.result for s in w.sublayers}
     for s in w.sublayers:
         for op in s.shortcut_ops:
-            if isinstance(op, DropoutOp) and _p(op, env) != 0:
+            if op.has(Stochastic) and _p(op, env) != 0:
                 yield error("E0401", f"dropout on the identity path: the shortcut {describe(block, s.state)} of this "
                             "residual add is dropped", op.span, notes=[Note("the residual add", s.root.span)],
                             hint=f"drop the branch update, not the state: {s.state} + dropout(branch(…), p=…)")
@@ -56,7 +58,7 @@ def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator
                         "a branch update", op.span, notes=[Note(f"'{d.block}' is defined here",
                                                                 program.block(d.block).span)],
                         hint="apply it to the branch output before the add: x + d(branch(…))")
-        if isinstance(op, DropoutOp) and _p(op, env) != 0 and not helper:
+        if op is not None and op.has(Stochastic) and _p(op, env) != 0 and not helper:
             what = "after the residual add drops the updated state" if op.operand in results \
                 else f"on the residual state drops {describe(block, op.operand)} itself"
             yield error("E0402", f"dropout {what}, not a branch update", op.span,
@@ -65,7 +67,7 @@ def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator
 
 def _layer_drops(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
     """One draw skips the whole layer, so it must remove every update and leave the state exactly as it came."""
-    drops = [op for op in block.ops if isinstance(op, LayerDropOp) and _p(op, env) != 0]
+    drops = [op for op in block.ops if op.has(DropsLayer) and _p(op, env) != 0]
     if not drops:
         return
     first = drops[0]
@@ -83,7 +85,7 @@ def _layer_drops(block: Block, w: Wrapper, env: dict) -> Iterator[Diagnostic]:
                         "apply the rest of it", op.span, hint=hint)
     for s in w.sublayers:
         for b in s.branches:
-            if not any(isinstance(d, LayerDropOp) for d in b.dropouts):
+            if not any(d.has(DropsLayer) for d in b.dropouts):
                 yield error("E0415", f"the update {describe(block, b.leaf)} is not layer-dropped while "
                             f"{first.label()} is: a dropped layer would still apply it", s.root.span,
                             notes=[Note("layer-dropped here", first.span)], hint=hint)
@@ -98,7 +100,7 @@ def _training(block: Block, env: dict) -> Iterator[Diagnostic]:
     if fact is None or fact.value != 0:
         return
     for op in block.ops:
-        p = _p(op, env) if isinstance(op, DropoutOp) else 0
+        p = _p(op, env) if op.has(Stochastic) else 0
         if p:
             yield error("E0411", f"dropout with p={p} in '{block.name}', which states training = 0: an evaluated "
                         "block must be deterministic", op.span, notes=[Note("stated here", fact.const.span)],
@@ -117,7 +119,7 @@ def _shortcuts(block: Block, w: Wrapper) -> Iterator[Diagnostic]:
                             "the state unchanged", op.span, notes=[Note("the residual add", s.root.span)],
                             hint="a projection belongs on the shortcut only where the width or the row owner "
                                  "changes; move it into the branch or remove it")
-            if isinstance(op, ScaleOp) and op.param is not None:
+            if op.has(Scales) and op.param is not None:
                 kind = block.decl_map[op.param].kind if op.param in block.decl_map else "scale"
                 yield warning("W0402", f"the shortcut is gated by the learned {kind} '{op.param}': the direct route "
                               "across this add is a trained scale, not the identity", op.span,
@@ -167,10 +169,11 @@ def _normalized_source(program: Program, block: Block, v: str) -> tuple[str, Spa
     """Where ``v`` was normalized, looking through casts, dropout and scales: a norm of this block, or a
     call of a block (or stack) whose result is a norm's output."""
     op = block.producers.get(v)
-    while op is not None and not isinstance(op, (NormOp, FusedAddNormOp, CallOp)) and len(op.operands) == 1 \
-            and isinstance(op, (CastOp, DropoutOp, ScaleOp)):
-        op = block.producers.get(op.operands[0])
-    if isinstance(op, NormOp) and stream_norm(block, op) or isinstance(op, FusedAddNormOp) and v == op.normalized:
+    while op is not None and op.has(Modifier) and len(op.operands) == 1:
+        v = op.operands[0]
+        op = block.producers.get(v)
+    # a fused add+norm's other result, the residual sum, is not normalized
+    if op is not None and op.has(Normalizes) and v == op.result and stream_norm(block, op):
         return f"the normalized output of '{op.decl}'", op.span
     d = callee(program, block, op) if op is not None else None
     if d is not None and summaries(program)[d.block].ends_normalized:
@@ -184,7 +187,7 @@ def _normalized_into_state(program: Program, block: Block, w: Wrapper, env: dict
     end normalized while each layer continues its input un-normalized."""
     fact = stated(block, env).get("residual_from_norm")
     for s in w.sublayers if fact is None or fact.value != 1 else ():
-        if s.post_norm is not None or isinstance(s.root, FusedAddNormOp) \
+        if s.post_norm is not None or s.root.has(Normalizes) \
                 or callee(program, block, block.producers.get(s.state)) is None:
             continue  # a norm of this block itself is the flat check's
         source = _normalized_source(program, block, s.state)
@@ -240,8 +243,9 @@ def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnosti
         present = final_norm(block)
         needed = _unnormalized_member(program, block, output_source(block)[1])
     else:
-        present = headed[2] if isinstance(headed[2], NormOp) else None
-        needed = _unnormalized_member(program, block, headed[2])
+        _, read, source = headed
+        present = source if source is not None and source.has(Normalizes) and read == source.result else None
+        needed = _unnormalized_member(program, block, source)
     if fact is not None and fact.valid:
         if fact.value == 0 and present is not None:
             yield error("E0407", f"'{block.name}' states final_norm = 0, but it returns the output of norm "
@@ -277,7 +281,7 @@ def _final_norm(program: Program, block: Block, env: dict) -> Iterator[Diagnosti
 def _cross_attention(program: Program, block: Block, w: Wrapper) -> Iterator[Diagnostic]:
     memory = memory_inputs(block)
     facts = summaries(program)
-    crosses = [op for op in block.ops if isinstance(op, CallOp) and decl_kind(block, op) == "cross_attention"]
+    crosses = [op for op in block.ops if op.has(Calls) and decl_kind(block, op) == "cross_attention"]
     for op in crosses:
         # with the arguments swapped (queries from memory) the shape verifier reports E0206 instead
         if len(op.args) == 2 and not (ancestors(block, op.args[0]) | ancestors(block, op.args[1])) & memory:
@@ -300,7 +304,7 @@ _CROSS_HINT = ("use self_attention; cross-attention belongs to the decoder of an
                "separate memory input")
 
 
-def _noncausal_decoder(program: Program, block: Block, crosses: list[CallOp],
+def _noncausal_decoder(program: Program, block: Block, crosses: list[Op],
                        calls: list[tuple[Op, InstanceDecl]]) -> Iterator[Diagnostic]:
     """A decoder's self-attention must be causal, wherever the decoder's pieces are written."""
     facts = summaries(program)
@@ -356,7 +360,7 @@ def _views(program: Program, block: Block, w: Wrapper) -> Iterator[Diagnostic]:
     stop = w.spine_set | {op.result for op in block.inputs}
     for op in block.ops:
         d = callee(program, block, op)
-        if not isinstance(op, CallOp) or len(op.args) < 2 or decl_kind(block, op) == "cross_attention" \
+        if not op.has(Calls) or len(op.args) < 2 or decl_kind(block, op) == "cross_attention" \
                 or d is not None and summaries(program)[d.block].memory_params:
             continue  # cross-attention (here or in the called block) reads keys and values from another source
         seen: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -375,7 +379,7 @@ def _source(block: Block, v: str, stop: frozenset[str]) -> tuple[str, tuple[str,
     chain: list[str] = []
     while v not in stop:
         op = block.producers.get(v)
-        if op is None or len(op.operands) != 1 or isinstance(op, CallOp) and decl_kind(block, op) != "activation":
+        if op is None or len(op.operands) != 1 or op.has(Calls) and decl_kind(block, op) != "activation":
             break
         chain.append(getattr(op, "decl", None) or type(op).__name__)
         v = op.operands[0]

@@ -1,7 +1,7 @@
-"""The import of one config: check its fields, write the class ``architectures`` names, check the file written.
+"""The import of one config: check its fields, write the class ``architectures`` names.
 
-A file that fails its own ``check`` is never handed out: the verifiers run on the text before it is
-returned, and a diagnostic is reported as E0814 (the importer wrote a construct wrongly).
+The text returned is not yet checked: ``blockir.api.hf_block_text`` runs the verifiers on it before it is
+handed out (a file that fails its own check is E0814), since the importer itself reads only the language.
 """
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from blockir.diagnostics import BlockError, Note, error, json_span, render
-from blockir.importers.hf.writer import SOURCE, WRITERS, _Config
+from blockir.diagnostics import BlockError, error, json_span
 from blockir.frontend.parser import MAX_BYTES
 from blockir.importers.hf.config import read_fields, role
-from blockir.importers.hf.schema import FAMILIES
 from blockir.importers.hf.family import BASES
+from blockir.importers.hf.schema import FAMILIES
+from blockir.importers.hf.text import SOURCE, Config
+from blockir.importers.hf.writer import NORMS, WRITERS
 
 
-def import_text(config: Any, exact: bool, *, source: str = SOURCE) -> str:
+def import_text(config: Any, exact: bool = False, *, source: str = SOURCE) -> str:
+    """The `.block` text for a transformers config (a dict, a JSON config's contents, or a config object), of the
+    class its ``architectures`` names; every problem is a ``BlockError`` located at ``source: $.field``.
+
+    ``exact`` writes ``impl=eager`` on every attention: HF's eager reference op for op.
+    """
     raw = config.to_dict() if callable(getattr(config, "to_dict", None)) else config
     model_type, values, keys = read_fields(raw, source)
     try:
-        text = WRITERS[model_type](_Config(values), model_type, exact)
+        text = WRITERS[model_type](Config(values, NORMS[model_type]), model_type, exact)
         text = _architecture(text, model_type, values.get("architectures"), source)
     except BlockError as exc:
         raise BlockError([_located(d, source) for d in exc.diagnostics]) from None
@@ -31,7 +37,6 @@ def import_text(config: Any, exact: bool, *, source: str = SOURCE) -> str:
         raise BlockError([error("E0808", f"the file for {layers}={values[layers]} would exceed the "
                                 f"{MAX_BYTES >> 20} MiB a .block file may hold", where,
                                 hint="this family is written one declaration per layer; use fewer layers")])
-    _self_check(text, source)
     return text
 
 
@@ -84,21 +89,3 @@ def _argument(line: str, call: str) -> str:
             return line[start:i]
     raise ValueError(line)
 
-
-def _self_check(text: str, source: str) -> None:
-    from blockir.api import parse, verify
-    name = f"{source} (imported)"
-    try:
-        found = [d for d in verify(parse(text, name)) if d.is_error]
-    except BlockError as exc:
-        found = exc.diagnostics
-    oversized = [d for d in found if d.code == "E0702" and d.message.startswith("dim ")]
-    if oversized:  # a size the writer derives (4 × the width …) past the language's bound: the config's sizes
-        raise BlockError([error("E0808", f"a size derived from this config is too large: {oversized[0].message}",
-                                json_span(source), hint="the language bounds every dim as it does in a .block file")])
-    if found:
-        first = found[0]
-        raise BlockError([error("E0814", f"the file written for this config fails its own check: error[{first.code}] "
-                                f"{first.message}", json_span(source), notes=[Note(render(first, {name: text}))],
-                                hint="the importer writes a construct of this config wrongly; the file was not "
-                                     "written")])

@@ -8,11 +8,13 @@ difference.
 """
 from __future__ import annotations
 
-from blockir.importers.hf import writer as hf
-from blockir.importers.hf.writer import _attn_opts, _Config, _decl, _fail, _model, _num, _rms
+from blockir.importers.hf.gpt import COHERE_NORM
+from blockir.importers.hf.llama import sandwich_text
+from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms
+from blockir.importers.hf.writer import writes
 
 
-def _period(c: _Config) -> tuple[int, str]:
+def _period(c: Config) -> tuple[int, str]:
     """The period of ``layer_types`` (sliding layers, then one full layer) and its sliding-layer indicator."""
     types = c.get("layer_types") or []
     sliding = [t == "sliding_attention" for t in types]
@@ -21,20 +23,20 @@ def _period(c: _Config) -> tuple[int, str]:
             if period == 1:
                 return 1, "0"
             return period, f"(((layer + 1) % {period} + {period - 1}) // {period})"
-    raise _fail("this mix of sliding and full attention layers is not supported",
+    raise fail("this mix of sliding and full attention layers is not supported",
                 "supported: every n-th layer full, the others sliding", at=("layer_types",))
 
 
 def _mixed(value_sliding: float, value_full: float, indicator: str) -> str:
     """A per-layer value: ``value_sliding`` where the indicator is 1, ``value_full`` where it is 0."""
     if value_sliding == value_full or indicator == "0":
-        return _num(value_full)
+        return num(value_full)
     if value_full == 0:
-        return f"{_num(value_sliding)} * {indicator}"
-    return f"{_num(value_full)} - {_num(value_full - value_sliding)} * {indicator}"
+        return f"{num(value_sliding)} * {indicator}"
+    return f"{num(value_full)} - {num(value_full - value_sliding)} * {indicator}"
 
 
-def _rope_by_type(c: _Config) -> tuple[dict, dict]:
+def _rope_by_type(c: Config) -> tuple[dict, dict]:
     """The RoPE parameters of sliding and full layers (a dict per layer type, or one for both)."""
     params = c.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:
@@ -43,37 +45,38 @@ def _rope_by_type(c: _Config) -> tuple[dict, dict]:
         full = local = params
     for p in (full, local):
         if p.get("rope_type", "default") != "default":
-            raise _fail(f"RoPE scaling type '{p.get('rope_type')}' per layer type is not supported",
+            raise fail(f"RoPE scaling type '{p.get('rope_type')}' per layer type is not supported",
                         "supported: default", at=("rope_parameters",))
     return local, full
 
 
-def _gemma3_text(c: _Config, model_type: str, exact: bool) -> str:
+@writes("gemma3_text", norm=rms(offset=1, cast="after_weight"))
+def _gemma3_text(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "Gemma3ForCausalLM", "Gemma3DecoderLayer"
     period, sliding = _period(c)
     local, full = _rope_by_type(c)
     theta = _mixed(local.get("rope_theta", c.get("rope_local_base_freq", 10000.0)),
                    full.get("rope_theta", c.get("rope_theta", 1e6)), sliding)
     c.raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1.0}  # the base is written per layer below
-    norm = _rms(c, offset=1, cast="after_weight")
-    attn = [o for o in _attn_opts(c, exact) if not o.startswith("rope_theta=")] + [f"rope_theta={theta}"]
+    attn = [o for o in attn_opts(c, exact) if not o.startswith("rope_theta=")] + [f"rope_theta={theta}"]
     if c.get("sliding_window") and period != 1:
         attn.append(f"window={_mixed(c.get('sliding_window'), 0, sliding)}")
-    attn += [f"scale={_num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}", "qk_norm=rmsnorm",
-             "qk_norm_cast=after_weight", "qk_norm_offset=1", f"qk_norm_eps={_num(c.get('rms_norm_eps', 1e-6))}"]
+    attn += [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}", "qk_norm=rmsnorm",
+             "qk_norm_cast=after_weight", "qk_norm_offset=1", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attn_logit_softcapping") is not None:
-        attn.append(f"softcap={_num(c.get('attn_logit_softcapping'))}")
-    return hf.sandwich_text(cls, layer, model_type, c, norm, attn)
+        attn.append(f"softcap={num(c.get('attn_logit_softcapping'))}")
+    return sandwich_text(cls, layer, model_type, c, attn)
 
 
-def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
+@writes("cohere2", norm=COHERE_NORM)
+def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     """Cohere 2: Cohere's parallel layer, with RoPE and a window on the sliding layers only."""
     cls, layer = "Cohere2ForCausalLM", "Cohere2DecoderLayer"
     period, sliding = _period(c)
-    norm = f"layernorm(D, eps={_num(c.get('layer_norm_eps', 1e-5))}, bias=false, two_pass=true, recenter=true)"
+    norm = c.norm()
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
-    attn = _attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
+    attn = attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
     if period != 1:  # the rotated channels on sliding layers, none on full ones
         rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
         attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={rotated} * {sliding}"]
@@ -81,15 +84,13 @@ def _cohere2(c: _Config, model_type: str, exact: bool) -> str:
             attn.append(f"window={c.get('sliding_window')} * {sliding}")
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
-    lines = hf._header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
-              _decl("self_attn", "self_attention", attn), _decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
+              decl("self_attn", "self_attention", attn), decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]),
               "  n = input_layernorm(x)", "  a = self_attn(n)", "  m = mlp(n)", "  y = x + a + m",
               "  return y", "}", ""]
-    model = _model(cls, "model", layer, c, norm)
-    model[-2] = (f"  return {_num(c.get('logit_scale', 0.0625))} * "
+    model = causal_lm(cls, "model", layer, c)
+    model[-2] = (f"  return {num(c.get('logit_scale', 0.0625))} * "
                  "lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))")
     return "\n".join(lines + model) + "\n"
 
-
-hf.WRITERS.update({"gemma3_text": _gemma3_text, "cohere2": _cohere2})

@@ -1,0 +1,169 @@
+"""Writers for the decoders in LLaMA's layout and its variants: two Pre-LN updates per layer, RoPE attention and
+a (gated) MLP, a final norm and a head (``*ForCausalLM``); Gemma's scaled embeddings, Gemma 2's four norms,
+OLMo 2's post-norms and Phi-3's fused projections.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl, drop, fail, header, num, rms,
+                                       window)
+from blockir.importers.hf.writer import register, writes
+
+
+def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
+               out_bias: bool | str | None = None, rope_style: str = "half", gated: bool = True,
+               rope_f32: bool = False) -> Callable[[Config, str, bool], str]:
+    """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
+    (None) from ``attention_bias``; ``gated=False``: a plain ``up_proj``/``down_proj`` MLP."""
+    def write(c: Config, model_type: str, exact: bool) -> str:
+        layer = f"{prefix}DecoderLayer"
+        bias = c.get("attention_bias", False)
+        layers = c.need("num_hidden_layers")
+        if not all((c.get("no_rope_layers") or [1])[:layers]):
+            raise fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
+                       at=("no_rope_layers",))
+        attn = attn_opts(c, exact) + window(c)
+        if rope_style != "half":
+            attn.append(f"rope_style={rope_style}")
+        if rope_f32:
+            attn.append("rope_f32=true")
+        if bias if qkv_bias is None else qkv_bias:
+            attn.append("bias=true")
+        if c.get(out_bias, False) if isinstance(out_bias, str) else \
+                (qkv_bias is None and bias) if out_bias is None else out_bias:
+            attn.append("out_bias=true")
+        if qk_norm:
+            attn += ["qk_norm=rmsnorm", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
+        mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        if not gated:
+            mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
+                   "fc2=down_proj"]
+        n = c.norm()
+        update = drop(c.get("residual_dropout", 0.0))  # Seed-OSS drops each branch output
+        lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+        attn_scale, res, emb, logits = _multipliers(c, model_type)
+        if attn_scale is not None:
+            attn.append(f"scale={num(attn_scale)}")
+        lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+                  f"  input_layernorm: {n}", decl("self_attn", "self_attention", attn),
+                  f"  post_attention_layernorm: {n}", decl("mlp", "gated_mlp" if gated else "mlp", mlp),
+                  f"  h = x + {update('self_attn(input_layernorm(x))')}{res}",
+                  f"  y = h + {update('mlp(post_attention_layernorm(h))')}{res}",
+                  "  return y", "}", ""]
+        model = causal_lm(cls, "model", layer, c)
+        if emb or logits:
+            model[-2] = f"  return {logits}lm_head(model.norm(model.layers(model.embed_tokens(input_ids){emb})))"
+        return "\n".join(lines + model) + "\n"
+    return write
+
+
+def _multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
+    """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
+    if model_type != "granite":
+        return None, "", "", ""
+    logits = float(c.get("logits_scaling", 1.0))
+    mantissa, _ = math.frexp(logits)
+    if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
+        raise fail(f"logits_scaling={num(logits)} is not a power of two", at=("logits_scaling",), hint="HF divides the "
+                   "logits by it; blockir multiplies by the reciprocal, which equals only for powers of two")
+    res = num(c.get("residual_multiplier", 1.0))
+    emb = num(c.get("embedding_multiplier", 1.0))
+    return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
+            "" if logits == 1 else f"{num(1 / logits)} * ")
+
+
+for _type, _write, _norm in (
+        ("llama", llama_like("LlamaForCausalLM", "Llama"), rms()),
+        ("mistral", llama_like("MistralForCausalLM", "Mistral", qkv_bias=False), rms()),
+        ("qwen2", llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True), rms()),
+        ("qwen3", llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True), rms()),
+        ("ministral", llama_like("MinistralForCausalLM", "Ministral", qkv_bias=False), rms()),
+        ("seed_oss", llama_like("SeedOssForCausalLM", "SeedOss", out_bias="attention_out_bias"), rms()),
+        ("arcee", llama_like("ArceeForCausalLM", "Arcee", gated=False), rms()),
+        ("helium", llama_like("HeliumForCausalLM", "Helium", out_bias=False, rope_style="interleaved"),
+         rms(cast="after_weight")),
+        ("granite", llama_like("GraniteForCausalLM", "Granite"), rms()),
+        ("smollm3", llama_like("SmolLM3ForCausalLM", "SmolLM3"), rms()),
+        # OLMo's LayerNorm has no parameters and no eps field, and runs on an f32 copy
+        ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
+         Norm("layernorm", 1e-5, ("affine=false", "upcast=true")))):
+    register(_type, _write, _norm)
+
+
+@writes("gemma", norm=rms(offset=1, cast="after_weight"))
+def _gemma(c: Config, model_type: str, exact: bool) -> str:
+    cls, layer = "GemmaForCausalLM", "GemmaDecoderLayer"
+    norm = c.norm()
+    attn = attn_opts(c, exact) + (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
+    mlp = ["F", f"act={c.act('hidden_act', 'gelu_pytorch_tanh')}"]
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", decl("mlp", "gated_mlp", mlp),
+              "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+              "  return y", "}", ""]
+    return "\n".join(lines + causal_lm(cls, "model", layer, c, scale="D ** 0.5")) + "\n"
+
+
+@writes("gemma2", norm=rms(offset=1, cast="after_weight"))
+def _gemma2(c: Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Gemma2ForCausalLM", "Gemma2DecoderLayer"
+    attn = attn_opts(c, exact) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+    if c.get("attn_logit_softcapping") is not None:
+        attn.append(f"softcap={num(c.get('attn_logit_softcapping'))}")
+    return sandwich_text(cls, layer, model_type, c, attn)
+
+
+def sandwich_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
+    """A Gemma 2-style file: four (1 + w) RMSNorms around each branch, a gated MLP, embeddings times sqrt(D), a
+    tied head and soft-capped logits; ``attn`` holds the attention options of the family."""
+    norm = c.norm()
+    if c.get("attention_bias", False):
+        attn += ["bias=true", "out_bias=true"]
+    mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", f"  pre_feedforward_layernorm: {norm}",
+              decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
+              "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
+              "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
+    return "\n".join(lines + causal_lm(cls, "model", layer, c, scale="D ** 0.5",
+                                       softcap=c.get("final_logit_softcapping"))) + "\n"
+
+
+@writes("olmo2", norm=rms(cast="after_weight"))
+def _olmo2(c: Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+    norm = c.norm()
+    attn = attn_opts(c, exact) + window(c) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width",
+                                              "qk_norm_cast=after_weight",
+                                              f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
+    if c.get("attention_bias", False):
+        attn += ["bias=true", "out_bias=true"]
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              decl("self_attn", "self_attention", attn), f"  post_attention_layernorm: {norm}",
+              decl("mlp", "gated_mlp", ["F", f"act={c.act()}"]), f"  post_feedforward_layernorm: {norm}",
+              "  h = x + post_attention_layernorm(self_attn(x))", "  y = h + post_feedforward_layernorm(mlp(h))",
+              "  return y", "}", ""]
+    return "\n".join(lines + causal_lm(cls, "model", layer, c)) + "\n"
+
+
+@writes("phi3", norm=rms())
+def _phi3(c: Config, model_type: str, exact: bool) -> str:
+    cls, layer = "Phi3ForCausalLM", "Phi3DecoderLayer"
+    norm = c.norm()
+    attn = attn_opts(c, exact) + window(c) + ["fused=stacked"]
+    mlp = ["F", f"act={c.act()}", "fused=true"]
+    update = drop(c.get("resid_pdrop", 0.0))
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", decl("mlp", "gated_mlp", mlp),
+              f"  h = x + {update('self_attn(input_layernorm(x))')}",
+              f"  y = h + {update('mlp(post_attention_layernorm(h))')}",
+              "  return y", "}", ""]
+    return "\n".join(lines + causal_lm(cls, "model", layer, c)) + "\n"
