@@ -25,9 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 from blockir.analyses.sizes import block_env, program_env, value
-from blockir import ops as O
 from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
+from blockir.ir.traits import Scales
+from blockir.passes import op_kinds as K
+from blockir.passes.manager import Pass, PassResult, run_pass
 from blockir.passes.recipes.base import (
     BlockEdit,
     RecipeError,
@@ -38,6 +40,7 @@ from blockir.passes.recipes.base import (
     gained_branches,
     name,
     num,
+    recipe_pass,
     replace_blocks,
     stack_depths,
     sublayers,
@@ -78,16 +81,19 @@ def unscaled_branches(program: Program, block_name: str) -> Program:
     The folded block no longer states ``deepscalelm = 1``: beta now lives in the weights, so the graph alone
     no longer shows lambda^2 + beta^2 = 1.
     """
-    block = program.block(block_name)
-    edit = BlockEdit(block)
-    edit.consts = [c for c in edit.consts if c.name != "deepscalelm"]
-    for op in block.ops:
-        if isinstance(op, O.ScaleOp) and op.factor == name(BRANCH):
-            edit.drop(op)
-            edit.rename(op.result, op.operand)
-    return finish(replace_blocks(program, [edit.build()]))
+    def rewrite(p: Program) -> PassResult[None]:
+        block = p.block(block_name)
+        edit = BlockEdit(block)
+        edit.consts = [c for c in edit.consts if c.name != "deepscalelm"]
+        for op in block.ops:
+            if op.has(Scales) and op.factor == name(BRANCH):  # type: ignore[union-attr]
+                edit.drop(op)
+                edit.rename(op.result, op.operand)  # type: ignore[union-attr]
+        return PassResult(finish(replace_blocks(p, [edit.build()])), True, None)
+    return run_pass(program, Pass("deepscalelm fold", rewrite)).program
 
 
+@recipe_pass("deepscalelm")
 def apply(program: Program, block_name: str, *, depth: int | None = None) -> RecipeResult:
     """DeepScaleLM's scaled updates and component initialisation on ``block_name`` (sequential, built-in branches)."""
     block = target_block(program, block_name)
@@ -110,7 +116,7 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
         changes.append(f"'{d.name}' ({d.kind}): init_std=fan_in")
     for s in sublayers(block):
         add = s.root
-        if not isinstance(add, O.AddOp) or len(s.adds) != 1 or len(s.branches) != 1:
+        if not K.residual_add(add) or len(s.adds) != 1 or len(s.branches) != 1:
             raise RecipeError(f"DeepScaleLM scales one skip and one branch per add; the add at line {add.span.line} "
                               f"of '{block_name}' joins {len(s.branches)} branches")
         if s.shortcut != s.state or s.shortcut_ops or s.branches[0].scales:
