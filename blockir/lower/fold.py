@@ -1,5 +1,6 @@
-"""A fold applied to a compiled module: the fold pass rewrites the IR, its weight edits rewrite the state dict,
-and a module compiled from the folded program takes the edited weights.
+"""Folds applied to a compiled module: the fold pass rewrites the IR, its weight edits rewrite the state dict,
+and a module compiled from the folded program takes the edited weights; DeepScaleLM's branch scale folds
+the same way.
 
 The edits (:mod:`blockir.passes.fold_edits`) are plain data written by the IR-side fold; this module
 is their arithmetic. Each edit reads its gain from the state as it stands when it runs.
@@ -12,7 +13,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from blockir.analyses.sizes import block_env, program_env, value
 from blockir.diagnostics import BlockError, error
+from blockir.ir.consts import Name
+from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
 from blockir.lower.bind import BoundExtern
 from blockir.lower.compile import compile as compile_block
@@ -28,6 +32,8 @@ from blockir.passes.fold_edits import (
     ShiftBias,
 )
 from blockir.passes.manager import run_pass
+from blockir.passes.recipes.base import gained_branches
+from blockir.passes.recipes.deepscalelm import BRANCH, unscaled_branches
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -168,3 +174,24 @@ def rebuild_module(program: Program, name: str, module: nn.Module, edits: list[E
     new = compile_block(program, name, dims=dims, bind=_bindings(module), dtype=dtype, device=device, mode=mode)
     new.load_state_dict(apply_edits(module.state_dict(), edits), strict=True)
     return new.train(module.training)
+
+
+def fold_deepscalelm(program: Program, block_name: str, module: nn.Module) -> tuple[Program, dict[str, Tensor]]:
+    """The program without DeepScaleLM's branch scale and ``module``'s state dict with beta folded into each
+    branch's last linear (``W' = beta W``, ``b' = beta b``).
+
+    ``program`` is the recipe's output and ``module`` compiled from it; beta is the block's ``branch_scale``.
+    """
+    block = program.block(block_name)
+    beta = value(Name(BRANCH), block_env(program_env(program), block))
+    decls = {d.name: d.kind for d in gained_branches(block, "DeepScaleLM")}
+    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    for path, sub in module.named_modules():
+        kind = decls.get(path.rpartition(".")[2])
+        if kind is None or not hasattr(sub, "names"):
+            continue
+        layer = f"{path}.{sub.names[LAST[kind]]}" if path else sub.names[LAST[kind]]
+        for key in (f"{layer}.weight", f"{layer}.bias"):
+            if key in state:
+                state[key] = state[key] * beta
+    return unscaled_branches(program, block_name), state

@@ -16,16 +16,13 @@ output layer from N(0, 1/fan_in), biases 0. The paper's full moment model also
 tracks token correlation, dropout and the attention output scale; those terms
 are not here.
 
-``fold(program, block, module)`` moves ``beta`` into the last linear of every branch
-(``beta F(x) = F'(x)`` with ``W' = beta W``, ``b' = beta b``) and returns the
-program whose updates no longer scale the branch, with the folded state dict.
+:func:`blockir.lower.fold.fold_deepscalelm` moves ``beta`` into the last linear of every
+branch (``beta F(x) = F'(x)`` with ``W' = beta W``, ``b' = beta b``) and returns the
+program whose updates no longer scale the branch (:func:`unscaled_branches`), with the
+folded state dict.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from blockir.analyses.sizes import block_env, program_env, value
-from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
 from blockir.ir.traits import Scales
 from blockir.passes import op_kinds as K
@@ -53,26 +50,6 @@ SKIP, BRANCH = "skip_scale", "branch_scale"
 def constants(n: int) -> tuple[float, float]:
     """(lambda, beta) for N layers: beta^2 = 2/N, lambda^2 = 1 - 2/N."""
     return (1 - 2 / n) ** 0.5, (2 / n) ** 0.5
-
-
-def fold(program: Program, block_name: str, module: Any) -> tuple[Program, dict[str, Any]]:
-    """The program without the branch scale and ``module``'s state dict with beta folded into each last linear.
-
-    ``program`` is the recipe's output and ``module`` compiled from it; beta is the block's ``branch_scale``.
-    """
-    block = program.block(block_name)
-    beta = value(name(BRANCH), block_env(program_env(program), block))
-    decls = {d.name: d.kind for d in gained_branches(block, "DeepScaleLM")}
-    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    for path, sub in module.named_modules():
-        kind = decls.get(path.rpartition(".")[2])
-        if kind is None or not hasattr(sub, "names"):
-            continue
-        layer = f"{path}.{sub.names[LAST[kind]]}" if path else sub.names[LAST[kind]]
-        for key in (f"{layer}.weight", f"{layer}.bias"):
-            if key in state:
-                state[key] = state[key] * beta
-    return unscaled_branches(program, block_name), state
 
 
 def unscaled_branches(program: Program, block_name: str) -> Program:
@@ -133,5 +110,6 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
               "biases 0"),
              "the paper's token-correlation, dropout and attention-output terms of the moment model are not applied",
              "initialise the embeddings outside the block to unit variance",
-             "fold(program, block, module) moves beta into each branch's last linear for inference"]
+             "blockir.lower.fold.fold_deepscalelm(program, block, module) moves beta into each branch's last "
+             "linear for inference"]
     return RecipeResult(result, None, Report("DeepScaleLM", block_name, tuple(consts), tuple(changes), tuple(notes)))
