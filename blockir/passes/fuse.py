@@ -26,6 +26,7 @@ from blockir.ops import Op
 from blockir.passes import op_kinds as K
 from blockir.passes.manager import Pass, program_pass
 
+
 @dataclass(frozen=True)
 class Chain:
     add: Op

@@ -9,7 +9,7 @@ file, so it is reported as such (E0707), naming the pass, with the verifier's ow
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from blockir.diagnostics import BlockError, error
 from blockir.ir.program import Program
@@ -58,7 +58,7 @@ def run_pass(program: Program, step: Pass[T], verify: bool = True) -> PassResult
     return result
 
 
-def run_passes(program: Program, steps: Sequence[Pass[object]], verify: bool = True) -> Program:
+def run_passes(program: Program, steps: Sequence[Pass[Any]], verify: bool = True) -> Program:
     """Apply ``steps`` in order, each to the program the previous one returned."""
     for step in steps:
         program = run_pass(program, step, verify).program
