@@ -19,7 +19,6 @@ from blockir.ir.program import Block, Program
 
 def _fused_block(block: Block) -> str:
     """One block after fusion, as parseable text: each fused op is a comment above the ops it replaces."""
-    from blockir.ops import InputOp
     from blockir.ir.printer import format_block, format_op
     from blockir.passes.fuse import fuse_block
     _, chains = fuse_block(block)
@@ -39,7 +38,8 @@ def _fused_block(block: Block) -> str:
             ops.append(op)
     lines = format_block(replace(block, ops=tuple(ops))).split("\n")
     # the printer ends a block with one line per op (inputs are in the header), then "}"
-    printed = [i for i, op in enumerate(ops) if not isinstance(op, InputOp)]
+    header = {id(op) for op in block.inputs}
+    printed = [i for i, op in enumerate(ops) if id(op) not in header]
     first = len(lines) - 1 - len(printed)
     for k in sorted(comments, reverse=True):
         row = first + printed.index(k)
