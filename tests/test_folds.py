@@ -14,7 +14,7 @@ from blockir.cli import main
 from blockir.ops import DropoutOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.passes.fold import FoldResult, apply_folds
+from blockir.lower.fold import FoldResult, apply_folds
 from conftest import ROOT
 
 HEAD = """dim B: batch

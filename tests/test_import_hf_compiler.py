@@ -15,7 +15,7 @@ from test_import_hf import CONFIGS, _class_name  # noqa: E402
 import blockir  # noqa: E402
 from blockir.cli import main  # noqa: E402
 from blockir.api import hf_block_text as block_text  # noqa: E402
-from blockir.passes.fold import apply_folds  # noqa: E402
+from blockir.lower.fold import apply_folds  # noqa: E402
 
 FAMILIES = ["llama", "gpt_neox", "gemma3_text"]
 

@@ -10,6 +10,7 @@ from torch import Tensor
 
 import blockir
 from blockir.ir.printer import format_program
+from blockir.lower.fold import fold_deepscalelm
 from blockir.passes.recipes import RecipeError, deepscalelm, fixup
 from conftest import ROOT
 from oracle import assert_matches_reference
@@ -224,7 +225,7 @@ def test_deepscalelm_example_initialises_itself() -> None:
 def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
     result = deepscalelm.apply(_program(ATTENTION), "Layer")
     m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
-    program, state = deepscalelm.fold(result.program, "Layer", m)
+    program, state = fold_deepscalelm(result.program, "Layer", m)
     assert "branch_scale *" not in "".join(op.text() for op in program.block("Layer").ops)
     folded = blockir.compile(program, "Decoder", seed=1, dtype=torch.float64)
     folded.load_state_dict(state, strict=True)

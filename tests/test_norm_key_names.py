@@ -10,7 +10,7 @@ from blockir.analyses.keys import param_keys
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.ir.printer import format_program
-from blockir.passes.fold import apply_folds
+from blockir.lower.fold import apply_folds
 
 TEXT = """
 dim B: batch

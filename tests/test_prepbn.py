@@ -16,7 +16,7 @@ from blockir.analyses.fold_legality import fold_report
 from blockir.lower.layers.batchnorm import PRepBN
 from blockir.cli import main
 from blockir.ops import NormOp
-from blockir.passes.fold import apply_folds
+from blockir.lower.fold import apply_folds
 from conftest import ROOT
 
 DIMS = {"B": 3, "S": 5, "D": 8}

@@ -11,14 +11,14 @@ import torch
 
 import blockir
 from blockir.analyses.sizes import block_env, program_env
-from blockir.lifecycle import session
+from blockir.lifecycle import admin, session
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.sites import residual_sites
 from blockir.cli import main
 from blockir.ops import NormOp, ScaleOp
 from blockir.ir.printer import format_program
 from blockir.ir.program import Program
-from blockir.passes.recipes import RecipeError, RecipeResult, admin, deepnorm, layerscale, rezero, tfixup
+from blockir.passes.recipes import RECIPES, RecipeError, RecipeResult, deepnorm, layerscale, rezero, tfixup
 from conftest import ROOT
 
 DIMS = {"B": 2, "S": 8}
@@ -327,6 +327,15 @@ def test_admin_fold_keeps_the_function_and_resets_omega() -> None:
     with torch.no_grad():  # half a fold (the norm without the branch) changes the function
         module.get_parameter("layers.1.ln_1.weight").mul_(2.0)
     assert not torch.allclose(module(x), before, atol=1e-3)
+
+
+def test_the_admin_graph_is_a_pass_and_its_profile_a_run() -> None:
+    """The recipe writes the graph alone; the lifecycle's apply adds the init that measures the variances."""
+    p = program(2)
+    graph = RECIPES["admin"](p, "PostLNLayer")
+    profiled = admin.apply(p, "PostLNLayer", dims=DIMS)
+    assert graph.init is None and profiled.init is not None
+    assert (graph.program, graph.report) == (profiled.program, profiled.report)
 
 
 def test_admin_warns_only_about_its_shortcut_vectors() -> None:

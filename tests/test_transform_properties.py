@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import blockir
-from blockir.passes.fold import apply_folds
+from blockir.lower.fold import apply_folds
 
 HEAD = """dim B: batch
 dim S: seq

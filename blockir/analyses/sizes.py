@@ -25,13 +25,10 @@ from blockir.diagnostics import BlockError, Span, error
 from blockir.ir import consts as C
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.ir.types import Axis
+from blockir.ir.types import MAX_DIM, Axis
 
 Env = dict[str, float | int]
 
-# One dimension larger than this cannot index a tensor on any backend torch supports; a product of such
-# sizes is refused per parameter by the keys analysis before anything is allocated.
-MAX_DIM = 2**31 - 1
 
 
 def _bind(env: Env, name: str, expr: C.ConstExpr) -> None:

@@ -17,14 +17,15 @@ def _site(site: Any) -> dict[str, Any]:
 
 def _apply(program: Program, blocks: list[Block], mode: str, fmt: str) -> int:
     from blockir.ir.printer import format_program
-    from blockir.passes.fold import format_log, apply_folds
+    from blockir.passes.fold import fold_pass, format_log
+    from blockir.passes.manager import run_pass
     logs, events = [], []
     for b in blocks:
-        result = apply_folds(program, b.name, mode=mode)
+        result = run_pass(program, fold_pass(b.name, mode))
         program = result.program
-        logs.append(format_log(b.name, mode, result.report))
+        logs.append(format_log(b.name, mode, result.detail.report))
         events += [{**_site(e.site), "block": b.name, "fired": e.fired, "rule": e.rule,
-                    "kept_code": e.code, "kept_reason": e.reason} for e in result.report]
+                    "kept_code": e.code, "kept_reason": e.reason} for e in result.detail.report]
     if fmt == "json":
         print_json({"mode": mode, "program": format_program(program), "log": events})
     else:

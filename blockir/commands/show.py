@@ -62,8 +62,9 @@ def _render(args: argparse.Namespace, program: Program, blocks: list[Block], who
             return _fused_ir(shown)
         return format_program(shown)
     if args.fuse:
-        from blockir.passes.fuse import fuse_program
-        program, _ = fuse_program(program)
+        from blockir.passes.fuse import FUSE
+        from blockir.passes.manager import run_passes
+        program = run_passes(program, [FUSE])
         blocks = [program.block(b.name) for b in blocks]
     if args.format == "manifest":
         from blockir.analyses.manifest import program_manifest, to_yaml

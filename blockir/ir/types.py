@@ -105,6 +105,10 @@ class TensorType:
 
 PLACEMENT_KINDS = ("replicate", "shard", "partial")
 
+# One dimension larger than this cannot index a tensor on any backend torch supports; a product of such
+# sizes is refused per parameter by the keys analysis before anything is allocated.
+MAX_DIM = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Placement:

@@ -117,10 +117,10 @@ def compile(program: Program | str | Path, name: str, backend: str = "fx", *, di
     lowering = FX
     if backend == "fused":
         from blockir.lower.fused.lowering import FUSED
-        from blockir.passes.fuse import fuse_program
-        from blockir.passes.inline import inline_stacks
-        from blockir.passes.manager import run_rewrites
-        program = run_rewrites(program, [("inline", lambda p: inline_stacks(p, name, sizes)), ("fuse", fuse_program)])
+        from blockir.passes.fuse import FUSE
+        from blockir.passes.inline import inline_pass
+        from blockir.passes.manager import run_passes
+        program = run_passes(program, [inline_pass(name, sizes), FUSE])
         lowering = FUSED
     rng = torch.random.fork_rng() if seed is not None else nullcontext()
     with rng, place if place is not None else nullcontext():

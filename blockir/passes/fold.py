@@ -1,5 +1,6 @@
-"""Fold transforms: inference-only scales, norm affines and dropouts disappear into the linears
-next to them, in the IR and in a compiled module's weights.
+"""The fold pass: inference-only scales, norm affines and dropouts disappear into the linears next to
+them. The pass rewrites the IR and writes the weight edits that keep the function; a compiled
+module's weights take them in :mod:`blockir.lower.fold`.
 
 Fold legality (:mod:`blockir.analyses.fold_legality`) is the proof: a site is folded only when
 its report marks it legal, and only when the parameters this rewrite would edit are exactly
@@ -10,7 +11,7 @@ stays between the norm and the linear).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 from blockir.analyses.fold_legality import (
     FIRST_LINEAR,
@@ -23,9 +24,11 @@ from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import decl_kind
 from blockir.ir.decls import KindDecl
-from blockir.ops import CallOp, DropoutOp, NormOp, Op, ScaleOp
+from blockir.ir.op import OpBase
 from blockir.ir.program import Block, Program
-from blockir.passes.fold_weights import (
+from blockir.ir.traits import Calls, Scales, Stochastic
+from blockir.ops import Op
+from blockir.passes.fold_edits import (
     Drop,
     Edit,
     FoldStatistics,
@@ -34,11 +37,9 @@ from blockir.passes.fold_weights import (
     ScaleNormState,
     ScaleOutputs,
     ShiftBias,
-    rebuild_module,
 )
-
-if TYPE_CHECKING:
-    import torch.fx as fx
+from blockir.passes.manager import Pass, PassResult
+from blockir.passes.op_kinds import plain_norm
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,10 @@ RULES: tuple[Rule, ...] = (
 RULE = {r.name: r for r in RULES}
 # dropouts go first so that the scales and affines behind them see their real neighbours
 ORDER = {"dropout": 0, "scale": 1, "affine": 2, "statistics": 2}
-SITE_OPS = {"dropout": DropoutOp, "scale": ScaleOp, "affine": NormOp, "statistics": NormOp}
-OPERAND_FIELDS = ("operand", "lhs", "rhs", "value", "branch", "shortcut")
+# which ops a fold-legality site kind names
+SITE_OPS: dict[str, Callable[[OpBase], bool]] = {
+    "dropout": lambda op: op.has(Stochastic), "scale": lambda op: op.has(Scales),
+    "affine": plain_norm, "statistics": plain_norm}
 
 
 @dataclass(frozen=True)
@@ -78,18 +81,12 @@ class FoldEvent:
 
 
 @dataclass(frozen=True)
-class FoldResult:
-    program: Program
-    module: fx.GraphModule | None
+class FoldLog:
+    """What the fold pass finds beside the program: the weight edits in the order they apply, and the log
+    (the folds that fired, then every site kept, with its reason)."""
+
+    edits: tuple[Edit, ...]
     report: tuple[FoldEvent, ...]
-
-    @property
-    def fired(self) -> tuple[FoldEvent, ...]:
-        return tuple(e for e in self.report if e.fired)
-
-    @property
-    def refused(self) -> tuple[FoldEvent, ...]:
-        return tuple(e for e in self.report if not e.fired)
 
 
 @dataclass(frozen=True)
@@ -122,28 +119,20 @@ def _weightless(block: Block, op: Op) -> bool:
 def _sites(block: Block, mode: str) -> list[tuple[FoldSite, Op]]:
     """The report's sites paired with their ops (both are in program order); an RMSNorm whose
     weight was already folded is no longer an affine site."""
-    candidates = iter(op for op in block.ops if isinstance(op, (DropoutOp, ScaleOp, NormOp)))
+    candidates = iter(op for op in block.ops if any(is_site(op) for is_site in SITE_OPS.values()))
     out = []
     for site in fold_report(block, mode):
         for op in candidates:
-            if isinstance(op, SITE_OPS[site.kind]) and (not isinstance(op, NormOp) or op.decl == site.name):
+            if SITE_OPS[site.kind](op) and (not plain_norm(op) or op.decl == site.name):  # type: ignore[union-attr]
                 if not (site.kind == "affine" and _weightless(block, op)):
                     out.append((site, op))
                 break
     return out
 
 
-def _rename(op: Op, old: str, new: str) -> Op:
-    changes: dict[str, Any] = {f: new for f in OPERAND_FIELDS if getattr(op, f, None) == old}
-    args = getattr(op, "args", None)
-    if isinstance(args, tuple) and old in args:
-        changes["args"] = tuple(new if a == old else a for a in args)
-    return replace(op, **changes) if changes else op
-
-
-def _remove(block: Block, op: DropoutOp | ScaleOp) -> Block:
+def _remove(block: Block, op: Any) -> Block:
     """Drop an op that became the identity; its users read its operand instead."""
-    return replace(block, ops=tuple(_rename(o, op.result, op.operand) for o in block.ops if o is not op))
+    return replace(block, ops=tuple(o.reading({op.result: op.operand}) for o in block.ops if o is not op))
 
 
 def _with_args(decl: KindDecl, **updates: Any) -> KindDecl:
@@ -165,14 +154,14 @@ def _linear_inputs(block: Block, value: str, sizes: Sizes) -> list[tuple[str, st
     while stack:
         v, c = stack.pop()
         for user in block.users.get(v, ()):
-            if isinstance(user, DropoutOp):
+            if user.has(Stochastic):
                 stack.append((user.result, c))
                 continue
-            if isinstance(user, ScaleOp) and user.factor is not None:
-                stack.append((user.result, c * float(sizes.value(user.factor))))
+            if user.has(Scales) and user.factor is not None:  # type: ignore[union-attr]
+                stack.append((user.result, c * float(sizes.value(user.factor))))  # type: ignore[union-attr]
                 continue
             kind = decl_kind(block, user)
-            if not isinstance(user, CallOp) or kind not in FIRST_LINEAR:
+            if not user.has(Calls) or kind not in FIRST_LINEAR:
                 raise _Refuse("unproven", f"'{user.result}' reads the value but is not an input-side linear")
             has_bias = bool(block.decl_map[user.decl].arg("bias"))  # type: ignore[union-attr]
             per_arg = FIRST_LINEAR[kind]
@@ -196,7 +185,7 @@ def _norm_key(decl: KindDecl, role: str) -> str:
     return f"{decl.name}.{family(decl).names(decl).get(role, role)}"
 
 
-def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: ScaleOp) -> tuple[Edit, ...]:
+def _into_norm(block: Block, site: FoldSite, norm: Any, gain: Gain, op: Any) -> tuple[Edit, ...]:
     decl = block.decl_map[norm.decl]
     assert isinstance(decl, KindDecl)
     if _weightless(block, norm):
@@ -212,7 +201,7 @@ def _into_norm(block: Block, site: FoldSite, norm: NormOp, gain: Gain, op: Scale
     return (ScaleNormState(_norm_key(decl, "weight"), bias, int(decl.arg("offset", 0)), gain),)
 
 
-def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tuple[Edit, ...]:
+def _into_linear(block: Block, site: FoldSite, prod: Any, gain: Gain) -> tuple[Edit, ...]:
     decl = block.decl_map[prod.decl]
     assert isinstance(decl, KindDecl)
     has_bias = decl.arg("out_bias" if decl.kind in ("self_attention", "cross_attention") else "bias")
@@ -222,15 +211,15 @@ def _into_linear(block: Block, site: FoldSite, prod: CallOp, gain: Gain) -> tupl
     return tuple(edits)
 
 
-def _fold_scale(block: Block, site: FoldSite, op: ScaleOp, sizes: Sizes) -> _Step:
+def _fold_scale(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
     param = block.decl_map.get(op.param or "")
     gain = Gain(const=float(sizes.value(op.factor))) if op.factor is not None else \
         Gain(key=op.param, offset=int(param.arg("offset", 0)) if isinstance(param, KindDecl) else 0)
     prod = block.producers.get(op.operand)
     producer_side = site.action.startswith("fold into the producer")
-    if producer_side and isinstance(prod, NormOp):
+    if producer_side and prod is not None and plain_norm(prod):
         rule, edits = "scale-into-norm", _into_norm(block, site, prod, gain, op)
-    elif producer_side and isinstance(prod, CallOp) and decl_kind(block, prod) in LAST_LINEAR:
+    elif producer_side and prod is not None and prod.has(Calls) and decl_kind(block, prod) in LAST_LINEAR:
         rule, edits = "scale-into-linear", _into_linear(block, site, prod, gain)
     elif not producer_side:
         linears = _linear_inputs(block, op.result, sizes)
@@ -243,7 +232,7 @@ def _fold_scale(block: Block, site: FoldSite, op: ScaleOp, sizes: Sizes) -> _Ste
     return _Step(folded, rule, edits + dropped)
 
 
-def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Step:
+def _fold_affine(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
     if decl.kind not in ("layernorm", "rmsnorm"):
@@ -263,7 +252,7 @@ def _fold_affine(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Ste
     return _Step(folded, "affine-into-linears", tuple(edits))
 
 
-def _fold_statistics(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> _Step:
+def _fold_statistics(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
     linears = _linear_inputs(block, op.result, sizes)
@@ -278,20 +267,17 @@ def _fold_statistics(block: Block, site: FoldSite, op: NormOp, sizes: Sizes) -> 
                           tuple((w, b, c) for w, b, c in linears if b is not None), decl.span)
     drops = tuple(Drop(f"{decl.name}.{k}") for k, _ in fam.keys(decl, shape) + fam.buffers(decl, shape))
     gone = replace(block, decls=tuple(d for d in block.decls if d.name != decl.name),
-                   ops=tuple(_rename(o, op.result, op.operand) for o in block.ops if o is not op))
+                   ops=tuple(o.reading({op.result: op.operand}) for o in block.ops if o is not op))
     return _Step(gone, "statistics-into-linears", (edit, *drops))
 
 
-def _fold(block: Block, site: FoldSite, op: Op, sizes: Sizes) -> _Step:
-    if site.kind == "statistics":
-        assert isinstance(op, NormOp)
-        return _fold_statistics(block, site, op, sizes)
-    if isinstance(op, DropoutOp):
-        return _Step(_remove(block, op), "dropout", ())
-    if isinstance(op, ScaleOp):
-        return _fold_scale(block, site, op, sizes)
-    assert isinstance(op, NormOp)
-    return _fold_affine(block, site, op, sizes)
+def _fold_dropout(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
+    return _Step(_remove(block, op), "dropout", ())
+
+
+# how each fold-legality site kind folds the op it names
+FOLDS: dict[str, Callable[[Block, FoldSite, Any, Sizes], _Step]] = {
+    "dropout": _fold_dropout, "scale": _fold_scale, "affine": _fold_affine, "statistics": _fold_statistics}
 
 
 def fold_block(program: Program, block_name: str, mode: str = "infer", *,
@@ -312,7 +298,7 @@ def fold_block(program: Program, block_name: str, mode: str = "infer", *,
             break
         site, op = min(todo, key=lambda pair: ORDER[pair[0].kind])
         try:
-            step = _fold(block, site, op, sizes)
+            step = FOLDS[site.kind](block, site, op, sizes)
         except _Refuse as no:
             refused[_key(site)] = FoldEvent(site, False, code=no.code, reason=no.reason)
             continue
@@ -325,16 +311,12 @@ def fold_block(program: Program, block_name: str, mode: str = "infer", *,
     return replace(program, blocks=blocks), edits, tuple(fired + kept)
 
 
-def apply_folds(program: Program, block_name: str, module: fx.GraphModule | None = None, mode: str = "infer", *,
-                dims: Mapping[str, int] | None = None) -> FoldResult:
-    """Fold ``block_name`` of ``program``; with ``module`` (compiled from it, weights loaded), also
-    return a new module compiled from the folded program holding the folded weights.
-
-    ``module`` is left untouched; ``dims`` are the sizes it was compiled with.
-    """
-    folded, edits, report = fold_block(program, block_name, mode, dims=dims)
-    new = rebuild_module(folded, block_name, module, edits, mode, dims) if module is not None else None
-    return FoldResult(folded, new, report)
+def fold_pass(block_name: str, mode: str = "infer", dims: Mapping[str, int] | None = None) -> Pass[FoldLog]:
+    """:func:`fold_block` as a pass; it changed the program when a fold fired."""
+    def rewrite(program: Program) -> PassResult[FoldLog]:
+        folded, edits, report = fold_block(program, block_name, mode, dims=dims)
+        return PassResult(folded, any(e.fired for e in report), FoldLog(tuple(edits), report))
+    return Pass("fold", rewrite)
 
 
 def format_log(block_name: str, mode: str, report: tuple[FoldEvent, ...]) -> str:

@@ -1,4 +1,4 @@
-"""Transform: residual boundaries → FusedAddNormOp.
+"""Transform: residual boundaries → one fused add+norm op.
 
 A boundary is the chain ``branch → [dropout] → [scale] → add(shortcut) → norm``,
 with an optional constant scale on the shortcut (DeepNorm). It covers Pre-LN
@@ -16,31 +16,34 @@ fused op does not return:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from blockir.analyses.norms import family
-from blockir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
-
+from blockir.ir.traits import Scales, Stochastic
+from blockir.ops import Op
+from blockir.passes import op_kinds as K
+from blockir.passes.manager import Pass, program_pass
 
 
 @dataclass(frozen=True)
 class Chain:
-    add: O.AddOp
-    norm: O.NormOp
-    absorbed: tuple[O.Op, ...]
-    fused: O.FusedAddNormOp
+    add: Op
+    norm: Op
+    absorbed: tuple[Op, ...]
+    fused: Op
 
 
 def _single_use(block: Block, value: str) -> bool:
     return len(block.users.get(value, ())) == 1
 
 
-def _match(block: Block, add: O.AddOp) -> Chain | None:
-    norms = [u for u in block.users.get(add.result, ()) if isinstance(u, O.NormOp)]
+def _match(block: Block, add: Any) -> Chain | None:
+    norms = [u for u in block.users.get(add.result, ()) if K.plain_norm(u)]
     if not norms:
         return None
-    norm = norms[0]
+    norm: Any = norms[0]
     decl = block.decl_map[norm.decl]
     if not isinstance(decl, KindDecl) or decl.category != "norm" or not family(decl).fuses(decl) \
             or len(decl.arg("axes")) != 1:
@@ -49,18 +52,18 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
         return None
     if block.type_of(add.result).last is None or decl.arg("axes")[0] != block.type_of(add.result).last.name:
         return None
-    absorbed: list[O.Op] = [add, norm]
+    absorbed: list[Op] = [add, norm]
     shortcut, shortcut_factor = add.lhs, None
-    lhs = block.producers[add.lhs]
-    if isinstance(lhs, O.ScaleOp) and lhs.factor is not None and _single_use(block, lhs.result):
+    lhs: Any = block.producers[add.lhs]
+    if lhs.has(Scales) and lhs.factor is not None and _single_use(block, lhs.result):
         shortcut, shortcut_factor = lhs.operand, lhs.factor
         absorbed.append(lhs)
     value = add.rhs
     branch_factor = branch_param = None
-    producer = block.producers[value]
+    producer: Any = block.producers[value]
     gain = block.decl_map.get(getattr(producer, "param", None) or "")
     # the kernels multiply by the stored gain itself; a (1 + g) gain stays outside as its own op
-    if isinstance(producer, O.ScaleOp) and _single_use(block, value) \
+    if producer.has(Scales) and _single_use(block, value) \
             and not (isinstance(gain, KindDecl) and gain.arg("offset", 0)):
         branch_factor, branch_param = producer.factor, producer.param
         absorbed.append(producer)
@@ -68,13 +71,13 @@ def _match(block: Block, add: O.AddOp) -> Chain | None:
         producer = block.producers[value]
     p = site = None
     mask = "element"
-    if isinstance(producer, O.DropoutOp) and _single_use(block, value):
+    if producer.has(Stochastic) and _single_use(block, value):
         if producer.mask != "element":
             return None
         p, site = producer.p, producer.result
         absorbed.append(producer)
         value = producer.operand
-    fused = O.FusedAddNormOp(norm.result, add.result, norm.type, add.type, norm.decl, value, shortcut, p=p, mask=mask,
+    fused = K.fused_add_norm(norm.result, add.result, norm.type, add.type, norm.decl, value, shortcut, p=p, mask=mask,
                              branch_factor=branch_factor, branch_param=branch_param,
                              shortcut_factor=shortcut_factor, site=site, span=add.span)
     return Chain(add, norm, tuple(absorbed), fused)
@@ -84,7 +87,7 @@ def fuse_block(block: Block) -> tuple[Block, list[Chain]]:
     chains: list[Chain] = []
     taken: set[int] = set()
     for op in block.ops:
-        if isinstance(op, O.AddOp) and not op.inplace:
+        if K.residual_add(op) and not op.inplace:  # type: ignore[union-attr]
             chain = _match(block, op)
             if chain is not None and not any(id(a) in taken for a in chain.absorbed):
                 chains.append(chain)
@@ -109,3 +112,6 @@ def fuse_program(program: Program) -> tuple[Program, bool]:
         blocks.append(fused)
         changed |= bool(chains)
     return replace(program, blocks=tuple(blocks)), changed
+
+
+FUSE: Pass[None] = program_pass("fuse", fuse_program)

@@ -17,11 +17,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Mapping
 
-from blockir.ir import consts as C
-from blockir import ops as O
-from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.analyses.sizes import Sizes
+from blockir.ir import consts as C
+from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.ir.program import Block, Const, Program
+from blockir.ir.traits import Calls, Sink, Stochastic
+from blockir.ops import Op
+from blockir.passes.manager import Pass, program_pass
 
 _EXPRS = (C.Num, C.Name, C.Bin, C.Neg)
 
@@ -36,8 +38,8 @@ def substitute(expr: C.ConstExpr, env: dict[str, C.ConstExpr]) -> C.ConstExpr:
     return expr
 
 
-def _rename_op(op: O.Op, value: Callable[[str], str], decl: Callable[[str], str],
-               env: dict[str, C.ConstExpr]) -> O.Op:
+def _rename_op(op: Op, value: Callable[[str], str], decl: Callable[[str], str],
+               env: dict[str, C.ConstExpr]) -> Op:
     return op.rename(value, decl, lambda e: substitute(e, env))  # type: ignore[return-value]
 
 
@@ -59,31 +61,33 @@ def _layer_env(layer: Block, index: int, count: C.ConstExpr) -> dict[str, C.Cons
 
 
 def _draws_dropout(block: Block) -> bool:
-    return any(isinstance(op, O.DropoutOp) and not (isinstance(op.p, C.Num) and op.p.value == 0) for op in block.ops)
+    return any(op.has(Stochastic) and not (isinstance(op.p, C.Num) and op.p.value == 0)  # type: ignore[union-attr]
+               for op in block.ops)
 
 
 def _inline_layer(layer: Block, args: list[str], values: str, decls: str,
-                  env: dict[str, C.ConstExpr]) -> tuple[list[O.Op], list[str]]:
+                  env: dict[str, C.ConstExpr]) -> tuple[list[Op], list[str]]:
     """The ops of one application of ``layer`` to ``args``, values prefixed ``values``, declarations ``decls``;
     and the values it returns (the hidden state, then each carried stream)."""
     inputs = {op.result: arg for op, arg in zip(layer.inputs, args)}
-    ops: list[O.Op] = []
+    own = {id(op) for op in layer.inputs}  # the call's arguments take their place
+    ops: list[Op] = []
     out: list[str] = []
     for op in layer.ops:
-        if isinstance(op, O.InputOp):
+        if id(op) in own:
             continue
-        if isinstance(op, O.OutputOp):
+        if op.has(Sink):
             out = [inputs.get(v, values + v) for v in op.values]
             continue
         ops.append(_rename_op(op, lambda v: inputs.get(v, values + v), lambda d: decls + d, env))
     return ops, out
 
 
-def _inline_call(program: Program, call: O.CallOp, stack: InstanceDecl, n: int
-                 ) -> tuple[list[Decl], list[O.Op], list[str]]:
+def _inline_call(program: Program, call: Op, stack: InstanceDecl, n: int
+                 ) -> tuple[list[Decl], list[Op], list[str]]:
     layer = program.block(stack.block)
     decls: list[Decl] = []
-    ops: list[O.Op] = []
+    ops: list[Op] = []
     current = list(call.args)
     for i in range(n):
         prefix = f"{stack.name}.{i}."
@@ -113,11 +117,11 @@ def _permits(parent: Block, inlined: list[Block]) -> tuple[Const, ...]:
 
 
 def _splice(program: Program, parent: Block, decls: dict[str, list[Decl]],
-            calls: dict[int, tuple[list[O.Op], list[str]]], callees: list[Block]) -> Program:
+            calls: dict[int, tuple[list[Op], list[str]]], callees: list[Block]) -> Program:
     """``parent`` with each replaced declaration's new declarations and each inlined call's ops; a permission an
     inlined block states (``residual_from_norm = 1``) is stated by ``parent`` too, unless it states its own."""
     new_decls = [x for d in parent.decls for x in (decls[d.name] if d.name in decls else [d])]
-    ops: list[O.Op] = []
+    ops: list[Op] = []
     renamed: dict[str, str] = {}
     for op in parent.ops:
         inlined = calls.get(id(op))
@@ -143,12 +147,12 @@ def inline_calls(program: Program, name: str) -> tuple[Program, bool]:
     instances = {d.name: d for d in parent.decls if isinstance(d, InstanceDecl) and d.count is None
                  and d.block in program.block_map}
     decls: dict[str, list[Decl]] = {}
-    calls: dict[int, tuple[list[O.Op], list[str]]] = {}
+    calls: dict[int, tuple[list[Op], list[str]]] = {}
     seen: dict[str, int] = {}
     blocks: list[Block] = []
     for op in parent.ops:
         d = instances.get(getattr(op, "decl", None) or "")
-        if not isinstance(op, O.CallOp) or d is None:
+        if not op.has(Calls) or d is None:
             continue
         layer = program.block(d.block)
         blocks.append(layer)
@@ -172,12 +176,12 @@ def inline_stacks(program: Program, name: str, sizes: Sizes,
     layers = layers or {}
     parent = program.block(name)
     scope = sizes.for_block(parent)
-    calls: dict[str, list[O.CallOp]] = {}
+    calls: dict[str, list[Op]] = {}
     for op in parent.ops:
-        if isinstance(op, O.CallOp):
-            calls.setdefault(op.decl, []).append(op)
+        if op.has(Calls):
+            calls.setdefault(op.decl, []).append(op)  # type: ignore[union-attr]
     decls: dict[str, list[Decl]] = {}
-    inlined: dict[int, tuple[list[O.Op], list[str]]] = {}
+    inlined: dict[int, tuple[list[Op], list[str]]] = {}
     blocks: list[Block] = []
     for d in parent.decls:
         if isinstance(d, InstanceDecl) and d.count is not None and len(calls.get(d.name, ())) == 1 \
@@ -190,3 +194,8 @@ def inline_stacks(program: Program, name: str, sizes: Sizes,
     if not inlined:
         return program, False
     return _splice(program, parent, decls, inlined, blocks), True
+
+
+def inline_pass(name: str, sizes: Sizes, layers: Mapping[str, int] | None = None) -> Pass[None]:
+    """:func:`inline_stacks` of block ``name`` as a pass."""
+    return program_pass("inline", lambda program: inline_stacks(program, name, sizes, layers))

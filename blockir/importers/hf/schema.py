@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from blockir.analyses.sizes import MAX_DIM
+from blockir.ir.types import MAX_DIM
 from blockir.diagnostics import BlockError, Diagnostic, error, json_span
 from blockir.frontend.builder import MAX_LAYERS
 from blockir.ir.consts import MAX_MAGNITUDE

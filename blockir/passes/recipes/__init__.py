@@ -3,8 +3,9 @@
 Each recipe is ``apply(program, block_name, **options) -> RecipeResult(program, init, report)``:
 the program is ordinary IR (it prints, parses back and verifies), ``init(module)`` sets what the IR
 cannot state on a module compiled from it (None when the declarations carry the whole
-initialisation), and the report lists the constants, the changes and what the paper's contract
-needs beyond the graph.
+initialisation; Admin's profiled init comes from :mod:`blockir.lifecycle.admin`), and the report
+lists the constants, the changes and what the paper's contract needs beyond the graph. Each runs as
+a pass through :mod:`blockir.passes.manager`, which verifies the program it returns.
 """
 from __future__ import annotations
 

@@ -5,10 +5,12 @@ behind the sum, as for DeepNorm) with ``omega_i: vector(D, init=1)`` on the
 shortcut. The topology verifier warns (W0402) that such a shortcut is a
 trained scale, not the identity: for Admin that is the contract.
 
-The initialisation is data-dependent, so it is not in the IR: ``init(module)``
-profiles the module it is given. It sets every omega to 1, runs the calibration
-batch forward in eval mode (no dropout) through :func:`blockir.trace`, records
-Var(F_j), the variance over all elements of each branch output, and sets
+The initialisation is data-dependent, so it is not in the IR. The profile is a
+run, which the lifecycle owns (:mod:`blockir.lifecycle.admin`: its ``init(module)``
+sets every omega to 1, runs the calibration batch forward in eval mode, no
+dropout, through :func:`blockir.trace`, and records Var(F_j), the variance over
+all elements of each branch output); this module names the sites it measures
+(:func:`plan`) and turns the measured variances into the omegas:
 
     omega_i = sqrt(Var(x_0) + sum_{j<i} Var(F_j))
 
@@ -19,7 +21,7 @@ accumulates Var(x_0) + Var(F_1) + ... from there). The profile is one pass
 with every omega at 1, as the method states (the reference sets each omega
 while its pass proceeds).
 
-After training, ``init.fold(module)`` applies the paper's reparameterization:
+After training, the lifecycle's ``init.fold(module)`` applies the paper's reparameterization:
 omega_i multiplies x_{i-1} = LN_{i-1}(b), so it folds into that norm's affine
 state (gamma' = omega gamma, beta' = omega beta) while the branch, which read
 the unscaled x_{i-1}, divides the input columns of its first linears by omega
@@ -31,15 +33,16 @@ sublayer of a stack never folds inside it (its input comes from outside).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from blockir.analyses.fold_legality import FIRST_LINEAR
 from blockir.analyses.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
-from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
+from blockir.ir.traits import Calls, Scales
+from blockir.passes.op_kinds import plain_norm
 from blockir.passes.recipes.base import (
     BlockEdit,
     RecipeError,
@@ -49,6 +52,7 @@ from blockir.passes.recipes.base import (
     finish,
     models_stacking,
     num,
+    recipe_pass,
     replace_blocks,
     scaled_post_ln,
     sublayers,
@@ -86,89 +90,6 @@ def omegas(input_variance: float, variances: Sequence[float]) -> tuple[float, ..
     return tuple(out)
 
 
-class AdminInit:
-    """``init(module)`` profiles and sets omega; ``fold(module)`` folds trained omegas back into weights."""
-
-    def __init__(self, program: Program, target: str, sites: tuple[Site, ...],
-                 inputs: Sequence[Any] | None, dims: Mapping[str, int], seed: int, ctx: Mapping[str, Any]):
-        self.program = program
-        self.target = target
-        self.sites = sites
-        self._inputs = inputs
-        self._dims = dict(dims)
-        self._seed = seed
-        self._ctx = dict(ctx)
-        self.profile: Profile | None = None
-
-    def _check(self, module: Any) -> None:
-        if getattr(module, "blockir_block", None) != self.target:
-            raise ValueError(f"Admin's init expects a module compiled from '{self.target}', got "
-                             f"{getattr(module, 'blockir_block', type(module).__name__)!r}")
-
-    def _calibration(self, module: Any) -> list[Any]:
-        import torch
-
-        from blockir.lifecycle.session import random_inputs
-        dtype = next(module.parameters()).dtype
-        if self._inputs is not None:
-            return [t.to(dtype) for t in self._inputs]
-        gen = torch.Generator().manual_seed(self._seed)
-        return [t.to(dtype) for t in random_inputs(self.program, self.program.block(self.target), self._dims, gen)]
-
-    def __call__(self, module: Any) -> None:
-        import torch
-
-        from blockir.lower.trace import trace
-        self._check(module)
-        inputs = self._calibration(module)
-        params = [module.get_parameter(s.omega) for s in self.sites]
-        was_training = module.training
-        with torch.no_grad():
-            for p in params:
-                p.fill_(1.0)
-            module.eval()
-            _, values = trace(module, *inputs, **self._ctx)
-            module.train(was_training)
-            variances = tuple(values[s.branch].double().var(unbiased=False).item() for s in self.sites)
-            x0 = inputs[0].double().var(unbiased=False).item()
-            omega = omegas(x0, variances)
-            for p, w in zip(params, omega):
-                p.fill_(w)
-        self.profile = Profile(x0, variances, omega, inputs[0].numel() // inputs[0].shape[-1])
-
-    def fold(self, module: Any) -> list[str]:
-        """Fold every foldable omega into the previous norm and the branch's first linears (after training);
-        returns the omega paths folded. The module computes the same function; folded omegas become 1."""
-        import torch
-
-        self._check(module)
-        folded = []
-        with torch.no_grad():
-            for s in self.sites:
-                if s.reason is not None:
-                    continue
-                omega = module.get_parameter(s.omega)
-                _scale_norm(module.get_submodule(s.norm), omega)
-                for path in s.linears:
-                    weight = module.get_submodule(path).weight
-                    weight.copy_(weight / omega.to(weight.dtype))
-                omega.fill_(1.0)
-                folded.append(s.omega)
-        return folded
-
-
-def _scale_norm(norm: Any, omega: Any) -> None:
-    """omega * norm(x) as the same norm with scaled affine state."""
-    weight, bias = norm.param("weight"), norm.param("bias")
-    w = omega.to(weight.dtype)
-    if getattr(norm, "offset", 0):  # (1 + weight) * omega = 1 + weight'
-        weight.copy_((1 + weight) * w - 1)
-    else:
-        weight.copy_(weight * w)
-    if bias is not None:
-        bias.copy_(bias * w)
-
-
 # --- the graph ---------------------------------------------------------------------------------------
 
 def _rewrite(program: Program, block: Block) -> tuple[Program, list[str]]:
@@ -189,7 +110,7 @@ def _rewrite(program: Program, block: Block) -> tuple[Program, list[str]]:
 # --- sites of the compiled module -----------------------------------------------------------------------
 
 def _omega_of(s: Sublayer) -> str:
-    return next(op.param for op in s.shortcut_ops if isinstance(op, O.ScaleOp) and op.param is not None)
+    return next(op.param for op in s.shortcut_ops if op.has(Scales) and op.param is not None)  # type: ignore[union-attr]
 
 
 def _fold_target(block: Block, s: Sublayer, norm: KindDecl | None, prefix: str) -> tuple[tuple[str, ...], str | None]:
@@ -202,7 +123,7 @@ def _fold_target(block: Block, s: Sublayer, norm: KindDecl | None, prefix: str) 
         return (), f"the norm '{norm.name}' ({norm.kind}) has no per-channel affine state to absorb a vector"
     if norm.arg("tied"):
         return (), f"the norm '{norm.name}' is tied: scaling it changes every site"
-    if kind not in FIRST_LINEAR or not isinstance(b.call, O.CallOp) or b.call.args[0] != s.state:
+    if kind not in FIRST_LINEAR or b.call is None or not b.call.has(Calls) or b.call.args[0] != s.state:
         return (), f"the branch '{b.name}' does not start with a linear blockir owns"
     readers = {id(op) for op in block.users.get(s.state, ())}
     if readers != {id(op) for op in s.shortcut_ops} | {id(b.call)}:
@@ -215,7 +136,7 @@ def _block_sites(block: Block, prefix: str, incoming: KindDecl | None, incoming_
     out = []
     for s in wrapper(block).sublayers:
         producer = block.producers.get(s.state)
-        if isinstance(producer, O.NormOp):
+        if producer is not None and plain_norm(producer):
             decl, path = block.decl_map[producer.decl], prefix + producer.decl
         else:
             decl, path = incoming, incoming_path
@@ -229,7 +150,7 @@ def _block_sites(block: Block, prefix: str, incoming: KindDecl | None, incoming_
 def _last_norm(block: Block) -> KindDecl | None:
     out = block.output
     op = block.producers.get(out.value) if out is not None else None
-    decl = block.decl_map.get(op.decl) if isinstance(op, O.NormOp) else None
+    decl = block.decl_map.get(op.decl) if op is not None and plain_norm(op) else None  # type: ignore[union-attr]
     feeds_only_output = out is not None and len(block.users.get(out.value, ())) == 1
     return decl if isinstance(decl, KindDecl) and feeds_only_output else None
 
@@ -242,7 +163,7 @@ def _sites(program: Program, target: Block, admin: Block) -> tuple[Site, ...]:
     out: list[Site] = []
     for op in target.ops:
         decl = target.decl_map.get(getattr(op, "decl", "") or "")
-        if not isinstance(op, O.CallOp) or not isinstance(decl, InstanceDecl) or decl.block != admin.name:
+        if not op.has(Calls) or not isinstance(decl, InstanceDecl) or decl.block != admin.name:
             continue
         n = 1 if decl.count is None else int(value(decl.count, env) or 0)
         prefixes = [f"{decl.name}."] if decl.count is None else [f"{decl.name}.{k}." for k in range(n)]
@@ -265,22 +186,23 @@ def _target(program: Program, block_name: str, model: str | None) -> Block:
     return owners[0] if owners else program.block(block_name)
 
 
-def apply(program: Program, block_name: str, *, model: str | None = None, inputs: Sequence[Any] | None = None,
-          dims: Mapping[str, int] | None = None, seed: int = 0, ctx: Mapping[str, Any] | None = None
-          ) -> RecipeResult:
-    """Admin on ``block_name``; ``init`` profiles a module compiled from ``model`` (default: the model
-    that stacks the block, else the block itself).
-
-    The calibration batch is ``inputs`` (the target's inputs, in order), or standard-normal inputs drawn
-    with ``seed`` at ``dims``; ``ctx`` is passed to the branches during the profile.
-    """
-    block = target_block(program, block_name)
-    new, changes = _rewrite(program, block)
-    target = _target(new, block_name, model)
-    sites = _sites(new, target, new.block(block_name))
+def plan(program: Program, block_name: str, model: str | None = None) -> tuple[str, tuple[Site, ...]]:
+    """The module Admin's profile runs (``model``, default: the model that stacks the block, else the block
+    itself) and its sites in execution order, for ``program``, the recipe's output."""
+    target = _target(program, block_name, model)
+    sites = _sites(program, target, program.block(block_name))
     if not sites:
         raise RecipeError(f"'{target.name}' does not apply '{block_name}'")
-    init = AdminInit(new, target.name, sites, inputs, dims or {}, seed, ctx or {})
+    return target.name, sites
+
+
+@recipe_pass("admin")
+def apply(program: Program, block_name: str, *, model: str | None = None) -> RecipeResult:
+    """Admin's graph on ``block_name``, every omega at 1; the profile that sets them is
+    :func:`blockir.lifecycle.admin.apply`'s ``init``, run on a module compiled from ``model``."""
+    block = target_block(program, block_name)
+    new, changes = _rewrite(program, block)
+    _, sites = plan(new, block_name, model)
     notes = ["omega_i = sqrt(Var(x_0) + sum_{j<i} Var(F_j)) from one eval-mode pass with every omega = 1 "
              "(init(module) runs it; init.profile holds the result)",
              f"the paper profiles on no more than {PROFILE_TOKENS} tokens; the batch, mode and dtype are "
@@ -289,5 +211,5 @@ def apply(program: Program, block_name: str, *, model: str | None = None, inputs
     notes += [f"{s.omega} does not fold: {s.reason}" for s in sites if s.reason is not None]
     folds = sum(s.reason is None for s in sites)
     notes.append(f"{folds} of {len(sites)} omegas fold into weights after training (init.fold(module))")
-    return RecipeResult(new, init, Report("Admin", block_name, (("omega init before profiling", 1.0),),
+    return RecipeResult(new, None, Report("Admin", block_name, (("omega init before profiling", 1.0),),
                                           tuple(changes), tuple(notes)))

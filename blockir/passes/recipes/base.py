@@ -1,26 +1,31 @@
-"""What every recipe shares: its result, its errors, and a small editor for one block's ops.
+"""What every recipe shares: its result, its errors, the pass it runs as, and a small editor for one block's ops.
 
 A recipe rewrites the IR of one block (and, where its contract says so, the
 final norm of the models that stack it), then prints the program and parses
-it back, so the result is ordinary IR with the builder's own types, and
-verifies it. Edits are collected per op (insert before, replace, drop) and
-value renames are applied to every op emitted afterwards.
+it back, so the result is ordinary IR with the builder's own types. It runs
+as a pass through the pass manager, which verifies what it returns. Edits are
+collected per op (insert before, replace, drop) and value renames are applied
+to every op emitted afterwards.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from blockir.analyses.sizes import layer_counts, program_env
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
-from blockir.api import parse, verify
+from blockir.api import parse
 from blockir.diagnostics import BlockError, Diagnostic, render
 from blockir.ir import consts as C
-from blockir import ops as O
 from blockir.ir.decls import Decl, InstanceDecl, KindDecl
 from blockir.ir.kinds import KINDS
 from blockir.ir.printer import format_program
 from blockir.ir.program import Block, Const, Program
+from blockir.ir.traits import Calls, Scales
+from blockir.ops import Op
+from blockir.passes import op_kinds as K
+from blockir.passes.manager import Pass, PassResult, run_pass
 
 # branch kinds whose value/output and MLP matrices an ``init_gain`` reaches (Q and K keep gain 1)
 GAINED_KINDS = tuple(kind for kind, spec in KINDS.items() if spec.arg("init_gain") is not None)
@@ -62,6 +67,20 @@ class RecipeResult:
     report: Report
 
 
+def recipe_pass(name: str) -> Callable[[Callable[..., RecipeResult]], Callable[..., RecipeResult]]:
+    """Run a recipe's ``rewrite(program, block_name, **options)`` as the pass ``name`` through the manager,
+    which verifies the program it returns."""
+    def wrap(rewrite: Callable[..., RecipeResult]) -> Callable[..., RecipeResult]:
+        @functools.wraps(rewrite)
+        def apply(program: Program, block_name: str, **options: Any) -> RecipeResult:
+            def run(p: Program) -> PassResult[RecipeResult]:
+                result = rewrite(p, block_name, **options)
+                return PassResult(result.program, True, result)
+            return run_pass(program, Pass(name, run)).detail
+        return apply
+    return wrap
+
+
 # --- constant expressions ---------------------------------------------------------------------------
 
 def num(v: float | int) -> C.ConstExpr:
@@ -78,7 +97,7 @@ def binop(op: str, a: C.ConstExpr, b: C.ConstExpr) -> C.ConstExpr:
 
 # --- the editor -------------------------------------------------------------------------------------
 
-def rename_operands(op: O.Op, names: dict[str, str]) -> O.Op:
+def rename_operands(op: Op, names: dict[str, str]) -> Op:
     """``op`` reading ``names[v]`` wherever it read ``v``."""
     return op.reading(names)  # type: ignore[return-value]
 
@@ -88,9 +107,9 @@ class BlockEdit:
 
     def __init__(self, block: Block):
         self.block = block
-        self.before: dict[int, list[O.Op]] = {}
-        self.after: dict[int, list[O.Op]] = {}
-        self.replaced: dict[int, O.Op] = {}
+        self.before: dict[int, list[Op]] = {}
+        self.after: dict[int, list[Op]] = {}
+        self.replaced: dict[int, Op] = {}
         self.dropped: set[int] = set()
         self.renames: dict[str, str] = {}
         self.removed_norms: set[str] = set()
@@ -104,32 +123,32 @@ class BlockEdit:
         self._next += 1
         return v
 
-    def current(self, op: O.Op) -> O.Op:
+    def current(self, op: Op) -> Op:
         return self.replaced.get(id(op), op)
 
-    def insert_before(self, anchor: O.Op, new: O.Op) -> None:
+    def insert_before(self, anchor: Op, new: Op) -> None:
         self.before.setdefault(id(anchor), []).append(new)
 
-    def insert_after(self, anchor: O.Op, new: O.Op) -> None:
+    def insert_after(self, anchor: Op, new: Op) -> None:
         self.after.setdefault(id(anchor), []).append(new)
 
-    def substitute(self, op: O.Op, new: O.Op) -> None:
+    def substitute(self, op: Op, new: Op) -> None:
         self.replaced[id(op)] = new
 
-    def drop(self, op: O.Op) -> None:
+    def drop(self, op: Op) -> None:
         self.dropped.add(id(op))
 
     def rename(self, old: str, new: str) -> None:
         """Every later reader of ``old`` reads ``new``."""
         self.renames[old] = new
 
-    def scale(self, anchor: O.Op, value: str, *, factor: C.ConstExpr | None = None, param: str | None = None) -> str:
+    def scale(self, anchor: Op, value: str, *, factor: C.ConstExpr | None = None, param: str | None = None) -> str:
         """Insert ``factor * value`` (or ``param * value``) before ``anchor``; returns the scaled value."""
         result = self.fresh()
-        self.insert_before(anchor, O.ScaleOp(result, self.block.type_of(value), value, factor=factor, param=param))
+        self.insert_before(anchor, K.scale(result, self.block.type_of(value), value, factor=factor, param=param))
         return result
 
-    def reroute(self, op: O.Op, old: str, new: str) -> None:
+    def reroute(self, op: Op, old: str, new: str) -> None:
         """``op`` alone reads ``new`` where it read ``old``."""
         self.substitute(op, rename_operands(self.current(op), {old: new}))
 
@@ -150,11 +169,12 @@ class BlockEdit:
             return replace(d, args=tuple((a.name, given[a.name]) for a in d.spec.args if a.name in given))
         self.decls = [with_arg(d) if isinstance(d, KindDecl) and d.name == decl_name else d for d in self.decls]
 
-    def remove_norm(self, op: O.NormOp) -> None:
+    def remove_norm(self, op: Any) -> None:
         """Delete a norm: its readers read its input. A single-use temporary input takes the norm's name."""
         producer = self.block.producers.get(op.operand)
         users = self.block.users.get(op.operand, ())
-        if op.operand.startswith("%") and len(users) == 1 and isinstance(producer, (O.AddOp, O.ScaleOp, O.CallOp)):
+        if op.operand.startswith("%") and len(users) == 1 and producer is not None and \
+                (K.residual_add(producer) or producer.has(Scales) or producer.has(Calls)):
             self.substitute(producer, replace(self.current(producer), result=op.result))
         else:
             self.rename(op.result, op.operand)
@@ -162,7 +182,7 @@ class BlockEdit:
         self.removed_norms.add(op.decl)
 
     def build(self) -> Block:
-        out: list[O.Op] = []
+        out: list[Op] = []
         for op in self.block.ops:
             out += [self._renamed(new) for new in self.before.get(id(op), [])]
             if id(op) not in self.dropped:
@@ -173,7 +193,7 @@ class BlockEdit:
         decls = tuple(d for d in self.decls if d.name not in self.removed_norms - used)
         return replace(self.block, ops=tuple(out), decls=decls, consts=tuple(self.consts))
 
-    def _renamed(self, op: O.Op) -> O.Op:
+    def _renamed(self, op: Op) -> Op:
         names = {}
         for v in op.operands:
             target = v
@@ -184,7 +204,7 @@ class BlockEdit:
         return rename_operands(op, names) if names else op
 
 
-def _line(op: O.Op) -> str:
+def _line(op: Op) -> str:
     return f"line {op.span.line}" if op.span.line else "a residual add"
 
 
@@ -197,7 +217,7 @@ def scaled_post_ln(edit: BlockEdit, s: Sublayer, recipe: str, *, factor: C.Const
     """
     block = edit.block
     add = s.root
-    if not isinstance(add, O.AddOp) or len(s.adds) != 1 or len(s.branches) != 1:
+    if not K.residual_add(add) or len(s.adds) != 1 or len(s.branches) != 1:
         raise RecipeError(f"{recipe} rewrites sequential sublayers (one branch per add); the add at {_line(add)} "
                           f"of '{block.name}' joins {len(s.branches)} branches")
     b = s.branches[0]
@@ -211,8 +231,8 @@ def scaled_post_ln(edit: BlockEdit, s: Sublayer, recipe: str, *, factor: C.Const
         scaled = edit.scale(add, s.state, factor=factor, param=param)
         edit.reroute(add, s.state, scaled)
         return f"'{s.post_norm.decl}': shortcut scaled inside its Post-LN sum"
-    pre = b.pre_norms[0] if len(b.pre_norms) == 1 else None
-    if not isinstance(pre, O.NormOp) or pre.operand != s.state:
+    pre: Any = b.pre_norms[0] if len(b.pre_norms) == 1 else None
+    if pre is None or not K.plain_norm(pre) or pre.operand != s.state:
         raise RecipeError(f"the sublayer at {_line(add)} has no norm to place behind its sum; {recipe} trains a "
                           "Post-LN stack and reuses the block's own norm declarations")
     edit.drop(pre)
@@ -221,7 +241,7 @@ def scaled_post_ln(edit: BlockEdit, s: Sublayer, recipe: str, *, factor: C.Const
     edit.reroute(add, s.state, scaled)
     total = edit.fresh()
     edit.substitute(add, replace(edit.current(add), result=total))
-    edit.insert_after(add, O.NormOp(add.result, pre.type, pre.decl, total))
+    edit.insert_after(add, K.norm(add.result, pre.type, pre.decl, total))
     return f"'{pre.decl}': Pre-LN -> Post-LN, the norm moved behind the scaled sum"
 
 
@@ -233,16 +253,13 @@ def replace_blocks(program: Program, blocks: Iterable[Block]) -> Program:
 
 
 def finish(program: Program) -> Program:
-    """Print, parse back and verify: the result is ordinary IR, or the recipe fails with the diagnostics."""
+    """Print and parse back: the result is ordinary IR with the builder's own types (the pass manager verifies
+    it), or the recipe fails with the parser's diagnostics."""
     text = format_program(program)
     try:
-        parsed = parse(text, program.filename)
+        return parse(text, program.filename)
     except BlockError as exc:
         raise RecipeError("the rewritten program does not parse:\n" + _render(exc.diagnostics, program, text)) from None
-    errors = [d for d in verify(parsed) if d.is_error]
-    if errors:
-        raise RecipeError("the rewritten program does not verify:\n" + _render(errors, program, text))
-    return parsed
 
 
 def _render(diags: list[Diagnostic], program: Program, text: str) -> str:
@@ -253,7 +270,7 @@ def target_block(program: Program, block_name: str) -> Block:
     if block_name not in program.block_map:
         raise RecipeError(f"no block named '{block_name}' (blocks: {', '.join(program.block_map) or 'none'})")
     block = program.block(block_name)
-    if any(isinstance(op, O.FusedAddNormOp) for op in block.ops):
+    if any(K.fused_boundary(op) for op in block.ops):
         raise RecipeError(f"'{block_name}' is already fused; apply recipes to the unfused program")
     return block
 
@@ -288,7 +305,7 @@ def gained_branches(block: Block, recipe: str) -> list[KindDecl]:
 
 def has_cross_attention(block: Block) -> bool:
     """Whether the block reads encoder memory: it is the decoder of an encoder–decoder."""
-    return any(isinstance(op, O.CallOp) and decl_kind(block, op) == "cross_attention" for op in block.ops)
+    return any(op.has(Calls) and decl_kind(block, op) == "cross_attention" for op in block.ops)
 
 
 def models_stacking(program: Program, block_name: str) -> list[Block]:
@@ -301,10 +318,10 @@ def drop_final_norms(program: Program, block_name: str) -> tuple[list[Block], li
     edited, removed = [], []
     for owner in models_stacking(program, block_name):
         edit = BlockEdit(owner)
-        calls = {op.result for op in owner.ops if isinstance(op, O.CallOp)
-                 and getattr(owner.decl_map.get(op.decl), "block", None) == block_name}
+        calls = {op.result for op in owner.ops if op.has(Calls)
+                 and getattr(owner.decl_map.get(op.decl), "block", None) == block_name}  # type: ignore[union-attr]
         for op in owner.ops:
-            if isinstance(op, O.NormOp) and op.operand in calls:
+            if K.plain_norm(op) and op.operand in calls:  # type: ignore[union-attr]
                 edit.remove_norm(op)
                 removed.append(f"{owner.name}.{op.decl}")
         edited.append(edit.build())
@@ -314,7 +331,7 @@ def drop_final_norms(program: Program, block_name: str) -> tuple[list[Block], li
 def remove_all_norms(program: Program, block_name: str, block: Block, edit: "BlockEdit") -> tuple[list[Block], list[str]]:
     """Remove every norm of ``block`` (through ``edit``) and the final norms of the models that stack it:
     the edited models and the change lines, for a recipe whose contract is no normalization at all."""
-    norms = [op for op in block.ops if isinstance(op, O.NormOp)]
+    norms = [op for op in block.ops if K.plain_norm(op)]
     for op in norms:
         edit.remove_norm(op)
     changes = [f"removed norm '{d}'" for d in dict.fromkeys(op.decl for op in norms)]

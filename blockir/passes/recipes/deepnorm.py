@@ -16,8 +16,8 @@ from __future__ import annotations
 from blockir.ir import consts as C
 from blockir.ir.program import Block, Program
 from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
-                                  gained_branches, has_cross_attention, name, num, replace_blocks, scaled_post_ln,
-                                  stack_depths, sublayers, target_block)
+                                  gained_branches, has_cross_attention, name, num, recipe_pass, replace_blocks,
+                                  scaled_post_ln, stack_depths, sublayers, target_block)
 
 ARCHITECTURES = ("encoder-only", "decoder-only", "encoder-decoder")
 NUM_LAYERS = name(C.NUM_LAYERS)
@@ -72,6 +72,7 @@ def _expressions(program: Program, block: Block, arch: str, decoder_layers: int 
     return _quarter(2, 1), _quarter(8, -1), arch, 0
 
 
+@recipe_pass("deepnorm")
 def apply(program: Program, block_name: str, *, arch: str, decoder_layers: int | None = None) -> RecipeResult:
     """DeepNorm on ``block_name`` for ``arch`` (one of ARCHITECTURES).
 

@@ -16,18 +16,17 @@ output layer from N(0, 1/fan_in), biases 0. The paper's full moment model also
 tracks token correlation, dropout and the attention output scale; those terms
 are not here.
 
-``fold(program, block, module)`` moves ``beta`` into the last linear of every branch
-(``beta F(x) = F'(x)`` with ``W' = beta W``, ``b' = beta b``) and returns the
-program whose updates no longer scale the branch, with the folded state dict.
+:func:`blockir.lower.fold.fold_deepscalelm` moves ``beta`` into the last linear of every
+branch (``beta F(x) = F'(x)`` with ``W' = beta W``, ``b' = beta b``) and returns the
+program whose updates no longer scale the branch (:func:`unscaled_branches`), with the
+folded state dict.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from blockir.analyses.sizes import block_env, program_env, value
-from blockir import ops as O
-from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
+from blockir.ir.traits import Scales
+from blockir.passes import op_kinds as K
+from blockir.passes.manager import Pass, PassResult, run_pass
 from blockir.passes.recipes.base import (
     BlockEdit,
     RecipeError,
@@ -38,6 +37,7 @@ from blockir.passes.recipes.base import (
     gained_branches,
     name,
     num,
+    recipe_pass,
     replace_blocks,
     stack_depths,
     sublayers,
@@ -52,42 +52,25 @@ def constants(n: int) -> tuple[float, float]:
     return (1 - 2 / n) ** 0.5, (2 / n) ** 0.5
 
 
-def fold(program: Program, block_name: str, module: Any) -> tuple[Program, dict[str, Any]]:
-    """The program without the branch scale and ``module``'s state dict with beta folded into each last linear.
-
-    ``program`` is the recipe's output and ``module`` compiled from it; beta is the block's ``branch_scale``.
-    """
-    block = program.block(block_name)
-    beta = value(name(BRANCH), block_env(program_env(program), block))
-    decls = {d.name: d.kind for d in gained_branches(block, "DeepScaleLM")}
-    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    for path, sub in module.named_modules():
-        kind = decls.get(path.rpartition(".")[2])
-        if kind is None or not hasattr(sub, "names"):
-            continue
-        layer = f"{path}.{sub.names[LAST[kind]]}" if path else sub.names[LAST[kind]]
-        for key in (f"{layer}.weight", f"{layer}.bias"):
-            if key in state:
-                state[key] = state[key] * beta
-    return unscaled_branches(program, block_name), state
-
-
 def unscaled_branches(program: Program, block_name: str) -> Program:
     """``program`` with every ``branch_scale * F`` of ``block_name`` read as ``F``.
 
     The folded block no longer states ``deepscalelm = 1``: beta now lives in the weights, so the graph alone
     no longer shows lambda^2 + beta^2 = 1.
     """
-    block = program.block(block_name)
-    edit = BlockEdit(block)
-    edit.consts = [c for c in edit.consts if c.name != "deepscalelm"]
-    for op in block.ops:
-        if isinstance(op, O.ScaleOp) and op.factor == name(BRANCH):
-            edit.drop(op)
-            edit.rename(op.result, op.operand)
-    return finish(replace_blocks(program, [edit.build()]))
+    def rewrite(p: Program) -> PassResult[None]:
+        block = p.block(block_name)
+        edit = BlockEdit(block)
+        edit.consts = [c for c in edit.consts if c.name != "deepscalelm"]
+        for op in block.ops:
+            if op.has(Scales) and op.factor == name(BRANCH):  # type: ignore[union-attr]
+                edit.drop(op)
+                edit.rename(op.result, op.operand)  # type: ignore[union-attr]
+        return PassResult(finish(replace_blocks(p, [edit.build()])), True, None)
+    return run_pass(program, Pass("deepscalelm fold", rewrite)).program
 
 
+@recipe_pass("deepscalelm")
 def apply(program: Program, block_name: str, *, depth: int | None = None) -> RecipeResult:
     """DeepScaleLM's scaled updates and component initialisation on ``block_name`` (sequential, built-in branches)."""
     block = target_block(program, block_name)
@@ -110,7 +93,7 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
         changes.append(f"'{d.name}' ({d.kind}): init_std=fan_in")
     for s in sublayers(block):
         add = s.root
-        if not isinstance(add, O.AddOp) or len(s.adds) != 1 or len(s.branches) != 1:
+        if not K.residual_add(add) or len(s.adds) != 1 or len(s.branches) != 1:
             raise RecipeError(f"DeepScaleLM scales one skip and one branch per add; the add at line {add.span.line} "
                               f"of '{block_name}' joins {len(s.branches)} branches")
         if s.shortcut != s.state or s.shortcut_ops or s.branches[0].scales:
@@ -127,5 +110,6 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
               "biases 0"),
              "the paper's token-correlation, dropout and attention-output terms of the moment model are not applied",
              "initialise the embeddings outside the block to unit variance",
-             "fold(program, block, module) moves beta into each branch's last linear for inference"]
+             "blockir.lower.fold.fold_deepscalelm(program, block, module) moves beta into each branch's last "
+             "linear for inference"]
     return RecipeResult(result, None, Report("DeepScaleLM", block_name, tuple(consts), tuple(changes), tuple(notes)))

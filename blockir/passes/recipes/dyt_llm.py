@@ -26,11 +26,13 @@ from __future__ import annotations
 from blockir.analyses.norms import dyt_llm_alpha
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import attention_norms
-from blockir import ops as O
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
+from blockir.ir.traits import Calls
+from blockir.passes.op_kinds import plain_norm
 from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, finish, models_stacking,
-                                           name, num, replace_blocks, sublayers, target_block)
+                                           name, num, recipe_pass, replace_blocks, sublayers, target_block)
+
 
 def _dyt(decl: KindDecl, alpha: float) -> KindDecl:
     return KindDecl(decl.name, "dyt", (("axes", decl.arg("axes")), ("alpha", num(alpha)), ("offset", 0),
@@ -49,9 +51,9 @@ def _model(owner: Block, block_name: str, alpha: float, axis: str) -> tuple[Bloc
     edit = BlockEdit(owner)
     changes = []
     stacks = {d.name for d in owner.decls if isinstance(d, InstanceDecl) and d.block == block_name}
-    calls = [op for op in owner.ops if isinstance(op, O.CallOp) and op.decl in stacks]
+    calls = [op for op in owner.ops if op.has(Calls) and op.decl in stacks]  # type: ignore[union-attr]
     for op in owner.ops:
-        if isinstance(op, O.NormOp) and op.operand in {c.result for c in calls}:
+        if plain_norm(op) and op.operand in {c.result for c in calls}:  # type: ignore[union-attr]
             decl = owner.decl_map[op.decl]
             edit.decls = [_dyt(d, alpha) if d.name == decl.name else d for d in edit.decls]
             changes.append(f"{owner.name}.{decl.name}: {decl.kind} -> dyt(alpha={alpha:g})")
@@ -62,6 +64,7 @@ def _model(owner: Block, block_name: str, alpha: float, axis: str) -> tuple[Bloc
     return edit.build(), changes
 
 
+@recipe_pass("dyt_llm")
 def apply(program: Program, block_name: str, *, width: int | None = None) -> RecipeResult:
     """DyT with the LLM alpha of the block's width (or ``width``) at every norm site of ``block_name``."""
     block = target_block(program, block_name)
@@ -73,7 +76,7 @@ def apply(program: Program, block_name: str, *, width: int | None = None) -> Rec
     norms = [d for d in block.decls if isinstance(d, KindDecl) and d.category == "norm"]
     if not norms:
         raise RecipeError(f"'{block_name}' has no norm for DyT to replace")
-    other_sites = {op.decl for op in block.ops if isinstance(op, O.NormOp) and op not in attention_ops}
+    other_sites = {op.decl for op in block.ops if plain_norm(op) and op not in attention_ops}  # type: ignore[union-attr]
     shared = at_attention & other_sites
     if shared:
         raise RecipeError(f"norm '{min(shared)}' of '{block_name}' is applied in front of attention and "

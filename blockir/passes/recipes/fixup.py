@@ -24,13 +24,14 @@ the stack depth.
 from __future__ import annotations
 
 from blockir.ir import consts as C
-from blockir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.init_roles import PATH_LAYERS
 from blockir.ir.program import Program
+from blockir.ir.traits import Calls
+from blockir.passes import op_kinds as K
 from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, finish, gained_branches,
-                                           name, num, remove_all_norms, replace_blocks, stack_depths, sublayers,
-                                           target_block)
+                                           name, num, recipe_pass, remove_all_norms, replace_blocks, stack_depths,
+                                           sublayers, target_block)
 
 
 def rescale(branches: int, weight_layers: int = PATH_LAYERS) -> float:
@@ -38,6 +39,7 @@ def rescale(branches: int, weight_layers: int = PATH_LAYERS) -> float:
     return branches ** (-1 / (2 * weight_layers - 2))
 
 
+@recipe_pass("fixup")
 def apply(program: Program, block_name: str, *, depth: int | None = None) -> RecipeResult:
     """Fixup on ``block_name``; ``depth`` is the stack depth L is counted over (default: the stack's)."""
     block = target_block(program, block_name)
@@ -77,15 +79,15 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
             edit.add_decl(KindDecl(gate, "scalar", (("init", num(1.0)), ("offset", 0))))
             edit.add_decl(KindDecl(bias_out, "bias", (("init", num(0.0)),)))
             call = b.call
-            assert isinstance(call, O.CallOp)  # gained_branches admits built-in branches only
+            assert call is not None and call.has(Calls)  # gained_branches admits built-in branches only
             operand = call.args[0]
             shifted = edit.fresh()
-            edit.insert_before(call, O.BiasOp(shifted, block.type_of(operand), operand, bias_in))
+            edit.insert_before(call, K.bias(shifted, block.type_of(operand), operand, bias_in))
             edit.reroute(call, operand, shifted)
             add = next(a for a in s.adds if b.leaf in a.operands)
             scaled = edit.scale(add, b.leaf, param=gate)
             out = edit.fresh()
-            edit.insert_before(add, O.BiasOp(out, block.type_of(b.leaf), scaled, bias_out))
+            edit.insert_before(add, K.bias(out, block.type_of(b.leaf), scaled, bias_out))
             edit.reroute(add, b.leaf, out)
             changes.append(f"'{b.name}': input + {bias_in}, output * {gate} + {bias_out}")
     models, removed = remove_all_norms(program, block_name, block, edit)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
-from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, finish, num, replace_blocks,
-                                  stack_depths, sublayers, target_block)
+from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, finish, num, recipe_pass,
+                                  replace_blocks, stack_depths, sublayers, target_block)
 
 
 def cait_eps(depth: int) -> float:
@@ -38,6 +38,7 @@ def _eps(program: Program, block_name: str, eps: float | None, depth: int | None
     return cait_eps(depth), f"CaiT rule for depth {depth}"
 
 
+@recipe_pass("layerscale")
 def apply(program: Program, block_name: str, *, eps: float | None = None, depth: int | None = None) -> RecipeResult:
     """LayerScale on every branch of the Pre-LN block ``block_name``.
 

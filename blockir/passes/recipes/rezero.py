@@ -21,6 +21,7 @@ from blockir.passes.recipes.base import (
     Report,
     finish,
     num,
+    recipe_pass,
     remove_all_norms,
     replace_blocks,
     sublayers,
@@ -28,6 +29,7 @@ from blockir.passes.recipes.base import (
 )
 
 
+@recipe_pass("rezero")
 def apply(program: Program, block_name: str, *, remove_norms: bool = True) -> RecipeResult:
     """ReZero gates on every branch of ``block_name``; ``remove_norms`` follows the paper (see the module doc)."""
     block = target_block(program, block_name)

@@ -30,6 +30,7 @@ from blockir.passes.recipes.base import (
     has_cross_attention,
     name,
     num,
+    recipe_pass,
     remove_all_norms,
     replace_blocks,
     stack_depths,
@@ -45,6 +46,7 @@ def _gain_expr(side: str) -> C.ConstExpr:
     return binop("*", num(0.67), binop("**", NUM_LAYERS, num(-0.25)))
 
 
+@recipe_pass("tfixup")
 def apply(program: Program, block_name: str, *, side: str | None = None) -> RecipeResult:
     """T-Fixup on ``block_name``, the encoder or decoder layer (default: decoder when it has cross-attention)."""
     block = target_block(program, block_name)
