@@ -19,6 +19,7 @@ from blockir.analyses.summaries import score_family
 from blockir.ir.decls import InstanceDecl
 from blockir.ops import CallOp, FusedAddNormOp, NormOp, Op, ScaleOp
 from blockir.ir.program import Block, Program
+from blockir.norms.dyt import FAMILY as DYT
 
 
 class Site(NamedTuple):
@@ -105,6 +106,6 @@ def method_sites(program: Program, block: Block, sizes: Sizes) -> list[MethodSit
                 and any(op in b.scales for s in wrapper(inner).sublayers for b in s.branches):
             seen.add(prefix + op.param)
             out.append(MethodSite("gate", prefix + op.param, None))
-        elif isinstance(op, NormOp) and getattr(decl, "kind", None) == "dyt":
-            out.append(MethodSite("dyt", prefix + op.decl, prefix + op.operand))
+        elif isinstance(op, NormOp) and getattr(decl, "kind", None) == DYT.name:
+            out.append(MethodSite(DYT.name, prefix + op.decl, prefix + op.operand))
     return out

@@ -33,6 +33,7 @@ from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import GATES
 from blockir.ops import ActivationOp, AddOp, CallOp, CastOp, ComplementOp, DropoutOp, FusedAddNormOp, InputOp, MulOp, NormOp, Op, OutputOp, ScaleOp, SubOp
 from blockir.ir.program import Block
+from blockir.norms import FAMILIES
 
 MODIFIERS = (ScaleOp, DropoutOp, CastOp)
 ROOTS = (AddOp, FusedAddNormOp)
@@ -530,7 +531,8 @@ def interpolation(block: Block, sub: Sublayer) -> SubOp | None:
 def retracted(block: Block, sub: Sublayer) -> bool:
     """Whether an update is nGPT's: an interpolation whose sum an ``l2norm`` brings back to unit length."""
     post = sub.post_norm
-    return interpolation(block, sub) is not None and post is not None and decl_kind(block, post) == "l2norm"
+    return interpolation(block, sub) is not None and post is not None and \
+        (kind := decl_kind(block, post)) in FAMILIES and FAMILIES[kind].unit_length
 def attention_norms(block: Block) -> tuple[NormOp, ...]:
     """The norm applications whose output an attention branch reads (DyT's attention sites)."""
     return tuple(n for s in wrapper(block).sublayers for b in s.branches

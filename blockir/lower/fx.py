@@ -40,7 +40,7 @@ from torch import nn
 
 from blockir.analyses.hypersphere import sphere_parameters
 from blockir.analyses.keys import SINGLE
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.lower.layers import numerics
 from blockir.lower.boundary import (TORCH_DTYPES, CallContract, Keywords, Missing, accepted, check_inputs,

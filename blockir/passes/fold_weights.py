@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from blockir.diagnostics import Span
 from blockir.ir.program import Program
+from blockir.norms import family_named
 
 if TYPE_CHECKING:
     # the edits themselves are plain data, built by the IR-side fold without torch
@@ -84,16 +85,12 @@ class FoldStatistics:
     transition: int | None  # PRepBN's T
     linears: tuple[tuple[str, str, float], ...]  # (weight, bias, c)
     span: Span
+    family: str  # the norm's family, whose fixed map it is
 
     def map(self, state: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        import torch
         at = f"{self.norm}.{self.prefix}"
         self._legal(state, at)
-        mean, var = state[at + "running_mean"], state[at + "running_var"]
-        rstd = torch.rsqrt(var + self.eps)
-        gain, shift = state.get(at + "weight", torch.ones_like(var)), state.get(at + "bias", torch.zeros_like(var))
-        scale = gain * rstd + state.get(at + "eta", 0.0)
-        return scale, shift - gain * rstd * mean
+        return family_named(self.family).fixed_map(state, at, self.eps)
 
     def _legal(self, state: dict[str, Tensor], at: str) -> None:
         from blockir.diagnostics import BlockError, error

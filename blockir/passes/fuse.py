@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir import ops as O
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
