@@ -1,25 +1,13 @@
 """The norm families, one file each, and the registry every stage reads them through.
 
-=========  ======================  =========================  ==========  =============
-family     parameters (keys)       affine default             statistics  reductions
-=========  ======================  =========================  ==========  =============
-layernorm  weight, bias            affine=true, bias=true     mean, rstd  2 fwd, 2 bwd
-rmsnorm    weight                  affine unless false        rstd        1 fwd, 1 bwd
-scalenorm  scale (one scalar)      always                     row norm    1 fwd, 1 bwd
-dyt        alpha, weight, bias     always                     none        elementwise
-l2norm     none                    never                      row norm    1 fwd, 1 bwd
-batchnorm  weight, bias (+ eta)    affine=true                per channel 2 fwd, 2 bwd
-prepbn     ln.*, bn.* (+ step)     always                     mean, rstd  4 fwd, 4 bwd
-=========  ======================  =========================  ==========  =============
-
-Batch-coupled families take their moments per channel over every row, so they also own buffers
-(``running_mean``, ``running_var``, ``num_batches_tracked``, ``calibrated_at``, PRepBN's ``step``)
-that travel in the state dict but are not parameters.
+A family file holds one ``FAMILY`` object filling the protocol of ``blockir.norms.base``: its
+schema, its facts (keys and buffers, statistics, fusion, batch coupling, folds, manifest fields,
+contract checks) and its forward. Batch-coupled families take their moments per channel over every
+row, so they also own buffers that travel in the state dict but are not parameters.
 
 A declaration may store its gain and shift under a checkpoint's own names (``weight_name=g``,
 ``bias_name=beta``; ScaleNorm's ``weight_name`` renames ``scale``): every reader takes the key
-from ``keys``/``names``. Every family with a gain may store it as a deviation from one
-(``offset=1``); the keys are the same, and the fused kernels implement the offset for RMSNorm only.
+from ``keys``/``names``.
 
 Adding a family is one new file here whose ``FAMILY`` is its object: the registry finds it.
 """
