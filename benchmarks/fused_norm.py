@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from blockir.reports.cost import fused_boundary_bytes
-from blockir.lower.layers import numerics
+from blockir.norms.layernorm import layer_norm
+from blockir.norms.rmsnorm import rms_norm
 from blockir.lower.fused import add_layer_norm, add_rms_norm
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -72,8 +73,8 @@ def unfused(p: Problem) -> Callable[..., tuple[Tensor, Tensor]]:
     def graph(branch: Tensor, residual: Tensor, weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         h = residual + branch
         if p.family == "layernorm":
-            return numerics.layer_norm(h, weight, bias, EPS), h
-        return numerics.rms_norm(h, weight, EPS), h
+            return layer_norm(h, weight, bias, EPS), h
+        return rms_norm(h, weight, EPS), h
 
     return graph
 

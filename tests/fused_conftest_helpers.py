@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 
 from blockir.lower.layers import numerics
+from blockir.norms.layernorm import layer_norm
+from blockir.norms.rmsnorm import rms_norm
 from blockir.lower.rng import dropout_key
 
 
@@ -114,9 +116,9 @@ def unfused(case: Case, x: Inputs, accum: torch.dtype = torch.float32) -> tuple[
     shortcut = x.residual if case.shortcut_scale == 1.0 else case.shortcut_scale * x.residual
     h = shortcut + h
     if case.family == "layernorm":
-        y = numerics.layer_norm(h, x.weight, x.bias, case.eps, accum)
+        y = layer_norm(h, x.weight, x.bias, case.eps, accum)
     else:
-        y = numerics.rms_norm(h, x.weight, case.eps, case.offset, case.cast, accum)
+        y = rms_norm(h, x.weight, case.eps, case.offset, case.cast, accum)
     return (y if case.out_dtype is None else y.to(case.out_dtype)), h
 
 

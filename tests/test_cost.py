@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import blockir
+from blockir.lower.layers.norm_module import Norm
 from blockir.reports.cost import CostError, FusedBoundary, fused_boundary_bytes, ledger, ledger_data
 from blockir.cli import main
 from blockir.ir.program import Program
@@ -170,7 +171,7 @@ def test_norm_parameters_equal_the_compiled_modules() -> None:
         if name == "bert":
             bind = {"attention.self": torch.nn.Identity()}
         module = blockir.compile(program, model, dims=dims, bind=bind)
-        norms = [m for m in module.modules() if type(m).__name__ in ("LayerNorm", "RMSNorm", "ScaleNorm", "DyT")]
+        norms = [m for m in module.modules() if isinstance(m, Norm)]
         counted = ledger(program, model, dims, DType.F32).total.unfused.norm_parameters
         assert counted == sum(p.numel() for m in norms for p in m.parameters(recurse=False)), name
 

@@ -8,7 +8,7 @@ from torch import Tensor
 
 import blockir
 from blockir.analyses.classify import classify_program
-from blockir.analyses.norms import dyt_llm_alpha
+from blockir.norms.dyt import llm_alpha as dyt_llm_alpha
 from blockir.passes.recipes import RecipeError, dyt_llm
 from reference_attention import causal_attention
 from oracle import assert_matches_reference

@@ -15,7 +15,7 @@ from blockir.analyses.keys import param_keys
 from blockir.lower import fx as bfx
 from blockir.lower.boundary import check_inputs
 from blockir.lower.fx import module as generated
-from blockir.lower.layers import numerics
+from blockir.norms.rmsnorm import rms_norm
 from blockir.lower.layers.branches import rope_cos_sin
 
 LLAMA = ROOT / "examples" / "llama.block"
@@ -273,7 +273,7 @@ def test_symbolic_trace_gives_the_forward_without_context() -> None:
         torch.testing.assert_close(traced(x), m(x), rtol=1e-6, atol=1e-6)
     # the norms and dropout are single calls; the input check survives as one
     targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
-    assert {check_inputs, bfx.dropout_site, numerics.rms_norm} <= targets
+    assert {check_inputs, bfx.dropout_site, rms_norm} <= targets
     with pytest.raises(blockir.BlockError, match="axis D has size 4"):
         traced(_x(2, 3, 4))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -13,23 +14,17 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
-from blockir.lower.layers.numerics import (
-    ACCUM,
-    ACTIVATIONS,
-    DyT,
-    LayerNorm,
-    RMSNorm,
-    ScaleNorm,
-    dropout,
-    dropout_mask_shape,
-    dyt,
-    layer_norm,
-    rms_norm,
-    scale_norm,
-)
+from blockir.lower.layers.norm_module import make_norm
+from blockir.lower.layers.numerics import ACTIVATIONS, dropout, dropout_mask_shape
+from blockir.norms.base import accum_dtype
+from blockir.norms.dyt import dyt
+from blockir.norms.layernorm import layer_norm
+from blockir.norms.rmsnorm import rms_norm
+from blockir.norms.scalenorm import scale_norm
 from blockir.lower.rng import dropout_key, keep_block, keep_mask
 
 D = 64
+LayerNorm, RMSNorm, ScaleNorm = (partial(make_norm, name) for name in ("layernorm", "rmsnorm", "scalenorm"))
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -58,7 +53,8 @@ def _rms_formula(x, w, eps):
 
 
 def test_accum_names() -> None:
-    assert ACCUM == {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
+    assert {n: accum_dtype(n) for n in ("f32", "f64", "bf16", "f16")} == \
+        {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 # ---------------------------------------------------------------- LayerNorm
@@ -206,7 +202,7 @@ def test_scale_norm_matches_formula_and_init() -> None:
 
 
 def test_dyt_matches_formula_and_init() -> None:
-    m = DyT(D, alpha_init=0.8)
+    m = make_norm("dyt", D, alpha=0.8)
     assert m.alpha.shape == (1,) and m.alpha.item() == pytest.approx(0.8)
     assert torch.equal(m.weight, torch.ones(D)) and torch.equal(m.bias, torch.zeros(D))
     with torch.no_grad():

@@ -13,7 +13,7 @@ import torch
 
 import blockir
 from blockir.analyses.fold_legality import fold_report
-from blockir.lower.layers.batchnorm import PRepBN
+from blockir.lower.layers.norm_module import Norm
 from blockir.cli import main
 from blockir.ops import NormOp
 from blockir.lower.fold import apply_folds
@@ -51,7 +51,7 @@ def _compile(steps: int = 4, backend: str = "fx") -> tuple[blockir.Program, torc
 
 # --- the oracle: plain torch from the paper's equations ---------------------------------------
 
-def oracle_norm(x: torch.Tensor, n: PRepBN, keep: torch.Tensor | None, t: int, training: bool,
+def oracle_norm(x: torch.Tensor, n: Norm, keep: torch.Tensor | None, t: int, training: bool,
                 running: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """gamma(t) LN(x) + (1 - gamma(t)) (BN(x) + eta x), gamma(t) = clip((T - t) / T, 0, 1)."""
     mu_r = x.mean(-1, keepdim=True)

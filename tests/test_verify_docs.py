@@ -27,7 +27,8 @@ def _sections() -> dict[str, str]:
 
 def _emitted() -> set[str]:
     codes: set[str] = set()
-    for path in (ROOT / "blockir" / "verifiers").glob("*.py"):
+    # the norm verifier runs each family's own contract checks, which live in the family's file
+    for path in [*(ROOT / "blockir" / "verifiers").glob("*.py"), *(ROOT / "blockir" / "norms").glob("*.py")]:
         codes |= set(re.findall(r"""["']([EW]\d{4})["']""", path.read_text()))
     return {c for c in codes if VERIFIER_CODE.fullmatch(c)}
 

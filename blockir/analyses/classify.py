@@ -26,6 +26,7 @@ from blockir.analyses.block_queries import applies_norm, has
 from blockir.ir.traits import Calls
 from blockir.ops import Op
 from blockir.ir.program import Block, Program
+from blockir.norms.dyt import FAMILY as DYT
 
 Shape = tuple[int, ...]  # branches per residual update
 
@@ -127,7 +128,7 @@ RECIPES = {
     "scaled_residual": "N(a * x + F(x)) or a * x + F(N(x)): a constant shortcut scale (DeepNorm, DeepScaleLM)",
     "rezero": "x + a * F(x): a learned scalar gate, initialized to zero, and no norm",
     "layerscale": "x + diag(g) * F(N(x)): Pre-LN with a learned per-channel gain on each branch",
-    "dyt": "x + F(DyT(x)): Pre-LN with Dynamic Tanh in place of every norm",
+    DYT.name: "x + F(DyT(x)): Pre-LN with Dynamic Tanh in place of every norm",
     "fixup": "x + s * F(x + a) + b: no norm, a scalar multiplier and scalar biases on every branch (Fixup, "
              "stated with const fixup = 1)",
     "deepscalelm": "lambda * x + beta * F(x) with lambda^2 + beta^2 = 1 (DeepScaleLM, stated with "
@@ -300,8 +301,8 @@ def _refine(block: Block, w: Wrapper, base: str, claimed: set[str]) -> str:
     if base == "pre_ln" and gates == {"vector"}:
         return "layerscale"
     families = {block.decl_map[op.decl].kind for op in block.ops if applies_norm(op)}
-    if base == "pre_ln" and families == {"dyt"}:
-        return "dyt"
+    if base == "pre_ln" and families == {DYT.name}:
+        return DYT.name
     return base
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.structure import decl_kind, describe, wrapper
 from blockir.diagnostics import Span
 from blockir.ir.consts import format_expr
@@ -207,7 +207,7 @@ def _affine_site(block: Block, op: Op, mode: str) -> FoldSite | None:
     decl = _kind_decl(block, op)
     if decl is None or not family(decl).weight(decl):
         return None  # already affine-free: nothing to fold
-    params = " and ".join(family(decl).affine_keys(decl)) + (" (alpha stays inside tanh)" if decl.kind == "dyt" else "")
+    params = " and ".join(family(decl).affine_keys(decl)) + family(decl).affine_note
     label = decl.name
     if mode == "train":
         return FoldSite("affine", label, op.span, False, "keep", (), "training",
@@ -215,9 +215,9 @@ def _affine_site(block: Block, op: Op, mode: str) -> FoldSite | None:
     try:
         if decl.arg("tied") or _sites(block, decl.name) > 1:
             raise _No("tied", f"the norm is applied at {_sites(block, decl.name)} sites; folding changes every one")
-        if decl.kind == "rmsnorm" and decl.arg("cast") == "before_weight":
+        if family(decl).fold_rounds(decl):
             _exact(block, op.operand)
-        shift = decl.kind == "dyt" or decl.kind == "layernorm" and bool(decl.arg("bias"))
+        shift = family(decl).bias(decl)
         into = _into_consumers(block, op.result, f"the output of '{decl.name}'", shift)
         return FoldSite("affine", label, op.span, True, f"fold {params} into the consumers' input", into)
     except _No as no:
@@ -237,7 +237,7 @@ def _statistics_site(block: Block, op: Op, decl: KindDecl, mode: str) -> FoldSit
         if decl.arg("tied") or _sites(block, decl.name) > 1:
             raise _No("tied", f"the norm is applied at {_sites(block, decl.name)} sites; folding changes every one")
         into = _into_consumers(block, op.result, f"the output of '{decl.name}'", True)
-        share = "its RepBN share (the transition must be complete), " if decl.kind == "prepbn" else ""
+        share = family(decl).statistics_note
         return FoldSite("statistics", decl.name, op.span, True,
                         f"fold {share}with calibrated running moments, into the consumers' input", into)
     except _No as no:

@@ -36,7 +36,7 @@ class SphereParameter:
 def sphere_dims(block: Block) -> tuple[str, ...]:
     """The dims a block declares its stream's sphere over (``l2norm(D, hypersphere=true)``)."""
     return tuple(d.arg("axes")[-1] for d in block.decls
-                 if isinstance(d, KindDecl) and d.kind == "l2norm" and d.arg("hypersphere"))
+                 if isinstance(d, KindDecl) and d.category == "norm" and d.arg("hypersphere"))
 
 
 def _matrices(decl: KindDecl, dim: str) -> list[SphereParameter]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 
 from blockir.analyses.key_roles import KeyRole, key_role
-from blockir.analyses.norms import family
+from blockir.norms import FAMILIES, family
 from blockir.analyses.sizes import Sizes, reads_layer
 from blockir.analyses.summaries import call_graph, callees_first
 from blockir.diagnostics import BlockError, Span, argument_error, error
@@ -127,11 +127,11 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     else:
         keys = _linear(names["qkv"], (heads + 2 * kv) * hd, width, bias, conv1d)
     keys += _linear(names["o"], width, heads * hd, out_bias, conv1d)
-    if decl.arg("qk_norm") in ("rmsnorm", "layernorm"):  # an l2norm learns nothing
+    if decl.arg("qk_norm") in FAMILIES:  # the q/k norm's own keys, at its defaults (an l2norm learns nothing)
+        qk = FAMILIES[decl.arg("qk_norm")]
         for role, count in (("q_norm", heads), ("k_norm", kv)):
             n = hd if decl.arg("qk_norm_axis") == "head" else count * hd
-            keys += [(f"{names[role]}.weight", (n,))] + \
-                ([(f"{names[role]}.bias", (n,))] if decl.arg("qk_norm") == "layernorm" else [])
+            keys += [(f"{names[role]}.{key}", shape) for key, shape in qk.keys(qk.defaults(), (n,))]
     if decl.arg("qk_scale"):
         keys.append(("qk_scale", (heads * hd,)))
     if decl.arg("head_scale"):
@@ -339,18 +339,9 @@ def _families(table: KeyTable, missing: set[str], unexpected: set[str]) -> list[
     for owner, kind in owners.items():
         extra = sorted(k for k in unexpected if k.startswith(owner + "."))
         lost = sorted(k for k in missing if k.startswith(owner + "."))
-        if kind == "rmsnorm" and f"{owner}.bias" in extra:
-            out.append(FamilyMismatch(owner, kind, f"'{owner}' is an RMSNorm (scale only), but the checkpoint has "
-                                      f"'{owner}.bias', a LayerNorm bias"))
-        elif kind == "layernorm" and f"{owner}.bias" in lost and f"{owner}.weight" not in lost:
-            out.append(FamilyMismatch(owner, kind, f"'{owner}' is a LayerNorm with a bias, but the checkpoint has "
-                                      "only its weight (an RMSNorm or bias-free checkpoint)"))
-        elif kind == "dyt" and f"{owner}.alpha" in lost and f"{owner}.weight" not in lost:
-            out.append(FamilyMismatch(owner, kind, f"'{owner}' is DyT, but the checkpoint has no '{owner}.alpha' "
-                                      "(a norm's checkpoint)"))
-        elif kind == "scalenorm" and lost and extra:
-            out.append(FamilyMismatch(owner, kind, f"'{owner}' is a ScaleNorm (one scalar), but the checkpoint has "
-                                      f"{', '.join(repr(k) for k in extra)}"))
+        why = FAMILIES[kind].mismatch(owner, extra, lost) if kind in FAMILIES else None
+        if why is not None:
+            out.append(FamilyMismatch(owner, kind, why))
     return out
 
 

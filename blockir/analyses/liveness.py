@@ -26,6 +26,7 @@ from blockir.ops import Op
 from blockir.ir.printer import format_op
 from blockir.ir.program import Block
 from blockir.ir.types import DType, TensorType
+from blockir.norms import FAMILIES
 
 Mode = Literal["train", "infer"]
 MODES = ("train", "infer")
@@ -99,7 +100,7 @@ def kept(block: Block, op: Op) -> Keep | None:
         t = block.type_of(op.operand)
         rows = "[" + ", ".join([*t.names[:-1], "1"]) + "]"
         kind = decl_kind(block, op)
-        stats = () if kind == "dyt" else (f"row statistics {rows}",)
+        stats = () if kind in FAMILIES and FAMILIES[kind].elementwise else (f"row statistics {rows}",)
         return Keep(op, (op.operand,), stats, "a norm keeps its input" + (" and row statistics" if stats else ""))
     if has(op, Calls):
         what = "an activation" if decl_kind(block, op) == "activation" else "a branch"

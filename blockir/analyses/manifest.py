@@ -19,7 +19,7 @@ import yaml
 
 from blockir.analyses.keys import key_table
 from blockir.analyses.layouts import BlockLayouts, describe_layout, layouts, meshes, placement
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Env, Sizes, block_env, layer_counts, program_env, value
 from blockir.analyses.dropout_owners import dropout_owners
@@ -54,26 +54,17 @@ def norm_site(block: Block, op: Op, placement: str, env: Env) -> dict[str, Any]:
     fam = family(decl)
     site: dict[str, Any] = {
         "name": decl.name, "family": kind, "placement": PLACEMENT.get(placement, "other"),
-        "reduction_axes": [] if kind == "dyt" else list(decl.arg("axes")),
+        "reduction_axes": [] if fam.elementwise else list(decl.arg("axes")),
         "epsilon": _number(value(decl.arg("eps"), env)) if decl.arg("eps") is not None else None,
-        "center": kind == "layernorm" and bool(decl.arg("center")),
+        "center": fam.centers(decl),
         "scale": fam.scale(decl), "bias": fam.bias(decl),
         "accum": decl.arg("accum"), "tied": bool(decl.arg("tied")),
     }
-    if kind == "rmsnorm":
-        site |= {"offset": decl.arg("offset"), "cast": decl.arg("cast")}
-    if kind == "dyt":
-        site["alpha_init"] = _number(value(decl.arg("alpha"), env))
     if fam.batch_coupled:
         # one moment per channel, taken over every other axis of the input: the rows of the batch
         operand = op.operand if applies_norm(op) else op.residual
         site["reduction_axes"] = [a for a in block.type_of(operand).names if a not in decl.arg("axes")]
-        site["center"] = True
-        site["batch_stats"] = {"padding": decl.arg("padding"), "momentum": _number(value(decl.arg("momentum"), env)),
-                               "running": decl.arg("running"), "rep": kind == "prepbn" or bool(decl.arg("rep"))}
-        if kind == "prepbn":
-            site["batch_stats"]["transition_steps"] = _number(value(decl.arg("steps"), env))
-    return site
+    return site | fam.manifest(decl, lambda e: value(e, env))
 
 
 def _collapse(sites: list[dict[str, Any]]) -> dict[str, Any]:

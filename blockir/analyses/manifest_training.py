@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import Env, value
 from blockir.analyses.summaries import callee
 from blockir.ir import init_roles

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockir.analyses.keys import key_table
-from blockir.analyses.norms import family
+from blockir.norms import FAMILIES, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -214,12 +214,12 @@ class _Planner:
         over the whole width spans heads on other ranks and is left unplaced. nGPT's s_qk has one entry
         per query feature and splits with its heads; a key head takes its group's first query gain, which
         a rank computing a replicated key/value head need not hold, so then it is left unplaced too."""
-        if d.arg("qk_norm") in ("rmsnorm", "layernorm") and d.arg("qk_norm_axis") == "head":
+        qk = FAMILIES.get(d.arg("qk_norm"))
+        if qk is not None and qk.keys(qk.defaults(), ()) and d.arg("qk_norm_axis") == "head":
             for role in ("q_norm", "k_norm"):
                 self.plan.modules.append(ModuleStyle(f"{path}.{names[role]}", "head_norm", d.kind))
-                self._param(f"{path}.{names[role]}.weight", "replicate (gradient summed over tp)")
-                if d.arg("qk_norm") == "layernorm":
-                    self._param(f"{path}.{names[role]}.bias", "replicate (gradient summed over tp)")
+                for key, _ in qk.keys(qk.defaults(), ()):
+                    self._param(f"{path}.{names[role]}.{key}", "replicate (gradient summed over tp)")
         if d.arg("qk_scale") and not shared_kv:
             self._param(f"{path}.qk_scale", "shard(0)")
         if d.arg("head_scale"):  # NormFormer's scale of each query head's output

@@ -19,6 +19,7 @@ from blockir.analyses.sizes import Env
 from blockir.analyses.structure import wrapper
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block
+from blockir.norms.dyt import FAMILY as DYT
 
 FIELDS = ("ordered_graph", "branch_count_and_depth", "parameter_initialization", "new_learned_state",
           "optimizer_warmup_regularization", "training_time_profiling", "inference_time_reparameterization")
@@ -79,7 +80,7 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
 
 TOPOLOGY = {"pre_ln": "Pre-LN", "post_ln": "Post-LN", "peri_ln": "Peri-LN", "rezero": "ReZero",
             "layerscale": "LayerScale", "fixup": "Fixup", "deepscalelm": "DeepScaleLM", "normformer": "NormFormer",
-            "dyt": "DyT", "ngpt": "nGPT"}
+            DYT.name: "DyT", "ngpt": "nGPT"}
 
 
 def recipe_name(topology: str, block: Block) -> str | None:
@@ -91,7 +92,7 @@ def recipe_name(topology: str, block: Block) -> str | None:
 
 def _learned(block: Block) -> list[dict[str, Any]]:
     return [{"decl": d.name, "kind": d.kind} for d in block.decls if isinstance(d, KindDecl)
-            and (d.category in ("scale", "shift") or d.kind == "dyt")]
+            and (d.category in ("scale", "shift") or d.kind == DYT.name)]
 
 
 # the recipes `blockir recipe` applies, by their command-line names

@@ -21,6 +21,7 @@ from blockir.analyses.block_queries import applies_norm, has
 from blockir.ir.traits import AddNorm, Calls, Scales
 from blockir.ops import Op
 from blockir.ir.program import Block, Program
+from blockir.norms.dyt import FAMILY as DYT
 
 
 class Site(NamedTuple):
@@ -107,6 +108,6 @@ def method_sites(program: Program, block: Block, sizes: Sizes) -> list[MethodSit
                 and any(op in b.scales for s in wrapper(inner).sublayers for b in s.branches):
             seen.add(prefix + op.param)
             out.append(MethodSite("gate", prefix + op.param, None))
-        elif applies_norm(op) and getattr(decl, "kind", None) == "dyt":
-            out.append(MethodSite("dyt", prefix + op.decl, prefix + op.operand))
+        elif applies_norm(op) and getattr(decl, "kind", None) == DYT.name:
+            out.append(MethodSite(DYT.name, prefix + op.decl, prefix + op.operand))
     return out

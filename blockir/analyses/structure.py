@@ -35,6 +35,7 @@ from blockir.analyses.sublayers import Branch, Sublayer, Wrapper
 from blockir.ir.program import Block
 from blockir.ir.traits import AddNorm, Difference, Scales
 from blockir.ops import Op
+from blockir.norms import FAMILIES
 
 __all__ = ["GATE_FUNCTIONS", "Branch", "Sublayer", "Wrapper", "ancestors", "attention_norms", "branch_kind",
            "decl_kind", "describe", "embedded", "gated", "interpolation", "is_gate", "is_linear",
@@ -76,7 +77,8 @@ def interpolation(block: Block, sub: Sublayer) -> Op | None:
 def retracted(block: Block, sub: Sublayer) -> bool:
     """Whether an update is nGPT's: an interpolation whose sum an ``l2norm`` brings back to unit length."""
     post = sub.post_norm
-    return interpolation(block, sub) is not None and post is not None and decl_kind(block, post) == "l2norm"
+    return interpolation(block, sub) is not None and post is not None and \
+        (kind := decl_kind(block, post)) in FAMILIES and FAMILIES[kind].unit_length
 
 
 def attention_norms(block: Block) -> tuple[Op, ...]:

@@ -40,7 +40,7 @@ from blockir.analyses.cache import per_object
 from blockir.analyses import carry
 from blockir.analyses.carry import Passthrough
 from blockir.analyses.calls import Declared, callee, output_source
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import ancestors, decl_kind, wrapper

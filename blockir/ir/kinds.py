@@ -1,17 +1,21 @@
 """The declaration kinds a block may instantiate, with their argument schemas.
 
-The builder checks every declaration against this table (unknown, missing and
+The norm kinds come from their families (``blockir.norms``). The builder checks every declaration against this table (unknown, missing and
 ill-typed arguments), fills in defaults, and stores the arguments in table
 order, so the printer shows the full contract of every declaration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from blockir.ir.consts import LAYER, Bin, Name, Num
+from blockir import norms
+from blockir.ir.schema import ArgSpec, Implies, KindSpec
+from blockir.norms import FAMILIES
+from blockir.norms.args import name as _name
+from blockir.norms.args import offset as _offset
+from blockir.norms.rmsnorm import CASTS
 
-REQUIRED = object()
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
                # transformers' ACT2FN names without parameters, each computed exactly as there
                "gelu_new", "gelu_fast", "gelu_accurate", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
@@ -19,58 +23,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "identity",
                "sqrtsoftplus", "swish", "gelu_bloom")
 # elementwise functions that make gates; usable in equations, not as a branch's activation
 GATES = ("sigmoid", "erf")
-CAST_ORDERS = ("before_weight", "after_weight", "weight_dtype")
 MASKS = ("element", "row", "channel", "sample")
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
-    default: Any = REQUIRED
-    choices: tuple[Any, ...] = ()
-    positional: bool = False
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is REQUIRED
-
-
-@dataclass(frozen=True)
-class Implies:
-    """While ``when`` = ``given``, argument ``arg`` can only be ``value``: its default follows, and any
-    other value is a contradiction (the module would silently not have what the argument asks for)."""
-
-    when: str
-    given: Any
-    arg: str
-    value: Any
-    reason: str
-
-
-@dataclass(frozen=True)
-class KindSpec:
-    name: str
-    category: str  # norm | branch | linear | scale | activation | embedding | head
-    args: tuple[ArgSpec, ...]
-    doc: str
-    implies: tuple[Implies, ...] = ()
-
-    def arg(self, name: str) -> ArgSpec | None:
-        return next((a for a in self.args if a.name == name), None)
-
-    @property
-    def positional(self) -> tuple[ArgSpec, ...]:
-        return tuple(a for a in self.args if a.positional)
-
-
-def _axes() -> ArgSpec:
-    return ArgSpec("axes", "axes", positional=True, doc="the axis (or [axes]) each statistic reduces over")
-
-
-def _eps(default: float) -> ArgSpec:
-    return ArgSpec("eps", "expr", Num(default), doc="added inside the square root; must be > 0")
 
 
 _GAIN = ArgSpec("init_gain", "expr", None,
@@ -91,42 +44,11 @@ _COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER
             Implies("score_residual", "sum", "score_count", None, "only the running mean counts layers"))
 _UNFUSED_V = tuple(Implies("fused", layout, "init_scale", None, "init_scale rescales the value projection alone; a "
                            f"fused={layout} layout stores it inside one q/k/v matrix") for layout in ("stacked", "heads"))
-_TIED = ArgSpec("tied", "bool", False, doc="this instance is deliberately applied at several sites")
-_ACCUM = ArgSpec("accum", "dtype", "f32", doc="dtype of the row statistics")
-# Runtime ownership of a norm under a device mesh; unset means the mathematical norm (global row
-# moments, affine gradients summed over the ranks that own rows), which is what every file without
-# a layout means.
-_MOMENTS = ArgSpec("moments", "enum", None, choices=("global", "local"),
-                   doc="local: statistics of the rank's own slice of the row only")
-_AFFINE_GRAD = ArgSpec("affine_grad", "enum", None, choices=("sum", "local"),
-                       doc="local: each rank keeps the affine gradient of its own rows")
-
-# A norm whose statistics couple rows: padded rows need a stated policy, evaluation reads running moments.
-_BATCH_STATS = (
-    ArgSpec("axes", "axes", positional=True, doc="the channel axis: one mean and variance per channel"),
-    _eps(1e-5), ArgSpec("momentum", "expr", Num(0.1), doc="running = (1 - momentum) * running + momentum * batch"),
-    ArgSpec("padding", "enum", None, choices=("mask", "include"),
-            doc="mask: rows the attention_mask marks as padding neither enter the batch moments nor update the "
-                "running ones; include: every row does"),
-    ArgSpec("running", "bool", True, doc="false: evaluation also uses the batch moments (no running state)"),
-    _ACCUM,
-)
-
-
-def _offset(what: str) -> ArgSpec:
-    return ArgSpec("offset", "int", 0, choices=(0, 1), doc=f"1 multiplies by (1 + {what}), stored as a deviation from one")
-
-
 ROPE_STYLES = ("half", "interleaved")
 ROPE_SCALINGS = ("linear", "llama3", "yarn")
 QKV_LAYOUTS = ("none", "stacked", "heads", "qvk_groups")
-QK_NORMS = ("none", "rmsnorm", "layernorm", "l2norm")
+QK_NORMS = ("none", *norms.QK_NORMS)
 ATTENTION_IMPLS = ("sdpa", "eager")
-
-
-def _name(name: str, doc: str) -> ArgSpec:
-    # unset means the default name, which the backend and the key table share
-    return ArgSpec(name, "name", None, doc=doc)
 
 
 _ATTENTION_CORE = (
@@ -157,7 +79,7 @@ _ATTENTION_LAYOUT = (
             doc="a norm on queries and keys after projection (l2norm: each head to unit length after RoPE, as nGPT)"),
     ArgSpec("qk_norm_axis", "enum", "head", choices=("head", "width"), doc="normalise each head, or all heads"),
     ArgSpec("qk_norm_eps", "expr", Num(1e-6)),
-    ArgSpec("qk_norm_cast", "enum", "before_weight", choices=CAST_ORDERS),
+    ArgSpec("qk_norm_cast", "enum", "before_weight", choices=CASTS),
     ArgSpec("qk_scale", "bool", None, doc="nGPT's s_qk: a learned gain per query channel (heads * head_dim) on q "
             "and k after their norm and RoPE, stored at 1/sqrt(width) and applied times sqrt(width)"),
     _name("q", "the query projection's name"), _name("k", "the key projection's name"),
@@ -173,47 +95,7 @@ _ATTENTION_LAYOUT = (
 KINDS: dict[str, KindSpec] = {
     k.name: k
     for k in (
-        KindSpec("layernorm", "norm", (
-            _axes(), _eps(1e-5),
-            ArgSpec("bias", "bool", True), ArgSpec("affine", "bool", True), ArgSpec("center", "bool", True),
-            _ACCUM, _offset("weight"), _TIED, _MOMENTS, _AFFINE_GRAD,
-            ArgSpec("two_pass", "bool", None, doc="true: mean, then variance, and the affine all in accum, one "
-                    "cast at the end (code written that way); unset: the LayerNorm kernel"), _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)"),
-            ArgSpec("recenter", "bool", None, doc="with two_pass=true: x - mean is computed twice, once for the variance and once for the output, as code written that way (Cohere) does; autograd then sums the input's gradient over both"),
-            ArgSpec("upcast", "bool", None, doc="true: the LayerNorm kernel runs on a copy of the input (and of the weight and bias) in accum, and the result is cast back (OLMo's F.layer_norm(x.float()))")),
-            "LayerNorm: biased variance, eps inside the square root",
-            (Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"),
-             Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"))),
-        KindSpec("rmsnorm", "norm", (
-            _axes(), _eps(1e-6),
-            ArgSpec("offset", "int", 0, choices=(0, 1), doc="1 multiplies by (1 + weight)"),
-            ArgSpec("cast", "enum", "before_weight", choices=CAST_ORDERS),
-            _ACCUM, ArgSpec("bias", "bool", False),
-            # unset means the usual per-channel weight; only an affine fold writes affine=false
-            ArgSpec("affine", "bool", None, doc="false: no weight, the scale lives in the following linears"),
-            _TIED, _MOMENTS, _AFFINE_GRAD, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")), "RMSNorm: no centering, per-channel scale",
-            (Implies("affine", False, "offset", 0, "offset=1 scales by (1 + weight); affine=false has no weight"),
-             Implies("affine", False, "bias", False, "the bias is affine state: affine=false learns no bias"))),
-        KindSpec("scalenorm", "norm", (_axes(), _eps(1e-5), _offset("scale"), _TIED,
-                                       _name("weight_name", "the scalar's key (scale unless set: g, …)")),
-                 "ScaleNorm: one learned scalar over x/||x||"),
-        KindSpec("l2norm", "norm", (_axes(), ArgSpec("eps", "expr", Num(1e-12), doc="lower bound of the row's "
-                                                     "L2 norm (clamped, not added); must be > 0"), _TIED,
-                                      ArgSpec("hypersphere", "bool", False,
-                                              doc="nGPT: the stream lives on the unit sphere of this axis, and every "
-                                                  "matrix of the block is projected onto it after each optimizer step")),
-                 "L2 normalization x / max(||x||, eps), as F.normalize; no parameters"),
-        KindSpec("dyt", "norm", (_axes(), ArgSpec("alpha", "expr", Num(0.5)), _offset("weight"), _TIED, _name("weight_name", "the gain's key (weight unless set: g, gamma, scale, …)"), _name("bias_name", "the shift's key (bias unless set: b, beta, …)")),
-                 "Dynamic Tanh: weight * tanh(alpha * x) + bias, no reduction"),
-        KindSpec("batchnorm", "norm", (*_BATCH_STATS, ArgSpec("affine", "bool", True),
-                                       ArgSpec("rep", "bool", False, doc="RepBN: add eta * x to the output"),
-                                       ArgSpec("eta", "expr", Num(1.0), doc="initial eta of rep=true"), _TIED),
-                 "BatchNorm: per-channel moments over every row (B, S), running moments for evaluation"),
-        KindSpec("prepbn", "norm", (
-            *_BATCH_STATS, ArgSpec("steps", "expr", doc="transition steps T: gamma = clip((T - t) / T, 0, 1)"),
-            ArgSpec("ln_eps", "expr", Num(1e-5), doc="eps of the LayerNorm share"),
-            ArgSpec("eta", "expr", Num(1.0), doc="initial eta of the RepBN share"), _TIED),
-            "progressive LayerNorm -> RepBN: gamma(t) * LN(x) + (1 - gamma(t)) * (BN(x) + eta * x)"),
+        *(f.spec() for f in FAMILIES.values()),
         KindSpec("self_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blockir.lower.layers.batchnorm import BatchNorm, PRepBN
+from blockir.lower.layers.norm_module import Norm
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.signatures import public
 
@@ -48,26 +48,19 @@ class NormState:
         return head + f"running-stat age {self.age} batches ({when})"
 
 
-def batch_norms(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every batch-coupled norm of ``module`` with running moments, by path: a PRepBN, or a lone BatchNorm."""
-    inside = {id(m.bn) for m in module.modules() if isinstance(m, PRepBN)}
+def batch_norms(module: nn.Module) -> list[tuple[str, Norm]]:
+    """Every norm of ``module`` with running moments, by path: the outermost one (a PRepBN, not its RepBN)."""
+    inside = {id(c) for m in module.modules() if isinstance(m, Norm) for c in m.children()}
     return [(name, m) for name, m in module.named_modules()
-            if isinstance(m, PRepBN) and m.bn.running or isinstance(m, BatchNorm) and m.running
-            and id(m) not in inside]
-
-
-def _bn(m: nn.Module) -> BatchNorm:
-    return m.bn if isinstance(m, PRepBN) else m  # type: ignore[return-value]
+            if isinstance(m, Norm) and id(m) not in inside and m.family.running(m) is not None]
 
 
 def norm_states(module: nn.Module) -> list[NormState]:
     out = []
     for name, m in batch_norms(module):
-        bn = _bn(m)
-        prepbn = isinstance(m, PRepBN)
-        out.append(NormState(name, int(m.step) if prepbn else None, m.transition if prepbn else None,
-                             float(m.gamma()) if prepbn else None, int(bn.num_batches_tracked),
-                             int(bn.calibrated_at)))
+        bn = m.family.running(m)
+        step, transition, gamma = m.family.progress(m) or (None, None, None)
+        out.append(NormState(name, step, transition, gamma, int(bn.num_batches_tracked), int(bn.calibrated_at)))
     return out
 
 
@@ -81,7 +74,7 @@ def calibrate(module: nn.Module, batches: Iterable[Any], **ctx: Any) -> list[Nor
     if not isinstance(module, nn.Module):
         raise BlockError([argument_error("calibrate", "module", f"expected a compiled module, got "
                                          f"{type(module).__name__}")])
-    norms = [_bn(m) for _, m in batch_norms(module)]
+    norms = [m.family.running(m) for _, m in batch_norms(module)]
     if not norms:
         raise BlockError([error("E0753", "nothing to calibrate: the module has no batchnorm or prepbn with running "
                                 "moments", HERE, hint="calibration refreshes running moments; declare running=true")])
@@ -91,9 +84,7 @@ def calibrate(module: nn.Module, batches: Iterable[Any], **ctx: Any) -> list[Nor
         module.eval()
         with torch.no_grad():
             for bn in norms:
-                bn.running_mean.zero_()
-                bn.running_var.fill_(1.0)
-                bn.num_batches_tracked.zero_()
+                bn.family.reset(bn)
                 bn.cumulative = True
                 bn.train()
             for batch in batches:

@@ -8,6 +8,7 @@ from typing import Mapping
 
 from blockir.lifecycle.atomic import write_file
 from blockir.lifecycle.session import RunReport
+from blockir.norms.dyt import FAMILY as DYT
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -26,12 +27,12 @@ def _plot_methods(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore
     for label, r in reports.items():
         last = r.snapshots[-1] if r.snapshots else None
         methods = last.methods if last else ()
-        for kind in ("gate", "dyt"):
+        for kind in ("gate", DYT.name):
             ms = [m for m in methods if m.kind == kind]
             if ms:
                 ax.plot(range(len(ms)), [m.value for m in ms], "o-",
                         label=f"{label} {'gate |g|' if kind == 'gate' else 'DyT alpha'}")
-        dyt = [m for m in methods if m.kind == "dyt" and m.saturated is not None]
+        dyt = [m for m in methods if m.kind == DYT.name and m.saturated is not None]
         if dyt:
             ax.plot(range(len(dyt)), [m.saturated for m in dyt], "x--", label=f"{label} DyT saturated (|alpha x| > 2)")
         scores = last.scores if last else ()

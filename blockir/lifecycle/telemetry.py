@@ -117,6 +117,6 @@ def method_telemetry(program: Program, block: Block, module: torch.nn.Module, va
         saturated = None
         if x is not None:
             saturated = float(((alpha.detach().double() * x.detach().double()).abs() > DYT_SATURATION).double().mean())
-        out.append(MethodStats(s.param, "dyt", float(alpha.detach().double().reshape(-1)[0]), _grad_norm(alpha),
+        out.append(MethodStats(s.param, s.kind, float(alpha.detach().double().reshape(-1)[0]), _grad_norm(alpha),
                                saturated))
     return out

@@ -21,7 +21,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from blockir.lower import fx as fx_backend
-from blockir.lower.layers import numerics
+from blockir.norms.layernorm import layer_norm
+from blockir.norms.rmsnorm import rms_norm
 
 CANONICAL: dict[Any, str] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
@@ -41,7 +42,7 @@ CANONICAL: dict[Any, str] = {
     F.sigmoid: "sigmoid", torch.erf: "erf", "erf": "erf",
     operator.getitem: "getitem",
     # what a module compiled by blockir calls: its own norms and keyed dropout
-    numerics.rms_norm: "blockir_rms_norm", numerics.layer_norm: "blockir_layer_norm",
+    rms_norm: "blockir_rms_norm", layer_norm: "blockir_layer_norm",
     fx_backend.dropout_site: "blockir_dropout",
 }
 SIGNATURES: dict[str, tuple[str, ...]] = {

@@ -20,6 +20,7 @@ from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
 from blockir.lower.bind import BoundExtern
 from blockir.lower.compile import compile as compile_block
+from blockir.norms import family_named
 from blockir.passes.fold import FoldEvent, fold_pass
 from blockir.passes.fold_edits import (
     Drop,
@@ -79,11 +80,7 @@ def _statistics(edit: FoldStatistics, state: dict[str, Tensor]) -> tuple[Tensor,
     """The norm under its running moments as ``scale ⊙ x + shift``."""
     at = f"{edit.norm}.{edit.prefix}"
     _check_moments(edit, state, at)
-    mean, var = state[at + "running_mean"], state[at + "running_var"]
-    rstd = torch.rsqrt(var + edit.eps)
-    gain, shift = state.get(at + "weight", torch.ones_like(var)), state.get(at + "bias", torch.zeros_like(var))
-    scale = gain * rstd + state.get(at + "eta", 0.0)
-    return scale, shift - gain * rstd * mean
+    return family_named(edit.family).fixed_map(state, at, edit.eps)
 
 
 def _check_moments(edit: FoldStatistics, state: dict[str, Tensor], at: str) -> None:

@@ -20,7 +20,7 @@ from blockir.analyses.fold_legality import (
     fold_report,
     stored_names,
 )
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.analyses.structure import decl_kind
 from blockir.ir.decls import KindDecl
@@ -113,7 +113,7 @@ def _param_key(decl: str, linear: str, leaf: str) -> str:
 
 def _weightless(block: Block, op: Op) -> bool:
     decl = block.decl_map.get(getattr(op, "decl", "") or "")
-    return isinstance(decl, KindDecl) and decl.kind == "rmsnorm" and not family(decl).weight(decl)
+    return isinstance(decl, KindDecl) and decl.category == "norm" and not family(decl).weight(decl)
 
 
 def _sites(block: Block, mode: str) -> list[tuple[FoldSite, Op]]:
@@ -190,7 +190,7 @@ def _into_norm(block: Block, site: FoldSite, norm: Any, gain: Gain, op: Any) -> 
     assert isinstance(decl, KindDecl)
     if _weightless(block, norm):
         raise _Refuse("no_weight", f"the norm '{decl.name}' has no weight left to absorb it")
-    if decl.kind == "scalenorm":
+    if family(decl).scale_kind == "scalar":
         param = block.decl_map.get(op.param or "")
         if isinstance(param, KindDecl) and param.kind == "vector":
             raise _Refuse("shape", f"a per-channel gain cannot fold into the single scalar of '{decl.name}'")
@@ -235,9 +235,9 @@ def _fold_scale(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
 def _fold_affine(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
     decl = block.decl_map[op.decl]
     assert isinstance(decl, KindDecl)
-    if decl.kind not in ("layernorm", "rmsnorm"):
+    if family(decl).unaffine is None:
         raise _Refuse("no_form", f"the language has no affine-free {decl.kind}, so its state has nowhere to go")
-    shift = decl.kind == "layernorm" and bool(decl.arg("bias"))
+    shift = family(decl).bias(decl)
     linears = _linear_inputs(block, op.result, sizes)
     _check(site, [w for w, _, _ in linears] + ([b for _, b, _ in linears if b] if shift else []))
     weight, bias = _norm_key(decl, "weight"), _norm_key(decl, "bias")
@@ -246,8 +246,7 @@ def _fold_affine(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _Step:
     edits += [ScaleInputs(w, Gain(key=weight, offset=int(decl.arg("offset", 0)))) for w in dict.fromkeys(
         w for w, _, _ in linears)]
     edits += [Drop(weight)] + ([Drop(bias)] if shift else [])
-    plain = _with_args(decl, affine=False, bias=False, offset=0) if decl.kind == "layernorm" else \
-        _with_args(decl, affine=False, offset=0)
+    plain = _with_args(decl, **family(decl).unaffine)
     folded = replace(block, decls=tuple(plain if d.name == decl.name else d for d in block.decls))
     return _Step(folded, "affine-into-linears", tuple(edits))
 
@@ -261,10 +260,10 @@ def _fold_statistics(block: Block, site: FoldSite, op: Any, sizes: Sizes) -> _St
     _check(site, [w for w, _, _ in linears] + [b for _, b, _ in linears if b])
     shape = (1,)  # the keys are what matters here; the shapes live in the state dict
     fam = family(decl)
-    prefix = "bn." if decl.kind == "prepbn" else ""
+    prefix = fam.statistics_prefix
     edit = FoldStatistics(decl.name, prefix, float(sizes.value(decl.arg("eps"))),
-                          int(sizes.value(decl.arg("steps"))) if decl.kind == "prepbn" else None,
-                          tuple((w, b, c) for w, b, c in linears if b is not None), decl.span)
+                          int(sizes.value(decl.arg("steps"))) if fam.transitions else None,
+                          tuple((w, b, c) for w, b, c in linears if b is not None), decl.span, fam.name)
     drops = tuple(Drop(f"{decl.name}.{k}") for k, _ in fam.keys(decl, shape) + fam.buffers(decl, shape))
     gone = replace(block, decls=tuple(d for d in block.decls if d.name != decl.name),
                    ops=tuple(o.reading({op.result: op.operand}) for o in block.ops if o is not op))

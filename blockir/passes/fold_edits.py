@@ -72,6 +72,7 @@ class FoldStatistics:
     transition: int | None  # PRepBN's T
     linears: tuple[tuple[str, str, float], ...]  # (weight, bias, c)
     span: Span
+    family: str  # the norm's family, whose fixed map it is
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block, Program
 from blockir.ir.traits import Scales, Stochastic

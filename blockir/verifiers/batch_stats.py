@@ -10,7 +10,7 @@ statistics (Guo et al., "SLAB", arXiv:2405.11582).
 from __future__ import annotations
 
 from blockir.analyses.facts import stated
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import format_expr
@@ -60,7 +60,7 @@ def _check_block(block: Block, base: dict) -> list[Diagnostic]:
                              "example's output depends on the others", d.span,
                              notes=[Note("stated here", evaluated.const.span)],
                              hint="keep running=true and calibrate the running moments before evaluating"))
-        if d.kind == "prepbn":
+        if family(d).transitions:
             steps = format_expr(d.arg("steps"), 2)
             out.append(error("E0437", f"prepbn '{d.name}' in '{block.name}', which states training = 0: until step "
                              f"{steps} its output still mixes in LayerNorm, so its fixed-statistics form (what a fold "

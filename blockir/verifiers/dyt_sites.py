@@ -7,7 +7,7 @@ learned scalar after the embedding.
 """
 from __future__ import annotations
 
-from blockir.analyses.norms import DYT_GENERIC_ALPHA, dyt_llm_alpha
+from blockir.norms.dyt import FAMILY as DYT, GENERIC_ALPHA as DYT_GENERIC_ALPHA, llm_alpha as dyt_llm_alpha
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import attention_norms, decl_kind
 from blockir.diagnostics import Diagnostic, Note, error
@@ -27,7 +27,7 @@ def verify_block(block: Block, env: dict) -> list[Diagnostic]:
     if not _causal(block):
         return []
     dyts = {op.decl: block.decl_map[op.decl] for op in block.ops if op.has(Normalizes)
-            and isinstance(block.decl_map.get(op.decl), KindDecl) and block.decl_map[op.decl].kind == "dyt"}
+            and isinstance(block.decl_map.get(op.decl), KindDecl) and block.decl_map[op.decl].kind == DYT.name}
     attention_ops = attention_norms(block)
     at_attention = {op.decl for op in attention_ops} & set(dyts)
     others = {op.decl for op in block.ops if op.has(Normalizes) and op.decl in dyts and op not in attention_ops}

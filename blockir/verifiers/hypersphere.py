@@ -21,7 +21,7 @@ FORM = "h = unit(x + alpha * (unit(f(x)) - x)) with a learned vector alpha"
 
 def sphere(block: Block) -> KindDecl | None:
     """The block's l2norm declared ``hypersphere=true``: the retraction that makes it nGPT."""
-    return next((d for d in block.decls if isinstance(d, KindDecl) and d.kind == "l2norm"
+    return next((d for d in block.decls if isinstance(d, KindDecl) and d.category == "norm"
                  and d.arg("hypersphere")), None)
 
 

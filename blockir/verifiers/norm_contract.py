@@ -10,7 +10,7 @@ ties their learned scale, which the checkpoint must say (``tied=true``).
 from __future__ import annotations
 
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import contexts, layer_counts, program_env, uses_layer, value
 from blockir.analyses.structure import describe
 from blockir.analyses.summaries import summaries
@@ -78,15 +78,7 @@ def _check_eps(decl: KindDecl, block: Block, base: dict, counts: tuple[int, ...]
 
 
 def _check_family(decl: KindDecl) -> Diagnostic | None:
-    if decl.kind == "layernorm" and decl.arg("center") is False:
-        return error("E0305", f"layernorm '{decl.name}' has center=false: without centering it divides by the RMS, "
-                     "which is an RMSNorm", decl.span, hint=f"declare it as rmsnorm({', '.join(decl.arg('axes'))}, "
-                     "eps=…); LayerNorm and RMSNorm checkpoints are not interchangeable")
-    if decl.kind == "rmsnorm" and decl.arg("bias") is True:
-        return error("E0306", f"rmsnorm '{decl.name}' declares bias=true, but RMSNorm is scale-only: a bias changes "
-                     "the function and no RMSNorm checkpoint has one", decl.span,
-                     hint="remove bias=true; a norm with a bias and centering is a layernorm")
-    return None
+    return family(decl).contract(decl)
 
 
 def _check_precision(decl: KindDecl, sites: list[tuple[Op, str, TensorType]], block: Block) -> list[Diagnostic]:

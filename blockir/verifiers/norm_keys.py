@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.diagnostics import Diagnostic, error
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program

@@ -27,7 +27,7 @@ from blockir.analyses.layouts import (
     same,
     sharded,
 )
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
 from blockir.ir.consts import Num

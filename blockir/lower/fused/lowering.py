@@ -25,7 +25,7 @@ def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module
     key = dropout_key(seed, layer, site) if active else None
     common = dict(branch_scale=branch_scale, shortcut_scale=shortcut_scale, p=p if active else 0.0,
                   training=active, dropout_key=key, accum=norm.accum)
-    if isinstance(norm, numerics.LayerNorm):
+    if norm.family.fused_code == "layer":
         return functional.add_layer_norm(branch, shortcut, norm.param("weight"), norm.param("bias"), eps=norm.eps,
                                          **common)
     return functional.add_rms_norm(branch, shortcut, norm.param("weight"), eps=norm.eps, offset=norm.offset, cast=norm.cast,

@@ -1,6 +1,6 @@
 """Pure-PyTorch reference of the fused boundary: forward and analytic backward.
 
-The forward is composed from ``blockir.lower.layers.numerics`` (the same
+The forward is composed from ``numerics`` and the norm families' math (the same
 functions the unfused graph calls), so on CPU the fused op returns exactly
 what the unfused graph returns. The backward is written out by hand rather
 than taken from autograd so that it needs only what the op saves: the new
@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 from blockir.lower.layers import numerics
+from blockir.norms.layernorm import layer_norm
+from blockir.norms.rmsnorm import rms_norm
 from blockir.lower.fused.spec import HALF_DTYPES, BoundarySpec
 from blockir.lower.rng import keep_mask
 
@@ -46,10 +48,10 @@ def residual_add(update: Tensor, residual: Tensor, spec: BoundarySpec) -> Tensor
 
 def normalize(residual_out: Tensor, weight: Tensor | None, bias: Tensor | None, spec: BoundarySpec) -> Tensor:
     if spec.family == "layernorm":
-        y = numerics.layer_norm(residual_out, weight, bias, spec.eps, spec.accum)
+        y = layer_norm(residual_out, weight, bias, spec.eps, spec.accum)
     else:
         assert weight is not None, "RMSNorm needs a weight"
-        y = numerics.rms_norm(residual_out, weight, spec.eps, spec.offset, spec.cast, spec.accum)
+        y = rms_norm(residual_out, weight, spec.eps, spec.offset, spec.cast, spec.accum)
     return y if spec.out_dtype is None else y.to(spec.out_dtype)
 
 

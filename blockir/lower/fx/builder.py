@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir import consts as C

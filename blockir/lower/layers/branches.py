@@ -22,6 +22,8 @@ from blockir.lower.layers.masks import MaskBuilder
 from blockir.lower.layers import numerics, rotary
 from blockir.lower.boundary import NOTHING
 from blockir.lower.layers.numerics import ACTIVATIONS
+from blockir.lower.layers.norm_module import make_norm
+from blockir.norms import FAMILIES
 from blockir.lower.layers.kv_cache import KVCache
 from blockir.diagnostics import UNKNOWN_SPAN, BlockError, Span, error
 
@@ -341,8 +343,7 @@ class _Projections(_DottedLayers):
             size = head_dim if qk_norm_axis == "head" else None
             for role, count in (("q_norm", heads), ("k_norm", kv_heads)):
                 n = size or count * head_dim
-                norm = numerics.RMSNorm(n, qk_norm_eps, qk_norm_offset, cast=qk_norm_cast) if qk_norm == "rmsnorm" else \
-                    numerics.L2Norm(n, qk_norm_eps) if qk_norm == "l2norm" else numerics.LayerNorm(n, qk_norm_eps)
+                norm = make_norm(qk_norm, n, eps=qk_norm_eps, offset=qk_norm_offset, cast=qk_norm_cast)
                 self.add_module(names[role], norm)
         # nGPT's s_qk (arXiv:2410.01131), stored at 1/sqrt(width) so that Adam moves it at the rate of the matrices
         self.qk_scale = nn.Parameter(torch.full((q_out,), width ** -0.5)) if qk_scale else None
@@ -376,14 +377,14 @@ class _Projections(_DottedLayers):
         return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
 
     def _norm_heads(self, t: Tensor, role: str) -> Tensor:
-        if self.qk_norm in ("none", "l2norm") or self.qk_norm_axis != "head":
+        if (f := FAMILIES.get(self.qk_norm)) is None or f.unit_length or self.qk_norm_axis != "head":
             return t
         return getattr(self, self.names[role])(t)
 
     def sphere_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """nGPT's q and k ``[B, H, S, hd]``, after RoPE: each head unit-normalized (``qk_norm=l2norm``), then
         times s_qk; a key head of a query group takes its group's first query head's gain."""
-        if self.qk_norm == "l2norm" and self.qk_norm_axis == "head":
+        if (f := FAMILIES.get(self.qk_norm)) is not None and f.unit_length and self.qk_norm_axis == "head":
             q, k = getattr(self, self.names["q_norm"])(q), getattr(self, self.names["k_norm"])(k)
         if self.qk_scale is None:
             return q, k

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from blockir.analyses.key_roles import token_table
-from blockir.analyses.norms import family
 from blockir.analyses.sizes import Sizes
-from blockir.lower.layers import batchnorm, branches, numerics, rotary
+from blockir.lower.layers import branches, numerics, rotary
+from blockir.lower.layers.norm_module import norm_factory
 from blockir.lower.bind import Binding, BoundExtern
 from blockir.diagnostics import BlockError, error
 from blockir.ir import init_roles
@@ -19,31 +19,6 @@ from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block
 from blockir.ir.types import TensorType
-
-# which parameters a norm owns comes from the norm-family table; these add only the numerics.
-# Each returns the module's constructor with its arguments evaluated (see kind_factory).
-NORMS: dict[str, Callable[..., Callable[[], nn.Module]]] = {
-    "layernorm": lambda w, d, s, f: partial(
-        numerics.LayerNorm, w, s.value(d.arg("eps")), bias=f.bias(d), affine=f.weight(d),
-        accum=numerics.ACCUM[d.arg("accum")], offset=d.arg("offset", 0), two_pass=bool(d.arg("two_pass")),
-        keys=f.names(d), recenter=bool(d.arg("recenter")), upcast=bool(d.arg("upcast"))),
-    "rmsnorm": lambda w, d, s, f: partial(
-        numerics.RMSNorm, w, s.value(d.arg("eps")), offset=d.arg("offset"), cast=d.arg("cast"),
-        accum=numerics.ACCUM[d.arg("accum")], affine=f.weight(d), keys=f.names(d)),
-    "scalenorm": lambda w, d, s, f: partial(numerics.ScaleNorm, w, s.value(d.arg("eps")), offset=d.arg("offset", 0),
-                                            keys=f.names(d)),
-    "dyt": lambda w, d, s, f: partial(numerics.DyT, w, s.value(d.arg("alpha")), offset=d.arg("offset", 0),
-                                      keys=f.names(d)),
-    "l2norm": lambda w, d, s, f: partial(numerics.L2Norm, w, s.value(d.arg("eps"))),
-    "batchnorm": lambda w, d, s, f: partial(
-        batchnorm.BatchNorm, w, s.value(d.arg("eps")), float(s.value(d.arg("momentum"))), d.arg("padding"),
-        d.arg("running"), f.weight(d), d.arg("rep"), float(s.value(d.arg("eta"))), numerics.ACCUM[d.arg("accum")],
-        f"batchnorm '{d.name}'", d.span),
-    "prepbn": lambda w, d, s, f: partial(
-        batchnorm.PRepBN, w, int(s.value(d.arg("steps"))), s.value(d.arg("eps")), s.value(d.arg("ln_eps")),
-        float(s.value(d.arg("momentum"))), d.arg("padding"), d.arg("running"), float(s.value(d.arg("eta"))),
-        numerics.ACCUM[d.arg("accum")], f"prepbn '{d.name}'", d.span),
-}
 
 
 class Activation(nn.Module):
@@ -177,7 +152,7 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     width = s.axis(input_type.axes[-1]) if input_type is not None and input_type.axes and \
         d.kind != "embedding" else None
     if d.category == "norm":
-        return NORMS[d.kind](s.dim(d.arg("axes")[-1]), d, s, family(d))
+        return norm_factory(d, s.dim(d.arg("axes")[-1]), s.value)
     if d.kind == "linear":
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from blockir.analyses.fold_legality import FIRST_LINEAR
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import Sublayer, decl_kind, wrapper
 from blockir.ir.decls import InstanceDecl, KindDecl

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from blockir.ir import consts as C
 from blockir.ir.program import Block, Program
+from blockir.norms.layernorm import FAMILY as LAYERNORM
 from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, Report, binop, drop_final_norms, finish,
                                   gained_branches, has_cross_attention, name, num, recipe_pass, replace_blocks,
                                   scaled_post_ln, stack_depths, sublayers, target_block)
@@ -102,6 +103,6 @@ def apply(program: Program, block_name: str, *, arch: str, decoder_layers: int |
         consts += [(f"alpha (num_layers={depth})", a), (f"beta (num_layers={depth})", b)]
     notes = ["Xavier-normal init first, then beta on v_proj/o_proj and the MLP matrices; q_proj/k_proj keep gain 1",
              "the paper trains with Adam and its own warmup schedule; neither is part of the graph"]
-    if any(d.kind != "layernorm" for d in block.decls if getattr(d, "category", "") == "norm"):
+    if any(d.kind != LAYERNORM.name for d in block.decls if getattr(d, "category", "") == "norm"):
         notes.append("DeepNet uses LayerNorm; this block's norms keep their declared family")
     return RecipeResult(result, None, Report("DeepNorm", block_name, tuple(consts), tuple(changes), tuple(notes)))

@@ -14,7 +14,7 @@ LLaMA                      width   alpha (attention)  alpha (other)
 34B, 70B                   8192    0.2                0.05
 =========================  ======  =================  =============
 
-The table (``analyses.norms.DYT_LLM_ALPHA``) only has these widths: a width up
+The table (``norms.dyt.LLM_ALPHA``) only has these widths: a width up
 to 4096 takes the 7B row, up to 5120 the 13B row, anything wider the 34B/70B
 row. The LLaMA runs also add a
 learned scalar after the embedding, initialised to sqrt(d), because the
@@ -23,7 +23,7 @@ block multiplies the stack's input by ``embed_scale: scalar(init=D ** 0.5)``.
 """
 from __future__ import annotations
 
-from blockir.analyses.norms import dyt_llm_alpha
+from blockir.norms.dyt import FAMILY as DYT, llm_alpha as dyt_llm_alpha
 from blockir.analyses.sizes import block_env, program_env, value
 from blockir.analyses.structure import attention_norms
 from blockir.ir.decls import InstanceDecl, KindDecl
@@ -35,7 +35,7 @@ from blockir.passes.recipes.base import (BlockEdit, RecipeError, RecipeResult, R
 
 
 def _dyt(decl: KindDecl, alpha: float) -> KindDecl:
-    return KindDecl(decl.name, "dyt", (("axes", decl.arg("axes")), ("alpha", num(alpha)), ("offset", 0),
+    return KindDecl(decl.name, DYT.name, (("axes", decl.arg("axes")), ("alpha", num(alpha)), ("offset", 0),
                                        ("tied", decl.arg("tied"))), decl.span)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from blockir.analyses.norms import FAMILIES, family
+from blockir.norms import FAMILIES, family
 from blockir.analyses.sizes import Env
 from blockir.analyses.shortcut_weights import StackWeights
 from blockir.ir.decls import KindDecl
@@ -125,7 +125,7 @@ class FusedBoundary:
 def fused_boundary_bytes(family: str, rows: int, width: int, itemsize: int, backward: bool = False) -> int:
     """Bytes one fused boundary moves with every tensor in one dtype and the family's affine parameters
     (weight and bias for LayerNorm, weight for RMSNorm); forward, or forward plus backward."""
-    b = FusedBoundary(family, rows, width, itemsize, itemsize, itemsize, bias=family == "layernorm")
+    b = FusedBoundary(family, rows, width, itemsize, itemsize, itemsize, bias=FAMILIES[family].fused_code == "layer")
     return b.forward_bytes() + (b.backward_bytes() if backward else 0)
 
 

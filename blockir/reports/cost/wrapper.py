@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockir.analyses.norms import family
+from blockir.norms import family
 from blockir.analyses.sizes import Env, value
 from blockir.analyses.structure import interpolation, wrapper
 from blockir.ir import consts as C
