@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from blockir.diagnostics import Span, error
 from blockir.frontend import ast
-from blockir.frontend.scope import Scope, suggest
+from blockir.frontend.scope import Scope, builtin_functions, kind_functions, suggest
 from blockir.ir import consts as C
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.hooks import BUILD
@@ -267,8 +267,10 @@ class Lowerer:
             return self._call_decl(e, decl, name)
         if e.callee in FUNCTIONS:
             return self._call_function(e, name)
+        if e.callee in kind_functions():
+            return self._call_kind_function(e, name)
         self.scope.diags.append(error("E0101", f"undefined function or declaration '{e.callee}'", e.callee_span,
-                                      hint=suggest(e.callee, [*self.scope.decls, *FUNCTIONS])))
+                                      hint=suggest(e.callee, [*self.scope.decls, *builtin_functions()])))
         for a in e.args:  # still report errors inside the arguments
             self.tensor(a)
         return None
@@ -346,6 +348,25 @@ class Lowerer:
         if args is None:
             return None
         return self.build("concat(…)", name, e.span, tuple(args))
+
+    def _call_kind_function(self, e: ast.Call, name: str | None) -> str | None:
+        """``NAME(x, key=c, …)`` of a function an op kind registers: one tensor, each keyword a constant."""
+        construct, keywords = kind_functions()[e.callee]
+        args = self._args(e, 1, keywords)
+        values: dict[str, C.ConstExpr] = {}
+        for key in keywords:
+            kw = self._kw(e, key)
+            if kw is None:
+                self.err("E0105", f"'{e.callee}' needs {key}=…", e.span,
+                         f"write {e.callee}(x, {', '.join(k + '=…' for k in keywords)})")
+                return None
+            value = to_const(kw.value, self.scope)
+            if value is None:
+                return None
+            values[key] = value
+        if args is None:
+            return None
+        return self.build(construct, name, e.span, args[0], **values)
 
     def _zeros(self, e: ast.Call, name: str | None) -> str | None:
         lit = e.args[0] if len(e.args) == 1 and not e.kwargs else None

@@ -3,18 +3,33 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Iterable
 
+import blockir.ops  # noqa: F401  (importing the kinds registers the functions they are written as)
 from blockir.diagnostics import Diagnostic, Note, Span, error
 from blockir.ir.consts import LAYER_NAMES
+from blockir.ir.hooks import BUILD
 from blockir.ir.kinds import FUNCTIONS
 from blockir.ir.decls import Decl
 from blockir.ir.types import Axis, DType, TensorType
 
 
+
+@cache
+def kind_functions() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The functions op kinds register in the plain call form (``BUILD.functions``), less the fixed ones the
+    frontend lowers itself: each name's construct and keywords."""
+    return {n: v for n, v in BUILD.functions().items() if n not in FUNCTIONS}
+
+
+def builtin_functions() -> tuple[str, ...]:
+    return (*FUNCTIONS, *kind_functions())
+
+
 # names a definition may not take: they would shadow a built-in meaning
 RESERVED = {**{n: "is reserved for the layer index and count" for n in LAYER_NAMES},
-            **{n: "is a built-in function" for n in FUNCTIONS},
+            **{n: "is a built-in function" for n in builtin_functions()},
             **{d.value: "is a dtype name" for d in DType}}
 
 

@@ -66,6 +66,7 @@ class ConstructTable:
     def __init__(self, name: str) -> None:
         self.name = name
         self._by_construct: dict[str, tuple[type, Callable[..., Any]]] = {}
+        self._functions: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def register(self, kind: type, *constructs: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,6 +85,18 @@ class ConstructTable:
     def constructs(self) -> dict[str, type]:
         """Each registered construct and the kind it builds."""
         return {c: kind for c, (kind, _) in self._by_construct.items()}
+
+    def function(self, kind: type, name: str, *keywords: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a built-in function written ``name(x, key=c, …)``: one tensor and required constant
+        keywords. The frontend lowers such a call and hands the tensor and the constants (by keyword) to
+        the kind's function, so a new function needs no frontend code."""
+        construct = f"{name}(x{''.join(f', {k}=c' for k in keywords)})"
+        self._functions[name] = (construct, keywords)
+        return self.register(kind, construct)
+
+    def functions(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Each registered built-in function's name: its construct and keywords."""
+        return dict(self._functions)
 
 
 BUILD = ConstructTable("build")  # frontend/lowering: the op a checked construct of the language becomes

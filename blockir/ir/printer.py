@@ -13,7 +13,7 @@ from blockir.ir.decls import Decl, ExternDecl, InstanceDecl, Param
 from blockir.ir.program import Block, Const, Program
 from blockir.ir.traits import BlockInput
 from blockir.ir.types import Axis, TensorType, format_layout
-from blockir.ops import Op
+from blockir.ir.op import OpBase as Op
 
 TYPE_COLUMN = 48
 INDENT = "  "

@@ -8,7 +8,7 @@ from blockir.diagnostics import Span, UNKNOWN_SPAN
 from blockir.ir.consts import ConstExpr
 from blockir.ir.decls import Decl, Param
 from blockir.ir.traits import BlockInput, Sink
-from blockir.ops import Op
+from blockir.ir.op import OpBase as Op
 from blockir.ir.types import Axis, Layout, TensorType
 
 

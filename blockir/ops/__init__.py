@@ -1,27 +1,26 @@
-"""The op kinds, one file each; importing this package registers every kind's hooks."""
+"""The op kinds, one file each; importing this package imports every kind's file, which registers its hooks.
+
+A kind is a class named ``…Op`` defined in a module of this package: adding a kind is adding its file.
+"""
 from __future__ import annotations
 
-from typing import Union
+import importlib
+import pkgutil
 
-from blockir.ops.activation import ActivationOp
-from blockir.ops.add import AddOp
-from blockir.ops.bias import BiasOp
-from blockir.ops.call import CallOp
-from blockir.ops.cast import CastOp
-from blockir.ops.complement import ComplementOp
-from blockir.ops.concat import ConcatOp
-from blockir.ops.dropout import DropoutOp
-from blockir.ops.fused_add_norm import FusedAddNormOp
-from blockir.ops.input import InputOp
-from blockir.ops.layer_drop import LayerDropOp
-from blockir.ops.mul import MulOp
-from blockir.ops.norm import NormOp
-from blockir.ops.output import OutputOp
-from blockir.ops.scale import ScaleOp
-from blockir.ops.sub import SubOp
-from blockir.ops.zeros import ZerosOp
+from blockir.ir.op import OpBase
 
-Op = Union[InputOp, NormOp, CallOp, ActivationOp, DropoutOp, LayerDropOp, ScaleOp, BiasOp, MulOp, ComplementOp, AddOp, CastOp,
-           ConcatOp, SubOp, FusedAddNormOp, OutputOp, ZerosOp]
+Op = OpBase  # any op kind: annotations name the base, code asks traits
 
-__all__ = ["InputOp", "NormOp", "CallOp", "ActivationOp", "DropoutOp", "LayerDropOp", "ScaleOp", "BiasOp", "MulOp", "ComplementOp", "SubOp", "AddOp", "CastOp", "ConcatOp", "FusedAddNormOp", "OutputOp", "ZerosOp", "Op"]
+
+def _kinds() -> dict[str, type[OpBase]]:
+    found: dict[str, type[OpBase]] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found.update({name: v for name, v in vars(module).items() if name.endswith("Op") and isinstance(v, type)
+                      and issubclass(v, OpBase) and v.__module__ == module.__name__})
+    return found
+
+
+KINDS = _kinds()
+globals().update(KINDS)
+__all__ = [*KINDS, "Op"]
