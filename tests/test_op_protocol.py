@@ -47,7 +47,7 @@ block Every(x: [B, S, D], m: [B, S, D]) -> [B, S, D] {
   d = layer_drop(gain * c, p=0.1) + shift
   z = sigmoid(d)
   e = z * d + (1 - z) * (2 * d)
-  f = cast(e - x, f32)
+  f = cast(softcap(e - x, cap=30), f32)
   g = concat(f, a)
   s0 = zeros([B, S, D])
   h = x + f
