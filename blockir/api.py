@@ -4,9 +4,10 @@ from __future__ import annotations
 from os import PathLike
 from pathlib import Path
 
+from blockir.collector import gc_paused
 from blockir.diagnostics import BlockError, Diagnostic, Span, argument_error, error
 from blockir.frontend.builder import build
-from blockir.frontend.parser import decode, gc_paused, parse_ast
+from blockir.frontend.parser import decode, parse_ast
 from blockir.ir.program import Program
 from blockir.signatures import public
 from blockir.verifiers.registry import run_verifiers

@@ -25,6 +25,8 @@ MASKS = ("element", "row", "channel", "sample")
 
 @dataclass(frozen=True)
 class ArgSpec:
+    """One argument of a kind: its value kind, default, choices and documentation."""
+
     name: str
     kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
     default: Any = REQUIRED
@@ -51,6 +53,8 @@ class Implies:
 
 @dataclass(frozen=True)
 class KindSpec:
+    """A built-in kind: its category, arguments and the contradictions among them."""
+
     name: str
     category: str  # norm | branch | linear | scale | activation | embedding | head
     args: tuple[ArgSpec, ...]
