@@ -14,7 +14,7 @@ import blockir
 from blockir.analyses.keys import param_keys
 from blockir.lower import fx as bfx
 from blockir.lower.layers import numerics
-from blockir.lower.layers.branches import rope_cos_sin
+from blockir.lower.layers.rotary import rope_cos_sin
 
 LLAMA = ROOT / "examples" / "llama.block"
 HEADER = "dim B: batch\ndim S: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"
