@@ -36,7 +36,7 @@ class _StateLexer(BasicLexer):
             found = self.shared.match(text, pos)
             if found is not None and found[1] in self.names:
                 return found
-        return self.scanner.match(text, pos)
+        return super().match(text, pos)
 
 
 class SharedScannerLexer(ContextualLexer):
@@ -53,5 +53,8 @@ class SharedScannerLexer(ContextualLexer):
 
 def _matches_literally(root: BasicLexer, conf: LexerConf) -> bool:
     """Whether no token is re-typed after its match: no "unless" callback in the root's scanner (building
-    it computes them) and no lexer callbacks."""
+    it computes them) and no lexer callbacks. A lark whose lexers do not build their scanner lazily (the
+    attributes read here) keeps its own per-state scanners."""
+    if not isinstance(getattr(BasicLexer, "scanner", None), property) or not hasattr(root, "_scanner"):
+        return False
     return root.scanner is not None and not root.callback and not conf.callbacks
