@@ -18,4 +18,9 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():  # a process that froze objects (before a fork) keeps them frozen
+                # what was allocated meanwhile joins the oldest generation unscanned (freeze, then unfreeze,
+                # moves every tracked object there): the next young collection would otherwise traverse it all
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
