@@ -9,10 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from blockir.api import hf_block_text, load, parse, verify
-from blockir.diagnostics import BlockError, Diagnostic, Note, Span
-from blockir.ir.program import Program
-from blockir.signatures import public
+from blockir.collector import gc_paused
+
+# the parser, the IR and the libraries under them define thousands of objects and no garbage: collecting
+# while they load would only rescan them
+with gc_paused():
+    from blockir.api import hf_block_text, load, parse, verify
+    from blockir.diagnostics import BlockError, Diagnostic, Note, Span
+    from blockir.ir.program import Program
+    from blockir.signatures import public
 
 
 @public("from_hf_config")

@@ -5,9 +5,10 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from blockir.collector import gc_paused
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span, argument_error, error, json_span, render
 from blockir.frontend.builder import build
-from blockir.frontend.parser import decode, gc_paused, parse_ast
+from blockir.frontend.parser import decode, parse_ast
 from blockir.ir.program import Program
 from blockir.signatures import public
 from blockir.verifiers.registry import run_verifiers

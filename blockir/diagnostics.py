@@ -44,12 +44,16 @@ def json_span(filename: str, path: Iterable[str | int] = ()) -> Span:
 
 @dataclass(frozen=True)
 class Note:
+    """A remark attached to a diagnostic, located when it points elsewhere."""
+
     message: str
     span: Span | None = None
 
 
 @dataclass(frozen=True)
 class Diagnostic:
+    """One located error or warning, with its stable code and an optional hint."""
+
     code: str
     severity: Severity
     message: str

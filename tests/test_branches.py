@@ -9,7 +9,10 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRotaryEmbedding
 
-from blockir.lower.layers.branches import BRANCH_KINDS, MLP, CrossAttention, GatedMLP, SelfAttention, rope_cos_sin
+from blockir.lower.layers.attention import CrossAttention, SelfAttention
+from blockir.lower.layers.branches import BRANCH_KINDS
+from blockir.lower.layers.mlp import MLP, GatedMLP
+from blockir.lower.layers.rotary import rope_cos_sin
 
 B, S, D, H, KV, F_HIDDEN = 2, 7, 64, 4, 2, 128
 TOL = {"rtol": 1e-5, "atol": 1e-6}

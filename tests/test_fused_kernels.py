@@ -16,7 +16,8 @@ triton = pytest.importorskip("triton")
 
 from blockir.lower.fused import cpu_kernels  # noqa: E402
 from blockir.lower.fused import kernels as compiled_kernels  # noqa: E402
-from blockir.lower.fused.spec import BoundarySpec  # noqa: E402
+from blockir.lower.fused import spec as abi  # noqa: E402
+from blockir.lower.fused.spec import BackwardInputs, BoundarySpec, Family  # noqa: E402
 from blockir.lower.rng import dropout_key, keep_mask  # noqa: E402
 
 from fused_conftest_helpers import CASES, Case, Inputs, fused, grads, make_inputs, unfused  # noqa: E402
@@ -58,18 +59,18 @@ def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def test_interpreter_is_in_effect() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert K.INTERPRETED
-    assert isinstance(K._forward_row_kernel, InterpretedFunction)
-    assert isinstance(K._backward_looped_kernel, InterpretedFunction)
+    assert K.jit.INTERPRETED
+    assert isinstance(K.jit.forward_row_kernel, InterpretedFunction)
+    assert isinstance(K.jit.backward_looped_kernel, InterpretedFunction)
 
 
 @pytest.mark.parametrize("rows, width", [(13, 123), (3, 769)])
 def test_dropout_mask_is_bit_identical_to_rng(rows: int, width: int) -> None:
     key = dropout_key(torch.tensor(2024), 7, 1).to(DEVICE)
-    spec = BoundarySpec("rmsnorm", 1e-6, p=0.3, training=True)
+    spec = BoundarySpec(Family.RMS, 1e-6, p=0.3, training=True)
     branch = torch.ones(rows, width, device=DEVICE)
-    _, residual_out, _, _ = K.forward(branch, torch.zeros_like(branch), torch.ones(width, device=DEVICE), None, None,
-                                      None, key, spec)
+    x = abi.Inputs(branch, torch.zeros_like(branch), torch.ones(width, device=DEVICE), None, None, None, key)
+    _, residual_out, _, _ = K.forward(x, spec)
     assert torch.equal((residual_out != 0).cpu(), keep_mask(key.cpu(), 0.3, rows, width))
 
 
@@ -162,27 +163,27 @@ def test_kernel_backward_returns_every_gradient() -> None:
     """Direct launcher call: six gradients, absent ones None, shapes and dtypes of their inputs."""
     case = CASES["ln_all"]
     x = make_inputs(case, (4, 123), torch.bfloat16, torch.float32, device=DEVICE, requires_grad=False)
-    spec = BoundarySpec("layernorm", case.eps, p=case.p, training=True, shortcut_scale=case.shortcut_scale)
-    _, residual_out, mean, rstd = K.forward(x.branch, x.residual, x.weight, x.bias, x.branch_bias, x.branch_scale,
-                                            x.key, spec)
+    spec = BoundarySpec(Family.LAYER, case.eps, p=case.p, training=True, shortcut_scale=case.shortcut_scale)
+    inputs = abi.Inputs(x.branch, x.residual, x.weight, x.bias, x.branch_bias, x.branch_scale, x.key)
+    _, residual_out, mean, rstd = K.forward(inputs, spec)
     g = torch.randn(residual_out.shape, device=DEVICE)
     d_branch, d_residual, d_weight, d_bias, d_branch_bias, d_scale = K.backward(
-        g, g, residual_out, mean, rstd, x.branch, x.weight, x.bias, x.branch_bias, x.branch_scale, x.key,
+        BackwardInputs(g, g, residual_out, mean, rstd, x.branch, x.weight, x.bias, x.branch_bias, x.branch_scale, x.key),
         x.branch.dtype, spec)
     assert d_branch.dtype == torch.bfloat16 and d_residual.dtype == torch.float32
     pairs = [(d_weight, x.weight), (d_bias, x.bias), (d_branch_bias, x.branch_bias), (d_scale, x.branch_scale)]
     for grad, like in pairs:
         assert grad.shape == like.shape and grad.dtype == like.dtype
-    no_scale_grad = K.backward(g, None, residual_out, mean, rstd, None, None, None, None, x.branch_scale, x.key,
-                               x.branch.dtype, spec)
+    no_scale_grad = K.backward(BackwardInputs(g, None, residual_out, mean, rstd, None, None, None, None,
+                                              x.branch_scale, x.key), x.branch.dtype, spec)
     assert no_scale_grad[2:] == (None, None, None, None)
 
 
 # ---- compiled kernels -----------------------------------------------------------------------
 
 
-KERNELS = {name: getattr(compiled_kernels, name) for name in
-           ("_forward_row_kernel", "_forward_looped_kernel", "_backward_row_kernel", "_backward_looped_kernel")}
+KERNELS = {name: getattr(compiled_kernels.jit, name) for name in
+           ("forward_row_kernel", "forward_looped_kernel", "backward_row_kernel", "backward_looped_kernel")}
 
 
 class _Recorder:
@@ -221,7 +222,7 @@ def test_kernels_compile_for_hopper(name: str, looped: bool, residual_dtype: tor
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if compiled_kernels.INTERPRETED:
+    if compiled_kernels.jit.INTERPRETED:
         pytest.skip("TRITON_INTERPRET=1 is set for the whole process")
     case = CASES[name]
     x = make_inputs(case, (4, 3000), torch.bfloat16, residual_dtype, requires_grad=False)
@@ -230,12 +231,14 @@ def test_kernels_compile_for_hopper(name: str, looped: bool, residual_dtype: tor
     recorders = {}
     for kernel in KERNELS:
         recorders[kernel] = _Recorder()
-        monkeypatch.setattr(compiled_kernels, kernel, recorders[kernel])
+        monkeypatch.setattr(compiled_kernels.jit, kernel, recorders[kernel])
     block = 512 if looped else None
     scale = x.branch_scale if isinstance(x.branch_scale, torch.Tensor) else None
-    compiled_kernels.forward(x.branch, x.residual, x.weight, x.bias, x.branch_bias, scale, x.key, spec, block)
-    compiled_kernels.backward(x.residual, x.residual, x.residual, mean if case.family == "layernorm" else None, rstd,
-                              x.branch, x.weight, x.bias, x.branch_bias, scale, x.key, x.branch.dtype, spec, block)
+    compiled_kernels.forward(abi.Inputs(x.branch, x.residual, x.weight, x.bias, x.branch_bias, scale, x.key), spec,
+                             block)
+    compiled_kernels.backward(BackwardInputs(x.residual, x.residual, x.residual,
+                                             mean if spec.family is Family.LAYER else None, rstd, x.branch, x.weight,
+                                             x.bias, x.branch_bias, scale, x.key), x.branch.dtype, spec, block)
     launched = 0
     for kernel, recorder in recorders.items():
         for args, kwargs in recorder.launches:
@@ -287,8 +290,8 @@ def test_gpu_compiled_graph_matches_eager() -> None:
 def test_cuda_dispatch_falls_back_to_the_reference_outside_the_kernels_range() -> None:
     from blockir.lower.fused import ops, reference
 
-    spec = BoundarySpec("rmsnorm", 1e-6)
+    spec = BoundarySpec(Family.RMS, 1e-6)
     assert ops._cuda_impl(spec, torch.empty(0, dtype=torch.bfloat16), torch.empty(0)) is compiled_kernels
     assert ops._cuda_impl(spec, torch.empty(0, dtype=torch.float64)) is reference
     assert ops._cuda_impl(spec, torch.empty(0), extra=(torch.float64,)) is reference
-    assert ops._cuda_impl(BoundarySpec("rmsnorm", 1e-6, accum=torch.float64), torch.empty(0)) is reference
+    assert ops._cuda_impl(BoundarySpec(Family.RMS, 1e-6, accum=torch.float64), torch.empty(0)) is reference

@@ -10,7 +10,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 
 import blockir
-from blockir.lower.layers.branches import rope_cos_sin
+from blockir.lower.layers.rotary import rope_cos_sin
 from blockir.analyses.sizes import Sizes
 from blockir.ir.decls import ExternDecl, InstanceDecl
 from blockir.ir.program import Program

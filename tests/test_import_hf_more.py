@@ -122,7 +122,7 @@ def test_imported_file_round_trips_through_the_printer(model_type: str) -> None:
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_alibi_attention_matches_a_float64_oracle(impl: str) -> None:
     """ALiBi (arXiv:2108.12409) with grouped key/value heads, a window and padding, against the equations."""
-    from blockir.lower.layers.branches import SelfAttention
+    from blockir.lower.layers.attention import SelfAttention
 
     torch.manual_seed(0)
     attn = SelfAttention(32, 4, kv_heads=2, alibi=True, bias=True, core=None).double()

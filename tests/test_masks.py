@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 import blockir
-from blockir.lower.layers.branches import CrossAttention, SelfAttention
+from blockir.lower.layers.attention import CrossAttention, SelfAttention
 from conformance import real_models as R
 from conftest import ROOT
 

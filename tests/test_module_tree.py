@@ -16,7 +16,7 @@ from blockir.lower import fx as bfx
 from blockir.lower.boundary import check_inputs
 from blockir.lower.fx import module as generated
 from blockir.norms.rmsnorm import rms_norm
-from blockir.lower.layers.branches import rope_cos_sin
+from blockir.lower.layers.rotary import rope_cos_sin
 
 LLAMA = ROOT / "examples" / "llama.block"
 HEADER = "dim B: batch\ndim S: seq\ndim D: model = 8\ndim F: hidden = 16\ndim H: heads = 2\n"

@@ -41,6 +41,76 @@ def test_checking_commands_never_import_torch(argv: list[str]) -> None:
     assert done.stderr.splitlines()[-1] == ""
 
 
+def test_check_imports_only_the_stages_it_runs() -> None:
+    """Reading, typing and verifying: no lowering, rewriting, reporting, importing or lifting module loads."""
+    runner = RUNNER.replace('print(" ".join(sorted(m for m in ("torch", "triton") if m in sys.modules)), file=sys.stderr)',
+                            'print(" ".join(sorted({m.split(".")[1] for m in sys.modules if m.startswith("blockir.")})), '
+                            'file=sys.stderr)')
+    done = subprocess.run([sys.executable, "-c", runner, "check", LLAMA], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1].split() == ["analyses", "api", "cli", "collector", "commands", "diagnostics",
+                                                    "frontend", "ir", "lifecycle", "ops", "signatures", "verifiers"]
+
+
+def _parse_all(texts: list[tuple[str, str]]) -> list[str]:
+    from blockir.diagnostics import BlockError
+    from blockir.frontend import parser
+    out = []
+    for name, text in texts:
+        try:
+            out.append(repr(parser.parse_ast(text, name)))
+        except BlockError as exc:
+            out.append(repr([(d.code, d.message, d.span) for d in exc.diagnostics]))
+    return out
+
+
+def test_the_shared_scanner_lexes_as_larks_contextual_lexer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every example, and damaged copies of them, give the same tree or the same diagnostics with lark's own
+    contextual lexer; a parse of llama.block compiles two scanners instead of one per parser state met."""
+    from blockir.frontend import parser, tables
+    texts = [(str(p), p.read_text()) for p in sorted((ROOT / "examples").glob("*.block"))[:24]]
+    body = [(name, text, text.index("{")) for name, text in texts[:12]]
+    damaged = [(f"{name}@{i}", text[:i] + text[i + 1:]) for name, text, i in body]  # the first block's '{'
+    damaged += [(f"{name}#{i}", text[:i + 12]) for name, text, i in body]
+    damaged += [(f"{name}:{i}", text[:i] + ") ]" + text[i:]) for name, text, i in body]
+    damaged += [(name, text.replace("(", "(,", 2)) for name, text, _ in body]
+    parser._lark.cache_clear()
+    shared = _parse_all(texts + damaged)
+    parser._lark.cache_clear()
+    parser.parse_ast((ROOT / "examples" / "llama.block").read_text(), LLAMA)
+    lexer = parser._lark().parser.lexer
+    compiled = {id(x) for x in [lexer.root_lexer, *lexer.lexers.values()] if x._scanner is not None}
+    assert len(compiled) == 2
+    monkeypatch.setattr(tables, "PLUGINS", {})
+    parser._lark.cache_clear()
+    try:
+        assert _parse_all(texts + damaged) == shared
+        assert sum(r.startswith("[(") for r in shared) >= len(damaged) // 2  # the damaged ones exercise errors
+    finally:
+        monkeypatch.undo()
+        parser._lark.cache_clear()
+
+
+def test_the_collector_pause_ages_what_it_allocated_and_leaves_frozen_objects_frozen() -> None:
+    import gc
+
+    from blockir.collector import gc_paused
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        made = [[] for _ in range(3)]
+    assert gc.isenabled()
+    assert any(o is made[0] for o in gc.get_objects(2))  # moved to the oldest generation, not scanned
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            [[] for _ in range(3)]
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_import_blockir_is_torch_free_and_compile_loads_on_first_use() -> None:
     code = ("import sys, blockir; before = 'torch' in sys.modules; f = blockir.compile; "
             "print(before, 'torch' in sys.modules, f.__module__, sorted(set(blockir.__all__) - set(dir(blockir))))")

@@ -9,24 +9,32 @@ from blockir.diagnostics import Span
 
 @dataclass(frozen=True)
 class Num:
+    """A number literal."""
+
     value: int | float
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class Ref:
+    """A name or a temporary, as written."""
+
     name: str  # dotted names joined with '.', temporaries keep their '%'
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class AxesLit:
+    """An axis list literal, ``[B, S, D]``."""
+
     names: tuple[str, ...]
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class BinOp:
+    """A binary arithmetic expression."""
+
     op: str  # + - * / **
     left: "Expr"
     right: "Expr"
@@ -35,12 +43,16 @@ class BinOp:
 
 @dataclass(frozen=True)
 class Neg:
+    """A unary minus."""
+
     operand: "Expr"
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class KwArg:
+    """A keyword argument, ``name=value``."""
+
     name: str
     value: "Expr"
     span: Span = field(compare=False)
@@ -48,6 +60,8 @@ class KwArg:
 
 @dataclass(frozen=True)
 class Call:
+    """A call: of a declared branch or block, or of a built-in."""
+
     callee: str
     args: tuple["Expr", ...]
     kwargs: tuple[KwArg, ...]
@@ -60,6 +74,8 @@ Expr = Union[Num, Ref, AxesLit, BinOp, Neg, Call]
 
 @dataclass(frozen=True)
 class PlacementAst:
+    """One mesh axis of a type's placement: ``tp=shard(S)``, ``tp=replicate``, ``tp=partial``."""
+
     mesh: str
     kind: str
     axis: str | None
@@ -68,6 +84,8 @@ class PlacementAst:
 
 @dataclass(frozen=True)
 class TypeAst:
+    """A tensor type: its axes, dtype and placement, as written."""
+
     axes: tuple[tuple[str, Span], ...]
     dtype: str | None
     span: Span = field(compare=False)
@@ -76,6 +94,8 @@ class TypeAst:
 
 @dataclass(frozen=True)
 class ParamAst:
+    """A block parameter, ``name: type``."""
+
     name: str
     type: TypeAst
     span: Span = field(compare=False)
@@ -83,6 +103,8 @@ class ParamAst:
 
 @dataclass(frozen=True)
 class DimAst:
+    """A ``dim`` definition: its role and, when given, its size."""
+
     name: str
     role: str
     size: Expr | None
@@ -92,6 +114,8 @@ class DimAst:
 
 @dataclass(frozen=True)
 class ConstAst:
+    """A ``const`` definition, at file level or in a block."""
+
     name: str
     value: Expr
     span: Span = field(compare=False)
@@ -99,6 +123,8 @@ class ConstAst:
 
 @dataclass(frozen=True)
 class DeclAst:
+    """A declaration in a block: a kind instance, a stacked block or an extern."""
+
     name: str
     kind: str
     args: tuple[Expr, ...]
@@ -112,6 +138,8 @@ class DeclAst:
 
 @dataclass(frozen=True)
 class EquationAst:
+    """An equation: its targets, the expression and its ``@`` attributes."""
+
     target: str
     value: Expr
     attrs: tuple[tuple[str, Span], ...]
@@ -121,6 +149,8 @@ class EquationAst:
 
 @dataclass(frozen=True)
 class ReturnAst:
+    """A block's ``return``."""
+
     value: Expr
     span: Span = field(compare=False)
     more: tuple[Expr, ...] = ()  # `return y, s`: the carried streams after the hidden state
@@ -131,6 +161,8 @@ Stmt = Union[DeclAst, ConstAst, EquationAst, ReturnAst]
 
 @dataclass(frozen=True)
 class BlockAst:
+    """A ``block`` or ``model`` definition."""
+
     keyword: str  # block | model
     name: str
     params: tuple[ParamAst, ...]
@@ -143,5 +175,7 @@ class BlockAst:
 
 @dataclass(frozen=True)
 class ProgramAst:
+    """One file's items, in file order."""
+
     filename: str
     items: tuple[Union[DimAst, ConstAst, BlockAst], ...]

@@ -63,6 +63,8 @@ def is_constant_expr(e: ast.Expr, scope: Scope) -> bool:
 
 @dataclass
 class BlockSignature:
+    """The types a block takes and returns, as a call sees them."""
+
     params: tuple[TensorType, ...]
     result: TensorType
     more: tuple[TensorType, ...] = ()

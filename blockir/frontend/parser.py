@@ -6,15 +6,14 @@ too-deep expression stops the parse where it is found.
 """
 from __future__ import annotations
 
-import gc
 import threading
-from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from blockir.collector import gc_paused
 from blockir.diagnostics import BlockError, Diagnostic, Span, error
 from blockir.frontend import ast
 from blockir.frontend.tables import grammar_text, load_lark
@@ -38,20 +37,6 @@ TOKEN_NAMES = {
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     return load_lark(transformer=_BUILDER)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Run without the cyclic garbage collector. Parsing and typing allocate many small objects and free
-    none of them in cycles, so the collector would only rescan the growing tree again and again (half of
-    the time on large files). Its previous state is restored; reference counting still frees memory."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # Sets of tokens that say one thing together: when every token of a set may come next, the message

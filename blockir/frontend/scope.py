@@ -1,7 +1,6 @@
 """Name resolution shared by the builder: what a name means inside one block."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Iterable
@@ -34,6 +33,7 @@ RESERVED = {**{n: "is reserved for the layer index and count" for n in LAYER_NAM
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str | None:
+    import difflib  # only an error needs it
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f"did you mean '{match[0]}'?" if match else None
 

@@ -24,10 +24,14 @@ from lark import Lark
 from lark.grammar import Rule
 from lark.lexer import TerminalDef
 
+from blockir.frontend.lexer import SharedScannerLexer
+
 FORMAT = 1
 TABLES_FILE = "block.tables.json"
 # Options that decide the tables; the transformer is code and is attached on load, never stored.
 OPTIONS: dict[str, Any] = {"parser": "lalr", "maybe_placeholders": True}
+# Code that lexes like lark's own contextual lexer, faster to start; attached on load like the transformer.
+PLUGINS: dict[str, Any] = {"ContextualLexer": SharedScannerLexer}
 
 
 def grammar_text() -> str:
@@ -136,6 +140,6 @@ def load_lark(transformer: Any = None) -> Lark:
     text = shipped_text()
     tables = _parse_tables(text, grammar) if text is not None else None
     if tables is None:
-        return Lark(grammar, transformer=transformer, **OPTIONS)
+        return Lark(grammar, transformer=transformer, _plugins=PLUGINS, **OPTIONS)
     data, memo = tables
-    return Lark._load_from_dict(data, memo, transformer=transformer)
+    return Lark._load_from_dict(data, memo, transformer=transformer, _plugins=PLUGINS)

@@ -18,18 +18,24 @@ MAX_INT = 1 << 62
 
 @dataclass(frozen=True)
 class Num:
+    """A number."""
+
     value: int | float
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Name:
+    """A dim, constant or layer variable, by name."""
+
     name: str
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Bin:
+    """A binary arithmetic expression."""
+
     op: str
     left: "ConstExpr"
     right: "ConstExpr"
@@ -38,6 +44,8 @@ class Bin:
 
 @dataclass(frozen=True)
 class Neg:
+    """A unary minus."""
+
     operand: "ConstExpr"
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
 

@@ -12,6 +12,8 @@ from blockir.ir.types import Layout, TensorType
 
 @dataclass(frozen=True)
 class Param:
+    """A block parameter: its name, type and declared placement."""
+
     name: str
     type: TensorType
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)

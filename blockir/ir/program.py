@@ -14,6 +14,8 @@ from blockir.ir.types import Axis, Layout, TensorType
 
 @dataclass(frozen=True)
 class Const:
+    """A named constant expression."""
+
     name: str
     value: ConstExpr
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
@@ -21,6 +23,8 @@ class Const:
 
 @dataclass(frozen=True)
 class Block:
+    """A typed block: parameters, declarations and its ops in SSA order."""
+
     name: str
     kind: str  # "block" | "model"
     params: tuple[Param, ...]
@@ -67,6 +71,8 @@ class Block:
 
 @dataclass(frozen=True)
 class Program:
+    """A typed file: its dims, constants and blocks."""
+
     filename: str = field(compare=False)
     dims: tuple[Axis, ...]
     consts: tuple[Const, ...]

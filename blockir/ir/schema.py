@@ -13,6 +13,8 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class ArgSpec:
+    """One argument of a kind: its value kind, default, choices and documentation."""
+
     name: str
     kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
     default: Any = REQUIRED
@@ -39,6 +41,8 @@ class Implies:
 
 @dataclass(frozen=True)
 class KindSpec:
+    """A built-in kind: its category, arguments and the contradictions among them."""
+
     name: str
     category: str  # norm | branch | linear | scale | activation | embedding | head
     args: tuple[ArgSpec, ...]

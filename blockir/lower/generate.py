@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from blockir.lower.layers.branches import Head
+from blockir.lower.layers.embedding import Head
 from blockir.lower.layers.kv_cache import KVCache
 from blockir.diagnostics import BlockError, Span, error
 

@@ -18,7 +18,7 @@ KEYED_DROPOUT: dict[str, Any] = {
     "hash": "MurmurHash3 fmix32; keep an element when the top 24 bits reach the threshold of p",
     "replay": "the same seed replays the same masks (a recomputed forward, the fused kernels)",
 }
-# an attention declaration's dropout=: the attention kernel's own draw (blockir/lower/layers/branches.py)
+# an attention declaration's dropout=: the attention kernel's own draw (blockir/lower/layers/attention_core.py)
 ATTENTION_DROPOUT = "torch's generator, drawn inside the attention kernel (not keyed: a replay needs its RNG state)"
 
 # neither blockir.compile nor blockir run checkpoints activations: backward reads what the forward saved

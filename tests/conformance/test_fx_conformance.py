@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import blockir
 from blockir.lower.adapters import llama_attention
-from blockir.lower.layers.branches import rope_cos_sin
+from blockir.lower.layers.rotary import rope_cos_sin
 from blockir.ir.program import Program
 
 from . import real_models as R

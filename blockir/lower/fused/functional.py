@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from blockir.lower.fused import ops  # noqa: F401  (registers torch.ops.blockir.*)
+from blockir.lower.fused.ops import LAYER_TENSORS, RMS_TENSORS  # importing ops registers torch.ops.blockir.*
+from blockir.lower.fused.spec import Inputs
 
 
 def _split_scale(branch_scale: Tensor | float | None) -> tuple[Tensor | None, float]:
@@ -22,6 +23,10 @@ def _key(dropout_key: Tensor | int | None, device: torch.device) -> Tensor | Non
     if dropout_key is None or isinstance(dropout_key, Tensor):
         return dropout_key
     return torch.tensor(int(dropout_key), dtype=torch.int64, device=device)
+
+
+def _tensors(x: Inputs, names: tuple[str, ...]) -> tuple[Tensor | None, ...]:
+    return tuple(getattr(x, name) for name in names)
 
 
 def add_layer_norm(
@@ -42,9 +47,9 @@ def add_layer_norm(
 ) -> tuple[Tensor, Tensor]:
     """``(layer_norm(residual_out), residual_out)``, see ``docs/fused.md``."""
     scale, scale_const = _split_scale(branch_scale)
+    x = Inputs(branch, residual, weight, bias, branch_bias, scale, _key(dropout_key, branch.device))
     normalized, residual_out, _, _ = torch.ops.blockir.add_layer_norm(
-        branch, residual, weight, bias, branch_bias, scale, _key(dropout_key, branch.device),
-        eps, p, training, scale_const, shortcut_scale, out_dtype, accum,
+        *_tensors(x, LAYER_TENSORS), eps, p, training, scale_const, shortcut_scale, out_dtype, accum,
     )
     return normalized, residual_out
 
@@ -68,8 +73,8 @@ def add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(residual_out), residual_out)``, see ``docs/fused.md``."""
     scale, scale_const = _split_scale(branch_scale)
+    x = Inputs(branch, residual, weight, None, branch_bias, scale, _key(dropout_key, branch.device))
     normalized, residual_out, _ = torch.ops.blockir.add_rms_norm(
-        branch, residual, weight, branch_bias, scale, _key(dropout_key, branch.device),
-        eps, offset, cast, p, training, scale_const, shortcut_scale, out_dtype, accum,
+        *_tensors(x, RMS_TENSORS), eps, offset, cast, p, training, scale_const, shortcut_scale, out_dtype, accum,
     )
     return normalized, residual_out

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from blockir.lower.fused import reference
-from blockir.lower.fused.spec import BoundarySpec, check_inputs, output_dtype
+from blockir.lower.fused.spec import (
+    DIFFERENTIABLE, SAVED, BackwardInputs, BoundarySpec, Family, Inputs, check_inputs, output_dtype, required,
+)
 
 _cpu_impl: ModuleType = reference
 
@@ -65,17 +68,58 @@ def _cuda_impl(spec: BoundarySpec, *tensors: Tensor | None, extra: tuple[torch.d
     return kernels if kernels is not None and kernels.supports(spec, *dtypes) else reference
 
 
+def _data(tensors: Inputs | BackwardInputs) -> tuple[Tensor | None, ...]:
+    """The tensors whose dtypes the kernels must support: all but the (int64) dropout key."""
+    return tuple(t for name, t in zip(tensors._fields, tensors) if name != "dropout_key")
+
+
+def _schema(tensors: Sequence[str], optional: Collection[str], statics: str, results: int) -> str:
+    """An op's schema: its tensors in the boundary's order, then its static arguments."""
+    args = ", ".join(f"Tensor{'?' if name in optional else ''} {name}" for name in tensors)
+    return f"({args}, {statics}) -> ({', '.join(['Tensor'] * results)})"
+
+
 def _spec_ln(eps: float, p: float, training: bool, branch_scale_const: float, shortcut_scale: float,
              out_dtype: torch.dtype | None, accum: torch.dtype) -> BoundarySpec:
-    return BoundarySpec("layernorm", eps, p=p, training=training, branch_scale_const=branch_scale_const,
+    return BoundarySpec(Family.LAYER, eps, p=p, training=training, branch_scale_const=branch_scale_const,
                         shortcut_scale=shortcut_scale, out_dtype=out_dtype, accum=accum)
 
 
 def _spec_rms(eps: float, offset: int, cast: str, p: float, training: bool, branch_scale_const: float,
               shortcut_scale: float, out_dtype: torch.dtype | None, accum: torch.dtype) -> BoundarySpec:
-    return BoundarySpec("rmsnorm", eps, offset=offset, cast=cast, p=p, training=training,
+    return BoundarySpec(Family.RMS, eps, offset=offset, cast=cast, p=p, training=training,
                         branch_scale_const=branch_scale_const, shortcut_scale=shortcut_scale,
                         out_dtype=out_dtype, accum=accum)
+
+
+# each op's tensors, derived from the boundary's: RMSNorm has a weight and no bias
+LAYER_TENSORS = Inputs._fields
+RMS_TENSORS = tuple(name for name in Inputs._fields if name != "bias")
+_FORWARD_STATICS = "float p, bool training, float branch_scale_const, float shortcut_scale, ScalarType? out_dtype, " \
+                   "ScalarType accum"
+LAYER_SCHEMA = _schema(LAYER_TENSORS, set(Inputs._fields) - required(Inputs), f"float eps, {_FORWARD_STATICS}", 4)
+RMS_SCHEMA = _schema(RMS_TENSORS, set(Inputs._fields) - required(Inputs) - {"weight"},
+                     f"float eps, SymInt offset, str cast, {_FORWARD_STATICS}", 3)
+BACKWARD_SCHEMA = _schema(BackwardInputs._fields, set(BackwardInputs._fields) - required(BackwardInputs),
+                          "str family, float eps, SymInt offset, str cast, float p, bool training, "
+                          "float branch_scale_const, float shortcut_scale, ScalarType branch_dtype, ScalarType accum", 6)
+
+
+def _layer_args(args: Sequence[Any]) -> tuple[Inputs, BoundarySpec]:
+    n = len(LAYER_TENSORS)
+    return Inputs(*args[:n]), _spec_ln(*args[n:])
+
+
+def _rms_args(args: Sequence[Any]) -> tuple[Inputs, BoundarySpec]:
+    n = len(RMS_TENSORS)
+    return Inputs(bias=None, **dict(zip(RMS_TENSORS, args[:n]))), _spec_rms(*args[n:])
+
+
+def _backward_args(args: Sequence[Any]) -> tuple[BackwardInputs, torch.dtype, BoundarySpec]:
+    n = len(BackwardInputs._fields)
+    family, eps, offset, cast, p, training, branch_scale_const, shortcut_scale, branch_dtype, accum = args[n:]
+    spec = BoundarySpec(family, eps, offset, cast, p, training, branch_scale_const, shortcut_scale, None, accum)
+    return BackwardInputs(*args[:n]), branch_dtype, spec
 
 
 def _contiguous(*ts: Tensor) -> tuple[Tensor, ...]:
@@ -83,67 +127,52 @@ def _contiguous(*ts: Tensor) -> tuple[Tensor, ...]:
     return tuple(t.contiguous() for t in ts)
 
 
-# ---- add_layer_norm -------------------------------------------------------------------------
+def _forward(x: Inputs, spec: BoundarySpec, impl: ModuleType) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    check_inputs(spec, x)
+    return impl.forward(x, spec)
 
 
-@torch.library.custom_op("blockir::add_layer_norm", mutates_args=())
-def add_layer_norm(
-    branch: Tensor,
-    residual: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-    eps: float,
-    p: float,
-    training: bool,
-    branch_scale_const: float,
-    shortcut_scale: float,
-    out_dtype: torch.dtype | None,
-    accum: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    spec = _spec_ln(eps, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, bias, branch_bias, branch_scale, dropout_key)
-    return _contiguous(*_cpu_impl.forward(branch, residual, weight, bias, branch_bias, branch_scale, dropout_key, spec))
-
-
-@add_layer_norm.register_kernel("cuda")
-def _add_layer_norm_cuda(branch, residual, weight, bias, branch_bias, branch_scale, dropout_key, eps, p, training,
-                         branch_scale_const, shortcut_scale, out_dtype, accum):
-    spec = _spec_ln(eps, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, bias, branch_bias, branch_scale, dropout_key)
-    impl = _cuda_impl(spec, branch, residual, weight, bias, branch_bias, branch_scale)
-    return _contiguous(*impl.forward(branch, residual, weight, bias, branch_bias, branch_scale, dropout_key, spec))
-
-
-def _fake_forward(residual: Tensor, weight: Tensor | None, spec: BoundarySpec, stats: int) -> tuple[Tensor, ...]:
+def _fake_forward(x: Inputs, spec: BoundarySpec, stats: int) -> tuple[Tensor, ...]:
+    check_inputs(spec, x)
+    residual = x.residual
     rows = math.prod(residual.shape[:-1])
-    dtype = output_dtype(spec, residual.dtype, None if weight is None else weight.dtype)
+    dtype = output_dtype(spec, residual.dtype, None if x.weight is None else x.weight.dtype)
     normalized = residual.new_empty(residual.shape, dtype=dtype)
     return (normalized, residual.new_empty(residual.shape)) + tuple(
         residual.new_empty((rows,), dtype=spec.accum) for _ in range(stats)
     )
 
 
+# ---- add_layer_norm -------------------------------------------------------------------------
+
+
+@torch.library.custom_op("blockir::add_layer_norm", mutates_args=(), schema=LAYER_SCHEMA)
+def add_layer_norm(*args: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, spec = _layer_args(args)
+    return _contiguous(*_forward(x, spec, _cpu_impl))
+
+
+@add_layer_norm.register_kernel("cuda")
+def _add_layer_norm_cuda(*args: Any) -> tuple[Tensor, ...]:
+    x, spec = _layer_args(args)
+    return _contiguous(*_forward(x, spec, _cuda_impl(spec, *_data(x))))
+
+
 @add_layer_norm.register_fake
-def _(branch, residual, weight, bias, branch_bias, branch_scale, dropout_key, eps, p, training, branch_scale_const,
-      shortcut_scale, out_dtype, accum):
-    spec = _spec_ln(eps, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, bias, branch_bias, branch_scale, dropout_key)
-    return _fake_forward(residual, weight, spec, stats=2)
+def _(*args: Any) -> tuple[Tensor, ...]:
+    x, spec = _layer_args(args)
+    return _fake_forward(x, spec, stats=2)
 
 
 def _setup_layer_norm(ctx, inputs, output) -> None:
-    branch, _, weight, bias, branch_bias, branch_scale, dropout_key, *static = inputs
+    x, spec = _layer_args(inputs)
     _, residual_out, mean, rstd = output
     ctx.mark_non_differentiable(mean, rstd)
-    ctx.spec = _spec_ln(*static)
-    _save(ctx, branch, residual_out, mean, rstd, weight, bias, branch_bias, branch_scale, dropout_key, scale_index=5)
+    _save(ctx, x, spec, residual_out, mean, rstd, LAYER_TENSORS, len(inputs))
 
 
 def _backward_layer_norm(ctx, grad_normalized, grad_residual_out, _grad_mean, _grad_rstd):
-    return _backward(ctx, grad_normalized, grad_residual_out) + (None,) * 8
+    return _backward(ctx, grad_normalized, grad_residual_out)
 
 
 add_layer_norm.register_autograd(_backward_layer_norm, setup_context=_setup_layer_norm)
@@ -152,63 +181,35 @@ add_layer_norm.register_autograd(_backward_layer_norm, setup_context=_setup_laye
 # ---- add_rms_norm ---------------------------------------------------------------------------
 
 
-@torch.library.custom_op("blockir::add_rms_norm", mutates_args=())
-def add_rms_norm(
-    branch: Tensor,
-    residual: Tensor,
-    weight: Tensor,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-    eps: float,
-    offset: int,
-    cast: str,
-    p: float,
-    training: bool,
-    branch_scale_const: float,
-    shortcut_scale: float,
-    out_dtype: torch.dtype | None,
-    accum: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor]:
-    spec = _spec_rms(eps, offset, cast, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, None, branch_bias, branch_scale, dropout_key)
-    normalized, residual_out, _, rstd = _cpu_impl.forward(
-        branch, residual, weight, None, branch_bias, branch_scale, dropout_key, spec
-    )
+@torch.library.custom_op("blockir::add_rms_norm", mutates_args=(), schema=RMS_SCHEMA)
+def add_rms_norm(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    x, spec = _rms_args(args)
+    normalized, residual_out, _, rstd = _forward(x, spec, _cpu_impl)
     return _contiguous(normalized, residual_out, rstd)
 
 
 @add_rms_norm.register_kernel("cuda")
-def _add_rms_norm_cuda(branch, residual, weight, branch_bias, branch_scale, dropout_key, eps, offset, cast, p,
-                       training, branch_scale_const, shortcut_scale, out_dtype, accum):
-    spec = _spec_rms(eps, offset, cast, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, None, branch_bias, branch_scale, dropout_key)
-    impl = _cuda_impl(spec, branch, residual, weight, branch_bias, branch_scale)
-    normalized, residual_out, _, rstd = impl.forward(
-        branch, residual, weight, None, branch_bias, branch_scale, dropout_key, spec
-    )
+def _add_rms_norm_cuda(*args: Any) -> tuple[Tensor, ...]:
+    x, spec = _rms_args(args)
+    normalized, residual_out, _, rstd = _forward(x, spec, _cuda_impl(spec, *_data(x)))
     return _contiguous(normalized, residual_out, rstd)
 
 
 @add_rms_norm.register_fake
-def _(branch, residual, weight, branch_bias, branch_scale, dropout_key, eps, offset, cast, p, training,
-      branch_scale_const, shortcut_scale, out_dtype, accum):
-    spec = _spec_rms(eps, offset, cast, p, training, branch_scale_const, shortcut_scale, out_dtype, accum)
-    check_inputs(spec, branch, residual, weight, None, branch_bias, branch_scale, dropout_key)
-    return _fake_forward(residual, weight, spec, stats=1)
+def _(*args: Any) -> tuple[Tensor, ...]:
+    x, spec = _rms_args(args)
+    return _fake_forward(x, spec, stats=1)
 
 
 def _setup_rms_norm(ctx, inputs, output) -> None:
-    branch, _, weight, branch_bias, branch_scale, dropout_key, *static = inputs
+    x, spec = _rms_args(inputs)
     _, residual_out, rstd = output
     ctx.mark_non_differentiable(rstd)
-    ctx.spec = _spec_rms(*static)
-    _save(ctx, branch, residual_out, None, rstd, weight, None, branch_bias, branch_scale, dropout_key, scale_index=4)
+    _save(ctx, x, spec, residual_out, None, rstd, RMS_TENSORS, len(inputs))
 
 
 def _backward_rms_norm(ctx, grad_normalized, grad_residual_out, _grad_rstd):
-    d_branch, d_residual, d_weight, _, d_branch_bias, d_scale = _backward(ctx, grad_normalized, grad_residual_out)
-    return (d_branch, d_residual, d_weight, d_branch_bias, d_scale) + (None,) * 10
+    return _backward(ctx, grad_normalized, grad_residual_out)
 
 
 add_rms_norm.register_autograd(_backward_rms_norm, setup_context=_setup_rms_norm)
@@ -217,78 +218,44 @@ add_rms_norm.register_autograd(_backward_rms_norm, setup_context=_setup_rms_norm
 # ---- shared backward ------------------------------------------------------------------------
 
 
-def _save(ctx, branch, residual_out, mean, rstd, weight, bias, branch_bias, branch_scale, dropout_key,
-          scale_index: int) -> None:
-    """Save the new residual stream and the row statistics; the branch only when its scale needs a gradient."""
-    keep_branch = branch_scale is not None and ctx.needs_input_grad[scale_index]
-    ctx.branch_dtype = branch.dtype
-    ctx.save_for_backward(residual_out, mean, rstd, branch if keep_branch else None, weight, bias, branch_bias,
-                          branch_scale, dropout_key)
+def _save(ctx, x: Inputs, spec: BoundarySpec, residual_out: Tensor, mean: Tensor | None, rstd: Tensor,
+          tensors: Sequence[str], arity: int) -> None:
+    """Save the new residual stream and the row statistics; the branch only when its scale needs a gradient.
+    ``tensors`` are the op's tensor arguments, first of its ``arity``."""
+    keep_branch = x.branch_scale is not None and ctx.needs_input_grad[tensors.index("branch_scale")]
+    ctx.spec, ctx.tensors, ctx.arity, ctx.branch_dtype = spec, tuple(tensors), arity, x.branch.dtype
+    saved = {**x._asdict(), "residual_out": residual_out, "mean": mean, "rstd": rstd,
+             "branch": x.branch if keep_branch else None}
+    ctx.save_for_backward(*(saved[name] for name in SAVED))
 
 
 def _backward(ctx, grad_normalized: Tensor, grad_residual_out: Tensor | None) -> tuple[Tensor | None, ...]:
-    residual_out, mean, rstd, branch, weight, bias, branch_bias, branch_scale, dropout_key = ctx.saved_tensors
+    """A gradient for each of the op's arguments: its differentiable inputs', None for the rest."""
+    t = BackwardInputs(grad_normalized, grad_residual_out, *ctx.saved_tensors)
     s: BoundarySpec = ctx.spec
-    grads = add_norm_backward(
-        grad_normalized, grad_residual_out, residual_out, mean, rstd, branch, weight, bias, branch_bias, branch_scale,
-        dropout_key, s.family, s.eps, s.offset, s.cast, s.p, s.training, s.branch_scale_const, s.shortcut_scale,
-        ctx.branch_dtype, s.accum,
-    )
-    d_branch, d_residual, d_weight, d_bias, d_branch_bias, d_scale = grads
-    return (
-        d_branch,
-        d_residual,
-        d_weight if weight is not None else None,
-        d_bias if bias is not None else None,
-        d_branch_bias if branch_bias is not None else None,
-        d_scale if branch is not None else None,
-    )
+    grads = add_norm_backward(*t, s.family.value, s.eps, s.offset, s.cast, s.p, s.training, s.branch_scale_const,
+                              s.shortcut_scale, ctx.branch_dtype, s.accum)
+    present = {"branch": True, "residual": True, "weight": t.weight is not None, "bias": t.bias is not None,
+               "branch_bias": t.branch_bias is not None, "branch_scale": t.branch is not None}
+    by_name = {name: g if present[name] else None for name, g in zip(DIFFERENTIABLE, grads)}
+    return tuple(by_name.get(name) for name in ctx.tensors) + (None,) * (ctx.arity - len(ctx.tensors))
 
 
-@torch.library.custom_op("blockir::add_norm_backward", mutates_args=())
-def add_norm_backward(
-    grad_normalized: Tensor,
-    grad_residual_out: Tensor | None,
-    residual_out: Tensor,
-    mean: Tensor | None,
-    rstd: Tensor,
-    branch: Tensor | None,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-    family: str,
-    eps: float,
-    offset: int,
-    cast: str,
-    p: float,
-    training: bool,
-    branch_scale_const: float,
-    shortcut_scale: float,
-    branch_dtype: torch.dtype,
-    accum: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+@torch.library.custom_op("blockir::add_norm_backward", mutates_args=(), schema=BACKWARD_SCHEMA)
+def add_norm_backward(*args: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(d_branch, d_residual, d_weight, d_bias, d_branch_bias, d_branch_scale)``; absent ones are empty.
 
     ``d_branch_scale`` is computed only when ``branch`` is given.
     """
-    spec = BoundarySpec(family, eps, offset, cast, p, training, branch_scale_const, shortcut_scale, None, accum)
-    grads = _cpu_impl.backward(grad_normalized, grad_residual_out, residual_out, mean, rstd, branch, weight, bias,
-                               branch_bias, branch_scale, dropout_key, branch_dtype, spec)
-    return _fill_absent(grads, residual_out)
+    t, branch_dtype, spec = _backward_args(args)
+    return _fill_absent(_cpu_impl.backward(t, branch_dtype, spec), t.residual_out)
 
 
 @add_norm_backward.register_kernel("cuda")
-def _add_norm_backward_cuda(grad_normalized, grad_residual_out, residual_out, mean, rstd, branch, weight, bias,
-                            branch_bias, branch_scale, dropout_key, family, eps, offset, cast, p, training,
-                            branch_scale_const, shortcut_scale, branch_dtype, accum):
-    spec = BoundarySpec(family, eps, offset, cast, p, training, branch_scale_const, shortcut_scale, None, accum)
-    impl = _cuda_impl(spec, grad_normalized, grad_residual_out, residual_out, branch, weight, bias, branch_bias,
-                      branch_scale, extra=(branch_dtype,))
-    grads = impl.backward(grad_normalized, grad_residual_out, residual_out, mean, rstd, branch, weight, bias,
-                          branch_bias, branch_scale, dropout_key, branch_dtype, spec)
-    return _fill_absent(grads, residual_out)
+def _add_norm_backward_cuda(*args: Any) -> tuple[Tensor, ...]:
+    t, branch_dtype, spec = _backward_args(args)
+    impl = _cuda_impl(spec, *_data(t), extra=(branch_dtype,))
+    return _fill_absent(impl.backward(t, branch_dtype, spec), t.residual_out)
 
 
 def _fill_absent(grads: tuple[Tensor | None, ...], like: Tensor) -> tuple[Tensor, ...]:
@@ -297,16 +264,18 @@ def _fill_absent(grads: tuple[Tensor | None, ...], like: Tensor) -> tuple[Tensor
 
 
 @add_norm_backward.register_fake
-def _(grad_normalized, grad_residual_out, residual_out, mean, rstd, branch, weight, bias, branch_bias, branch_scale,
-      dropout_key, family, eps, offset, cast, p, training, branch_scale_const, shortcut_scale, branch_dtype, accum):
-    def like(t: Tensor | None) -> Tensor:
-        return residual_out.new_empty(0) if t is None else t.new_empty(t.shape)
+def _(*args: Any) -> tuple[Tensor, ...]:
+    t, branch_dtype, _ = _backward_args(args)
+    residual_out = t.residual_out
+
+    def like(x: Tensor | None) -> Tensor:
+        return residual_out.new_empty(0) if x is None else x.new_empty(x.shape)
 
     return (
         residual_out.new_empty(residual_out.shape, dtype=branch_dtype),
         residual_out.new_empty(residual_out.shape),
-        like(weight),
-        like(bias),
-        like(branch_bias),
-        like(branch_scale if branch is not None else None),
+        like(t.weight),
+        like(t.bias),
+        like(t.branch_bias),
+        like(t.branch_scale if t.branch is not None else None),
     )

@@ -15,7 +15,7 @@ from torch import Tensor
 from blockir.lower.layers import numerics
 from blockir.norms.layernorm import layer_norm
 from blockir.norms.rmsnorm import rms_norm
-from blockir.lower.fused.spec import HALF_DTYPES, BoundarySpec
+from blockir.lower.fused.spec import HALF_DTYPES, BackwardInputs, BoundarySpec, Family, Inputs
 from blockir.lower.rng import keep_mask
 
 
@@ -47,7 +47,7 @@ def residual_add(update: Tensor, residual: Tensor, spec: BoundarySpec) -> Tensor
 
 
 def normalize(residual_out: Tensor, weight: Tensor | None, bias: Tensor | None, spec: BoundarySpec) -> Tensor:
-    if spec.family == "layernorm":
+    if spec.family is Family.LAYER:
         y = layer_norm(residual_out, weight, bias, spec.eps, spec.accum)
     else:
         assert weight is not None, "RMSNorm needs a weight"
@@ -58,33 +58,24 @@ def normalize(residual_out: Tensor, weight: Tensor | None, bias: Tensor | None, 
 def row_stats(residual_out: Tensor, spec: BoundarySpec) -> tuple[Tensor | None, Tensor]:
     """Per-row ``(mean, rstd)`` in the accumulation dtype, flattened to ``[rows]``; mean is None for RMSNorm."""
     work = residual_out.reshape(-1, residual_out.shape[-1]).to(spec.accum)
-    if spec.family == "layernorm":
+    if spec.family is Family.LAYER:
         mean = work.mean(-1, keepdim=True)
         variance = (work - mean).pow(2).mean(-1)
         return mean.squeeze(-1), torch.rsqrt(variance + spec.eps)
     return None, torch.rsqrt(work.pow(2).mean(-1) + spec.eps)
 
 
-def forward(
-    branch: Tensor,
-    residual: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-    spec: BoundarySpec,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+def forward(x: Inputs, spec: BoundarySpec) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """``(normalized, residual_out, mean, rstd)``."""
-    update, _ = branch_update(branch, branch_bias, branch_scale, dropout_key, spec)
-    residual_out = residual_add(update, residual, spec)
+    update, _ = branch_update(x.branch, x.branch_bias, x.branch_scale, x.dropout_key, spec)
+    residual_out = residual_add(update, x.residual, spec)
     mean, rstd = row_stats(residual_out, spec)
-    return normalize(residual_out, weight, bias, spec), residual_out, mean, rstd
+    return normalize(residual_out, x.weight, x.bias, spec), residual_out, mean, rstd
 
 
 def _effective_weight(weight: Tensor, spec: BoundarySpec) -> Tensor:
     """The scale the normalized row is multiplied by, rounded where the forward rounds it."""
-    if spec.family == "rmsnorm" and spec.offset:
+    if spec.family is Family.RMS and spec.offset:
         # after_weight adds the offset in the accumulation dtype, the other orders in the weight dtype
         w = weight.to(spec.accum) if spec.cast == "after_weight" else weight
         return (spec.offset + w).to(spec.accum)
@@ -93,27 +84,15 @@ def _effective_weight(weight: Tensor, spec: BoundarySpec) -> Tensor:
 
 def _weight_operand(x_hat: Tensor, residual_dtype: torch.dtype, weight: Tensor, spec: BoundarySpec) -> Tensor:
     """The tensor the weight multiplies in the forward, i.e. what its gradient is taken against."""
-    if spec.family == "rmsnorm" and spec.cast == "before_weight":
+    if spec.family is Family.RMS and spec.cast == "before_weight":
         return x_hat.to(residual_dtype).to(spec.accum)
-    if spec.family == "rmsnorm" and spec.cast == "weight_dtype" and weight.dtype in HALF_DTYPES:
+    if spec.family is Family.RMS and spec.cast == "weight_dtype" and weight.dtype in HALF_DTYPES:
         return x_hat.to(weight.dtype).to(spec.accum)
     return x_hat
 
 
 def backward(
-    grad_normalized: Tensor,
-    grad_residual_out: Tensor | None,
-    residual_out: Tensor,
-    mean: Tensor | None,
-    rstd: Tensor,
-    branch: Tensor | None,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-    branch_dtype: torch.dtype,
-    spec: BoundarySpec,
+    t: BackwardInputs, branch_dtype: torch.dtype, spec: BoundarySpec
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """``(d_branch, d_residual, d_weight, d_bias, d_branch_bias, d_branch_scale)``.
 
@@ -121,20 +100,22 @@ def backward(
     dropped branch; without it that gradient is None. Everything is
     accumulated in ``spec.accum`` and cast once at the end.
     """
+    residual_out, mean, weight, bias, branch_bias, branch_scale = \
+        t.residual_out, t.mean, t.weight, t.bias, t.branch_bias, t.branch_scale
     acc = spec.accum
     shape, width = residual_out.shape, residual_out.shape[-1]
     x = residual_out.reshape(-1, width).to(acc)
-    gy = grad_normalized.reshape(-1, width).to(acc)
-    r = rstd.to(acc).unsqueeze(-1)
+    gy = t.grad_normalized.reshape(-1, width).to(acc)
+    r = t.rstd.to(acc).unsqueeze(-1)
     x_hat = (x - mean.to(acc).unsqueeze(-1)) * r if mean is not None else x * r
 
     g_hat = gy if weight is None else gy * _effective_weight(weight, spec)
     gx = g_hat - x_hat * (g_hat * x_hat).mean(-1, keepdim=True)
-    if spec.family == "layernorm":
+    if spec.family is Family.LAYER:
         gx = gx - g_hat.mean(-1, keepdim=True)
     g = gx * r
-    if grad_residual_out is not None:
-        g = g + grad_residual_out.reshape(-1, width).to(acc)
+    if t.grad_residual_out is not None:
+        g = g + t.grad_residual_out.reshape(-1, width).to(acc)
 
     d_weight = None
     if weight is not None:
@@ -143,8 +124,8 @@ def backward(
     d_residual = (g * spec.shortcut_scale).to(residual_out.dtype).reshape(shape)
 
     d_scale = None
-    if branch_scale is not None and branch is not None:
-        _, dropped = branch_update(branch, branch_bias, None, dropout_key, spec)
+    if branch_scale is not None and t.branch is not None:
+        _, dropped = branch_update(t.branch, branch_bias, None, t.dropout_key, spec)
         per_channel = (g * dropped.reshape(-1, width).to(acc)).sum(0) * spec.branch_scale_const
         d_scale = (per_channel if branch_scale.numel() == width else per_channel.sum()).reshape(branch_scale.shape)
         d_scale = d_scale.to(branch_scale.dtype)
@@ -153,7 +134,7 @@ def backward(
     if spec.branch_scale_const != 1.0:
         g = g * spec.branch_scale_const
     if spec.dropout_active:
-        keep = keep_mask(dropout_key, spec.p, rows=x.shape[0], cols=width, device=x.device)
+        keep = keep_mask(t.dropout_key, spec.p, rows=x.shape[0], cols=width, device=x.device)
         g = torch.where(keep, g * spec.keep_scale, 0.0)
     d_branch_bias = g.sum(0).to(branch_bias.dtype) if branch_bias is not None else None
     d_branch = g.to(branch_dtype).reshape(shape)

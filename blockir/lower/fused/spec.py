@@ -14,20 +14,69 @@ and the kernel launchers cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple, get_type_hints
 
 import torch
 from torch import Tensor
 
-FAMILIES = ("layernorm", "rmsnorm")
-RMS_CASTS = ("before_weight", "after_weight", "weight_dtype")
+from blockir.ir.kinds import CAST_ORDERS
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class Family(str, Enum):
+    """The norm families a boundary can end in; the value is what the ops' ``family`` argument carries."""
+
+    LAYER = "layernorm"
+    RMS = "rmsnorm"
+
+
+class Inputs(NamedTuple):
+    """The tensors one boundary reads, in the order of every forward signature (the ops' ABI)."""
+
+    branch: Tensor
+    residual: Tensor
+    weight: Tensor | None
+    bias: Tensor | None
+    branch_bias: Tensor | None
+    branch_scale: Tensor | None
+    dropout_key: Tensor | None
+
+
+class BackwardInputs(NamedTuple):
+    """The eleven tensors of the shared backward, in the order of every backward signature: the gradients
+    of the two outputs, then what the forward saved for it (``SAVED``)."""
+
+    grad_normalized: Tensor
+    grad_residual_out: Tensor | None
+    residual_out: Tensor
+    mean: Tensor | None
+    rstd: Tensor
+    branch: Tensor | None
+    weight: Tensor | None
+    bias: Tensor | None
+    branch_bias: Tensor | None
+    branch_scale: Tensor | None
+    dropout_key: Tensor | None
+
+
+# what autograd keeps from the forward, in this order: the new stream, its row statistics, the inputs
+SAVED = BackwardInputs._fields[2:]
+# the inputs an op's backward returns gradients for, in order; the dropout key has none
+DIFFERENTIABLE = Inputs._fields[:-1]
+
+
+def required(tensors: type[tuple]) -> frozenset[str]:
+    """The fields of ``Inputs`` or ``BackwardInputs`` that are never None."""
+    return frozenset(name for name, hint in get_type_hints(tensors).items() if hint is Tensor)
 
 
 @dataclass(frozen=True)
 class BoundarySpec:
     """The static (non-tensor) part of one fused boundary."""
 
-    family: str
+    family: Family
     eps: float
     offset: int = 0
     cast: str = "before_weight"
@@ -39,10 +88,13 @@ class BoundarySpec:
     accum: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown norm family {self.family!r}; expected one of {FAMILIES}")
-        if self.cast not in RMS_CASTS:
-            raise ValueError(f"unknown RMSNorm cast order {self.cast!r}; expected one of {RMS_CASTS}")
+        try:
+            object.__setattr__(self, "family", Family(self.family))  # the enum, from its value too
+        except ValueError:
+            raise ValueError(f"unknown norm family {self.family!r}; expected one of "
+                             f"{tuple(f.value for f in Family)}") from None
+        if self.cast not in CAST_ORDERS:
+            raise ValueError(f"unknown RMSNorm cast order {self.cast!r}; expected one of {CAST_ORDERS}")
         if self.offset not in (0, 1):
             raise ValueError(f"RMSNorm weight offset must be 0 or 1, got {self.offset}")
         if not 0.0 <= self.p < 1.0:
@@ -71,7 +123,7 @@ def update_dtypes(
 
 def norm_dtype(spec: BoundarySpec, residual_dtype: torch.dtype, weight_dtype: torch.dtype | None) -> torch.dtype:
     """Dtype the norm produces before any ``out_dtype`` cast (mirrors ``numerics``)."""
-    if spec.family == "layernorm" or weight_dtype is None:
+    if spec.family is Family.LAYER or weight_dtype is None:
         return residual_dtype
     if spec.cast == "before_weight":
         return torch.promote_types(weight_dtype, residual_dtype)
@@ -86,30 +138,23 @@ def output_dtype(spec: BoundarySpec, residual_dtype: torch.dtype, weight_dtype: 
     return spec.out_dtype if spec.out_dtype is not None else norm_dtype(spec, residual_dtype, weight_dtype)
 
 
-def check_inputs(
-    spec: BoundarySpec,
-    branch: Tensor,
-    residual: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    branch_bias: Tensor | None,
-    branch_scale: Tensor | None,
-    dropout_key: Tensor | None,
-) -> None:
+def check_inputs(spec: BoundarySpec, x: Inputs) -> None:
     """Reject shapes and combinations the boundary does not define, naming the argument."""
+    branch, residual = x.branch, x.residual
     if branch.shape != residual.shape:
         raise ValueError(f"branch {tuple(branch.shape)} and residual {tuple(residual.shape)} must have the same shape")
     if branch.dim() == 0:
         raise ValueError("branch and residual need a channel axis")
     width = branch.shape[-1]
-    for name, t in (("weight", weight), ("bias", bias), ("branch_bias", branch_bias)):
+    for name in ("weight", "bias", "branch_bias"):
+        t = getattr(x, name)
         if t is not None and tuple(t.shape) != (width,):
             raise ValueError(f"{name} must have shape ({width},), got {tuple(t.shape)}")
-    if branch_scale is not None and branch_scale.numel() != 1 and tuple(branch_scale.shape) != (width,):
-        raise ValueError(f"branch_scale must be a scalar or have shape ({width},), got {tuple(branch_scale.shape)}")
-    if spec.family == "rmsnorm" and bias is not None:
+    if x.branch_scale is not None and x.branch_scale.numel() != 1 and tuple(x.branch_scale.shape) != (width,):
+        raise ValueError(f"branch_scale must be a scalar or have shape ({width},), got {tuple(x.branch_scale.shape)}")
+    if spec.family is Family.RMS and x.bias is not None:
         raise ValueError("RMSNorm has no bias")
-    if spec.dropout_active and dropout_key is None:
+    if spec.dropout_active and x.dropout_key is None:
         raise ValueError("dropout in training mode needs a dropout_key")
-    if dropout_key is not None and (dropout_key.dim() != 0 or dropout_key.dtype != torch.int64):
+    if x.dropout_key is not None and (x.dropout_key.dim() != 0 or x.dropout_key.dtype != torch.int64):
         raise ValueError("dropout_key must be a 0-d int64 tensor")

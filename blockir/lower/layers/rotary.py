@@ -1,4 +1,5 @@
-"""RoPE inverse frequencies, unscaled and under the context-extension schemes checkpoints ship with.
+"""RoPE: inverse frequencies, unscaled and under the context-extension schemes checkpoints ship with;
+the cos/sin tables built from them (``rope_cos_sin``) and the rotation of queries and keys (``apply_rope``).
 
 Each scheme is computed in fp32 in the order HF transformers' ``modeling_rope_utils`` uses, so the
 tables of an imported model equal the host model's bit for bit:
@@ -80,3 +81,58 @@ def _yarn(dim: int, theta: float, exponents: Tensor, s: RopeScaling) -> Tensor:
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp.to(pos_freqs.device)
     return (1.0 / (s.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def rope_cos_sin(
+    seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
+    interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: RopeScaling | None = None,
+    positions: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
+
+    Frequencies and angles are computed in fp32 and only the tables are cast,
+    which is what the HF rotary module does, so both routes agree exactly.
+    ``head_dim`` is the number of rotated coordinates (smaller under partial rotary).
+    ``freqs_dtype`` first rounds the inverse frequencies to that dtype: an HF rotary
+    module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
+    ``scaling`` is a context-extension scheme (see above). ``positions`` (``[B or 1, S]``, HF's
+    ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
+    """
+    frequencies = inv_freq(head_dim, theta, device, scaling)
+    if freqs_dtype is not None:
+        frequencies = frequencies.to(freqs_dtype).float()
+    if positions is None:
+        freqs = torch.arange(seq_len, device=device, dtype=torch.float32)[None, :, None] * frequencies
+    else:
+        freqs = positions.to(device=device, dtype=torch.float32)[:, :, None] * frequencies
+    angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    factor = scaling.table_factor() if scaling is not None else 1.0
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_pairs(x: Tensor) -> Tensor:
+    """(x0, x1, x2, x3, …) -> (-x1, x0, -x3, x2, …): GPT-J's rotate-every-two."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, rotary: int | None = None) -> Tensor:
+    """Rotate the first ``cos.shape[-1]`` coordinates of ``x`` [B, H, S, hd] by tables [B or 1, S, rd].
+
+    Rotate-half pairs coordinate ``i`` with ``i + rd/2`` (the layout HF LLaMA-style
+    checkpoints' q/k weights assume); interleaved pairs ``2i`` with ``2i + 1`` (GPT-J).
+    The remaining coordinates pass through (partial rotary, GPT-NeoX and Phi).
+    """
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    turn = _rotate_pairs if interleaved else _rotate_half
+    if rotary is None:  # a module passes its own widths, so that symbolic tracing meets no shape test
+        return x * cos + turn(x) * sin
+    rot, rest = x[..., :rotary], x[..., rotary:]
+    return torch.cat((rot * cos + turn(rot) * sin, rest), dim=-1)
