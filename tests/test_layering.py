@@ -28,7 +28,7 @@ ALLOWED_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
 # Known load-time import cycles, as the sorted modules of each (none: keep it that way).
 ALLOWED_CYCLES: tuple[tuple[str, ...], ...] = ()
 
-BASE = ("diagnostics",)  # what every layer may use
+BASE = ("diagnostics", "collector")  # what every layer may use
 LANGUAGE = ("frontend", "ir", "ops", "norms", "signatures")
 PIPELINE = (LANGUAGE, ("analyses",), ("verifiers", "api"), ("passes",), ("lower",), ("lifecycle",))
 

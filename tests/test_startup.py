@@ -49,7 +49,7 @@ def test_check_imports_only_the_stages_it_runs() -> None:
     done = subprocess.run([sys.executable, "-c", runner, "check", LLAMA], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1].split() == ["analyses", "api", "cli", "collector", "commands", "diagnostics",
-                                                    "frontend", "ir", "lifecycle", "ops", "signatures", "verifiers"]
+                                                    "frontend", "ir", "lifecycle", "norms", "ops", "signatures", "verifiers"]
 
 
 def _parse_all(texts: list[tuple[str, str]]) -> list[str]:

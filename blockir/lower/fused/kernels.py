@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from blockir.ir.kinds import CAST_ORDERS
+from blockir.norms.rmsnorm import CASTS as CAST_ORDERS
 from blockir.lower.fused import jit
 from blockir.lower.fused.spec import (
     HALF_DTYPES, BackwardInputs, BoundarySpec, Family, Inputs, norm_dtype, output_dtype, update_dtypes,

@@ -20,7 +20,7 @@ from typing import NamedTuple, get_type_hints
 import torch
 from torch import Tensor
 
-from blockir.ir.kinds import CAST_ORDERS
+from blockir.norms.rmsnorm import CASTS as CAST_ORDERS
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
