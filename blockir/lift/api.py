@@ -117,7 +117,9 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
             return _failed(error("E0900", f"{type(module).__name__} fails on the example inputs: "
                                  f"{type(exc).__name__}: {exc}", _class_span(module),
                                  hint="pass inputs the module accepts (--args, --dims)"))
-        session = Session(calls, int(first.shape[-1]), int(first.shape[1]))
+        # what the compiled lift passes its built-in branches: the root's side inputs, by their names
+        context = {n: v for n, v in call.arguments.items() if isinstance(v, (Tensor, tuple, list)) and v is not first}
+        session = Session(calls, int(first.shape[-1]), int(first.shape[1]), context)
         try:
             root = session.lift_block(module, call, "", {})
         except LiftFailure as f:

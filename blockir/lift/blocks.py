@@ -34,8 +34,9 @@ class Entry:
 class Session:
     """What the blocks of one lift share: the recorded calls, the dims and the block names."""
 
-    def __init__(self, calls: dict[str, Call], width: int, seq: int) -> None:
+    def __init__(self, calls: dict[str, Call], width: int, seq: int, context: dict[str, Any] | None = None) -> None:
         self.calls = calls
+        self.context = context or {}
         self.width, self.seq = width, seq
         self.hidden: dict[int, str] = {}
         self.memory: dict[int, str] = {}
