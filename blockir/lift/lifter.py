@@ -61,6 +61,7 @@ class LiftedBlock:
     result_span: Span | None = None
     externs: dict[str, tuple[nn.Module, Replay]] = field(default_factory=dict)
     residual: bool = False
+    output: tuple[str, ...] | None = None  # the result's axes when not those of the first input (a model's logits)
 
     def body(self) -> str:
         """What two layers must share to be one stack: everything but the block's name."""
