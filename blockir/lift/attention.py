@@ -53,7 +53,7 @@ class Shape:
     head_scale: bool
 
 
-def _projections(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
+def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
     children = dict(module.named_children())
     own = {k: p for k, p in module.named_parameters(recurse=False)}
     layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
@@ -140,7 +140,7 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
     if len(streams) != 1:
         return None
     x = streams[0]
-    shape = _projections(module, call, calls, prefix, x)
+    shape = _projections(module, calls, prefix, x)
     if shape is None or _stochastic(module, call):
         return None
     state = module.state_dict()

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from blockir.diagnostics import Diagnostic, Span, error
 from blockir.lift.blocks import Session
-from blockir.lift.lifter import Instance, LiftedBlock, LiftFailure, Line
+from blockir.lift.lifter import Instance, LiftedBlock, Line
 from blockir.lift.trace import Call, bind_call
 
 
@@ -134,7 +134,7 @@ def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Spa
     session = Session(calls, width, seq)
     session.vocab = int(table.shape[0])
     lifted = [(r.name, session.lift_block(r.module, r.call, r.name + ".", {})) for r in layers]
-    norm_text = _norm_text(norm, session)
+    norm_text = _norm_text(norm, session, where)
     head_w = _table(head.module)
     bias = getattr(head.module, "bias", None) is not None
     padding = getattr(embed.module, "padding_idx", None)
@@ -187,7 +187,7 @@ def certify_lm(program: Any, root: str, model: nn.Module, ids: Tensor, args: tup
     return worst, []
 
 
-def _norm_text(norm: Record, session: Session) -> str:
+def _norm_text(norm: Record, session: Session, where: Span) -> str:
     x = next(v for v in norm.call.arguments.values() if isinstance(v, Tensor))
     held = _Held(norm.module)
     calls = {"held": norm.call} | {f"held.{k[len(norm.name) + 1:]}": c for k, c in session.calls.items()
@@ -196,8 +196,8 @@ def _norm_text(norm: Record, session: Session) -> str:
     block = inner.lift_block(held, bind_call(held, (x,), {}), "", {})
     eqs = [e for e in block.eqs if isinstance(e, Line)]
     if list(block.decls) != ["held"] or len(eqs) != 1 or len(block.eqs) != 1:
-        raise LiftFailure(error("E0913", f"the final norm '{norm.name}' is not one norm the rule table reads",
-                                Span(norm.name, 0, 0), hint="use one norm module as the final norm"))
+        raise LMFailure(error("E0913", f"the final norm '{norm.name}' is not one norm the rule table reads", where,
+                              hint="use one norm module as the final norm"))
     return block.decls["held"].text
 
 
