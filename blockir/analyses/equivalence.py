@@ -80,7 +80,9 @@ def fold(expr: C.ConstExpr, defs: Mapping[str, C.ConstExpr], seen: frozenset[str
 
 def _text(value: Any, defs: Mapping[str, C.ConstExpr]) -> Any:
     if isinstance(value, C.EXPRS):
-        return C.format_expr(fold(value, defs))
+        folded = fold(value, defs)
+        # one number however it is spelt: the compiler reads `10000` and `10000.0` alike
+        return repr(float(folded.value)) if isinstance(folded, C.Num) else C.format_expr(folded)
     if isinstance(value, TensorType):
         return _type_text(value, defs)
     if isinstance(value, tuple):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -15,6 +16,7 @@ from blockir.ir.program import Program
 from blockir.lift.blocks import Session, Text, emit
 from blockir.lift.certificate import certify
 from blockir.lift.lifter import LiftFailure
+from blockir.lift.lm import LMFailure, certify_lm, lm_block, read_lm
 from blockir.lift.replay import Replay
 from blockir.lift.sources import source_text
 from blockir.lift.trace import TraceFailure, bind_call, python_path, record_calls
@@ -107,6 +109,9 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
         raise BlockError([argument_error("lift", "example_args", f"the example arguments do not fit "
                                          f"{type(module).__name__}.forward: {exc}")]) from None
     first = next((v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point()), None)
+    ids = next((v for v in call.arguments.values() if isinstance(v, Tensor) and not v.is_floating_point()), None)
+    if first is None and ids is not None and ids.dim() == 2:
+        return _lift_lm(module, ids, example_args, example_kwargs, filename)
     if first is None or first.dim() != 3:
         raise BlockError([argument_error("lift", "example_args", "the first floating tensor argument is the "
                                          "residual stream and must be [batch, seq, features]")])
@@ -117,7 +122,9 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
             return _failed(error("E0900", f"{type(module).__name__} fails on the example inputs: "
                                  f"{type(exc).__name__}: {exc}", _class_span(module),
                                  hint="pass inputs the module accepts (--args, --dims)"))
-        session = Session(calls, int(first.shape[-1]), int(first.shape[1]))
+        # what the compiled lift passes its built-in branches: the root's side inputs, by their names
+        context = {n: v for n, v in call.arguments.items() if isinstance(v, (Tensor, tuple, list)) and v is not first}
+        session = Session(calls, int(first.shape[-1]), int(first.shape[1]), context)
         try:
             root = session.lift_block(module, call, "", {})
         except LiftFailure as f:
@@ -144,5 +151,48 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
         except Exception as exc:  # the lifted module runs the user's branches on the user's inputs
             more = [error("E0912", f"the compiled lift fails where the original runs: {type(exc).__name__}: {exc}",
                           _class_span(module), hint="the lifted program is in .text; compile it to see where")]
+        diags += more
+    return LiftResult(text.text, diags, max_error, program, text.root, text.bind, _sources(diags, text.text, filename))
+
+
+def _lift_lm(module: nn.Module, ids: Tensor, args: tuple, kwargs: dict[str, Any], filename: str) -> LiftResult:
+    """A whole causal LM called on token ids: embedding, stack, final norm and head (see :mod:`blockir.lift.lm`)."""
+    where = _class_span(module)
+    import inspect
+    if "use_cache" in inspect.signature(module.forward).parameters and "use_cache" not in kwargs:
+        kwargs = {**kwargs, "use_cache": False}  # a KV cache is no part of the topology, and no layer traces with one
+    with _tracing(module):
+        try:
+            lm, session = read_lm(module, ids, args, kwargs, where)
+        except (LiftFailure, LMFailure) as f:
+            return _failed(f.diagnostic)
+        except TraceFailure as exc:
+            return _failed(error("E0900", f"torch.fx cannot trace a layer of {type(module).__name__}: {exc}", where,
+                                 hint="a forward that branches on tensor values cannot be traced symbolically"))
+        except Exception as exc:  # the user's forward on the user's examples
+            return _failed(error("E0900", f"{type(module).__name__} fails on the example inputs: "
+                                 f"{type(exc).__name__}: {exc}", where, hint="pass token ids the model accepts"))
+    root = lm_block(lm, re.sub(r"\W", "_", type(module).__name__) or "Model", module)
+    text = emit(root, session, module)
+    try:
+        program = parse(text.text, filename)
+    except BlockError as exc:
+        diags = [_relocate(d, text, filename) for d in exc.diagnostics]
+        return LiftResult(text.text, diags, None, None, text.root, text.bind, _sources(diags, text.text, filename))
+    diags = sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
+    max_error = None
+    reading = sorted(p for p, (_, replay) in text.bind.items() if replay.reads_context)
+    if reading:
+        diags.append(error("E0913", f"the layers' branches {', '.join(reading)} are externs that read the masks "
+                           "or rotary tables the model builds, which the lifted model has none of", where,
+                           hint="lift a layer on its own (blockir lift hf) to see its externs"))
+    if not any(d.is_error for d in diags):
+        try:
+            max_error, more = certify_lm(program, text.root, module, ids, args, kwargs, where)
+        except BlockError as exc:
+            more = exc.diagnostics
+        except Exception as exc:  # the compiled lift runs on the user's inputs
+            more = [error("E0912", f"the compiled lift fails where the original runs: {type(exc).__name__}: {exc}",
+                          where, hint="the lifted program is in .text; compile it to see where")]
         diags += more
     return LiftResult(text.text, diags, max_error, program, text.root, text.bind, _sources(diags, text.text, filename))

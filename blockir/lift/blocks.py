@@ -19,7 +19,7 @@ from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
 
-DIMS = ("B", "S", "T", "D")
+DIMS = ("B", "S", "T", "D", "V")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
 
 
@@ -34,8 +34,10 @@ class Entry:
 class Session:
     """What the blocks of one lift share: the recorded calls, the dims and the block names."""
 
-    def __init__(self, calls: dict[str, Call], width: int, seq: int) -> None:
+    def __init__(self, calls: dict[str, Call], width: int, seq: int, context: dict[str, Any] | None = None) -> None:
         self.calls = calls
+        self.context = context or {}
+        self.vocab: int | None = None  # a whole LM's vocabulary size
         self.width, self.seq = width, seq
         self.hidden: dict[int, str] = {}
         self.memory: dict[int, str] = {}
@@ -177,7 +179,7 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
         kind = "model" if is_root and any(not isinstance(x, Line) for x in items) else "block"
         ins = ", ".join(f"{n}: [{', '.join(a)}]" for n, a in block.inputs)
         header = Line("", _header_span(block.module))
-        add(f"{kind} {block.name}({ins}) -> [{', '.join(block.inputs[0][1])}] {{", "header", header)
+        add(f"{kind} {block.name}({ins}) -> [{', '.join(block.output or block.inputs[0][1])}] {{", "header", header)
         for name, d in _in_use_order(block):
             add(f"  {name}: {d.text}", "decl", d)
         for item in items:
@@ -201,7 +203,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
 
     write(root, "", True)
     dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory else []),
-            f"dim D: model = {session.width}", *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()), ""]
+            f"dim D: model = {session.width}", *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
+            *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]
     out.text = "\n".join(dims + lines)
     out.entries = {k + len(dims): v for k, v in out.entries.items()}
     out.root = root.name

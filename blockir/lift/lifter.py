@@ -10,6 +10,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 
 from blockir.diagnostics import Diagnostic, Span, error
+from blockir.lift.attention import builtin_attention
 from blockir.lift.branches import builtin_branch
 from blockir.lift.match import canonical, match
 from blockir.lift.replay import Replay, Slot
@@ -60,6 +61,7 @@ class LiftedBlock:
     result_span: Span | None = None
     externs: dict[str, tuple[nn.Module, Replay]] = field(default_factory=dict)
     residual: bool = False
+    output: tuple[str, ...] | None = None  # the result's axes when not those of the first input (a model's logits)
 
     def body(self) -> str:
         """What two layers must share to be one stack: everything but the block's name."""
@@ -254,6 +256,8 @@ class Lifter:
             return name
         ins = [self.value(t) for t in tensors]
         text = None if index or len(tensors) != 1 else builtin_branch(module, call, self.session.dim)
+        if text is None and index in ((), (0,)) and len(tensors) == 1:
+            text = builtin_attention(module, call, self.session.calls, self.prefix + path + ".", self.session.context)
         if text is None:
             text = self._extern(node, module, path, slots, tensors, index)
         if path in self.block.decls and self.block.decls[path].text != text:

@@ -19,6 +19,11 @@ class Replay:
     kwargs: tuple[tuple[str, Slot], ...]
     index: tuple[int, ...] = ()
 
+    @property
+    def reads_context(self) -> bool:
+        """Does the call take a side input of the lifted module (a mask, rotary tables)?"""
+        return any(s[0] == "ctx" for s in (*self.args, *(s for _, s in self.kwargs)))
+
     def _fill(self, slot: Slot, inputs: tuple[Tensor, ...], ctx: dict[str, Any]) -> Any:
         kind, value = slot
         if kind == "input":

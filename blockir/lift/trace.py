@@ -187,6 +187,12 @@ def is_residual(m: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
             if any(isinstance(a, fx.Node) and a.op == "placeholder" and a.target in streams for a in ops) and \
                     all(isinstance(a, fx.Node) for a in node.args[:2]):
                 memo[id(m)] = True
+        # a module that runs layers (a compiled stack looping over its own) contains their residual adds
+        elif node.op == "call_module" and str(node.target).rsplit(".", 1)[-1].isdigit():
+            path = str(node.target).removeprefix("inner.")
+            sub, sub_call = gm.get_submodule(str(node.target)), calls.get(prefix + path)
+            if sub_call is not None and is_residual(sub, sub_call, calls, prefix + path + ".", memo):
+                memo[id(m)] = True
     return memo[id(m)]
 
 

@@ -1,0 +1,172 @@
+"""Attention branches as the built-in ``self_attention``: read from the branch's structure, confirmed by running it.
+
+An attention's causality, rotary embedding and head split are not visible in its parameters, and
+its forward (masks, rotary tables, head reshapes) does not trace symbolically. So the recogniser
+works the other way round. The branch's *structure* proposes the declaration: it must own exactly
+four projection matrices (three read the branch's input, as the recorded calls show, and one
+produces its result), optionally their biases and a per-head scale, and declare its ``head_dim``;
+the projections' widths then give ``heads`` and ``kv_heads``. Each row of :data:`VARIANTS` is one
+candidate setting of what the parameters do not tell; the first whose built-in, loaded strictly
+with the branch's own ``state_dict`` and called as the compiled lift calls it, reproduces the
+branch on the example inputs (forward, in evaluation mode) is the declaration. A branch that is
+stochastic in training (attention dropout inside) is no built-in without dropout: it stays an extern.
+Nothing here reads a class name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from blockir.lift.certificate import evaluating, invoke
+from blockir.lift.trace import Call, python_path
+
+# what the parameters leave open, tried in this order, one variant a line; the first that reproduces the
+# branch bit for bit wins, else the first within TOLERANCE (an eager attention is exact only against eager)
+VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("causal", {"causal": True, "rope": False, "impl": "sdpa"}),
+    ("causal, rotary", {"causal": True, "rope": True, "impl": "sdpa"}),
+    ("bidirectional", {"causal": False, "rope": False, "impl": "sdpa"}),
+    ("bidirectional, rotary", {"causal": False, "rope": True, "impl": "sdpa"}),
+    ("causal, eager", {"causal": True, "rope": False, "impl": "eager"}),
+    ("causal, rotary, eager", {"causal": True, "rope": True, "impl": "eager"}),
+    ("bidirectional, eager", {"causal": False, "rope": False, "impl": "eager"}),
+    ("bidirectional, rotary, eager", {"causal": False, "rope": True, "impl": "eager"}),
+)
+TOLERANCE = 1e-6  # relative, on the forward: the certificate then checks every gradient of the whole lift
+_ROLES = ("q", "k", "v")
+_DEFAULT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the structure fixes: the head split, the layers' names, biases and the per-head scale."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    names: dict[str, str]
+    bias: bool
+    out_bias: bool
+    head_scale: bool
+
+
+def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
+    children = dict(module.named_children())
+    own = {k: p for k, p in module.named_parameters(recurse=False)}
+    layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
+    if len(layers) != 4 or set(own) - {"head_scale"} or any(len(list(m.children())) for m in layers.values()):
+        return None
+    for m in layers.values():
+        keys = dict(m.named_parameters())
+        w = keys.get("weight")
+        if w is None or w.ndim != 2 or set(keys) - {"weight", "bias"}:
+            return None
+    # the recorded calls in call order: the three that read the branch's input are q, k and v
+    reads = [n for n in calls if n.startswith(prefix) and n[len(prefix):] in layers and
+             any(v is x for v in calls[n].arguments.values())]
+    reads = [n[len(prefix):] for n in reads]
+    rest = [n for n in layers if n not in reads]
+    head_dim = getattr(module, "head_dim", None)
+    if len(reads) != 3 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
+        return None
+    names = dict(zip(_ROLES, reads)) | {"o": rest[0]}
+    w = {r: layers[n].get_parameter("weight") for r, n in names.items()}
+    width = int(x.shape[-1])
+    q_out, kv_out = int(w["q"].shape[0]), int(w["k"].shape[0])
+    if any(int(w[r].shape[1]) != width for r in _ROLES) or tuple(w["o"].shape) != (width, q_out) or \
+            tuple(w["v"].shape) != tuple(w["k"].shape) or q_out % head_dim or kv_out % head_dim:
+        return None
+    heads, kv_heads = q_out // head_dim, kv_out // head_dim
+    if not kv_heads or heads % kv_heads or "head_scale" in own and tuple(own["head_scale"].shape) != (heads,):
+        return None
+    biased = [getattr(layers[names[r]], "bias", None) is not None for r in _ROLES]
+    if len(set(biased)) != 1:
+        return None
+    return Shape(heads, kv_heads, head_dim, names, biased[0], getattr(layers[names["o"]], "bias", None) is not None,
+                 "head_scale" in own)
+
+
+def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int) -> str:
+    args = [f"heads={shape.heads}"]
+    args += [f"kv_heads={shape.kv_heads}"] if shape.kv_heads != shape.heads else []
+    args += [f"head_dim={shape.head_dim}"] if shape.head_dim * shape.heads != width else []
+    args += [f"causal={'true' if variant['causal'] else 'false'}"]
+    args += ["rope=true"] if variant["rope"] else []
+    args += [f"rope_theta={theta:g}"] if variant["rope"] and theta not in (None, 10000.0) else []
+    args += ["bias=true"] if shape.bias else []
+    args += ["out_bias=true"] if shape.out_bias else []
+    args += ["head_scale=true"] if shape.head_scale else []
+    args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
+    args += [f"{role}={name}" for role, name in shape.names.items() if name != _DEFAULT[role]]
+    return f"self_attention({', '.join(args)})"
+
+
+def _builtin(text: str, width: int, batch: int, seq: int) -> nn.Module:
+    from blockir.api import parse
+    from blockir.lower.compile import compile
+
+    source = (f"dim B: batch\ndim S: seq\ndim D: model = {width}\n"
+              f"block A(x: [B, S, D]) -> [B, S, D] {{\n  attn: {text}\n  y = attn(x)\n  return y\n}}\n")
+    return compile(parse(source, "<lift attention>"), "A", dims={"B": batch, "S": seq}).get_submodule("attn")
+
+
+def _first(out: Any) -> Any:
+    while isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return out
+
+
+def _stochastic(module: nn.Module, call: Call) -> bool:
+    """Does the branch draw random numbers in training (attention-probability dropout)?"""
+    outs = []
+    with torch.random.fork_rng(), torch.no_grad(), python_path():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            outs.append(_first(invoke(module, call, {})))
+    return not torch.equal(outs[0], outs[1])
+
+
+def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
+                      context: dict[str, Any]) -> str | None:
+    """The ``self_attention(...)`` declaration that computes what ``module`` does as called, or None.
+
+    ``prefix`` is the branch's path in the recorded ``calls`` (ending in a dot); ``context`` the
+    keyword values the compiled lift passes its branches (the lifted root's side inputs).
+    """
+    streams = [v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point() and v.dim() == 3]
+    if len(streams) != 1:
+        return None
+    x = streams[0]
+    shape = _projections(module, calls, prefix, x)
+    if shape is None or _stochastic(module, call):
+        return None
+    state = module.state_dict()
+    theta = getattr(module, "rope_theta", None)
+    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+    with torch.no_grad(), evaluating(module), python_path():
+        want = _first(invoke(module, call, {}))
+        if not isinstance(want, Tensor) or want.shape != x.shape:
+            return None
+        scale = want.abs().max().item() or 1.0
+        close = None
+        for _, variant in VARIANTS:
+            text = _text(shape, variant, theta, int(x.shape[-1]))
+            candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1])).eval()
+            if set(candidate.state_dict()) != set(state):
+                return None
+            candidate.load_state_dict(state, strict=True)
+            reads = getattr(candidate, "blockir_context", frozenset())
+            try:
+                got = candidate(x, **{k: v for k, v in context.items() if k in reads})
+            except Exception:  # the caller's tables or masks do not fit this variant (a partial rotary)
+                continue
+            if got.shape != want.shape:
+                continue
+            if torch.equal(got, want):
+                return text
+            if close is None and (got - want).abs().max().item() <= TOLERANCE * scale:
+                close = text
+    return close
