@@ -78,7 +78,7 @@ def drift(x: torch.Tensor, eps: float) -> torch.Tensor:
     rows = _rows(x)
     mean = rows.mean(-1)
     var = (rows - mean[:, None]).pow(2).mean(-1)
-    return 1 + mean.pow(2) / (var + eps + DELTA)
+    return 1 + mean.pow(2) / (var + eps).clamp_min(DELTA)  # a constant row of a norm without ε stays finite
 
 
 def site_moments(program: Program, block: Block, values: dict[str, torch.Tensor], sizes: Sizes) -> list[SiteMoments]:
