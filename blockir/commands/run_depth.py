@@ -43,8 +43,8 @@ def _opt(v: float | None, width: int, spec: str) -> str:
 
 
 def profile_table(profile: Any) -> list[str]:
-    """The gradient norm of each layer at the first and last recorded step, then the init statistics of
-    every matrix whose declaration states a spread (and a count of those that state none)."""
+    """The gradient norm of each layer at the first and last recorded step, then the init statistics of the
+    matrices whose declarations state a spread, one line per weight group over the layers."""
     grads = profile.grads
     lines: list[str] = []
     if grads.steps and grads.layers:
@@ -55,13 +55,22 @@ def profile_table(profile: Any) -> list[str]:
         lines.append(f"L2 norm of each layer's gradient; every step and weight group in --format json "
                      f"({len(grads.groups)} groups)")
     stated = [s for s in profile.init if s.stated is not None]
-    if stated:
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for s in stated:  # one line per weight group: the layers of a stack share declarations
+        groups.setdefault((s.param[len(s.layer) + 1:] if s.layer else s.param, s.rule), []).append(s)
+    if groups:
         if lines:
             lines.append("")
-        lines.append(f"{'weight':<40}{'std':>10}{'stated':>10}{'ratio':>8}  rule")
-        lines += [f"{s.param:<40}{s.std:>10.4g}{s.stated:>10.4g}{_opt(s.ratio, 8, '.3f')}  {s.rule}" for s in stated]
-    unstated = len(profile.init) - len(stated)
+        lines.append(f"{'weight group':<28}{'layers':>7}{'stated std':>12}{'measured':>10}{'ratio min':>10}"
+                     f"{'ratio max':>10}  rule")
+        for (group, rule), ss in groups.items():
+            ratios = [s.ratio for s in ss if s.ratio is not None]
+            want = sorted({round(s.stated, 6) for s in ss})
+            shown = f"{want[0]:.4g}" if len(want) == 1 else f"{want[0]:.3g}-{want[-1]:.3g}"
+            lines.append(f"{group:<28}{len(ss):>7}{shown:>12}{sum(s.std for s in ss) / len(ss):>10.4g}"
+                         f"{_opt(min(ratios, default=None), 10, '.3f')}{_opt(max(ratios, default=None), 10, '.3f')}"
+                         f"  {rule}")
     if profile.init:
-        lines.append(f"init spread measured before the first step; {unstated} matrices whose declarations state "
-                     f"no initialisation are in --format json")
+        lines.append(f"init spread measured on the model as initialised from --seed, per matrix in --format json "
+                     f"({len(profile.init) - len(stated)} of {len(profile.init)} state no initialisation)")
     return lines
