@@ -17,6 +17,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.cli import main
 from blockir.lifecycle.moments import drift, norm_drift, site_moments
 from blockir.lifecycle.profile import GradProfile, init_stats, layer_paths
+from blockir.lifecycle.telemetry import method_telemetry
 
 PRE_LN = """
 dim B: batch
@@ -211,3 +212,26 @@ def test_plot_draws_the_gradient_profile_panel(tmp_path) -> None:
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         assert main(["run", str(path), *_small(tmp_path), "--profile", "--plot", str(out)]) == 0
     assert matplotlib_image.imread(out).shape[0] == round(3.3 * 110 * 4)
+
+
+def test_dyt_input_range_and_slope_distribution() -> None:
+    prog = blockir.parse("""
+dim B: batch
+dim S: seq
+dim D: model = 8
+block T(x: [B, S, D]) -> [B, S, D] {
+  n: dyt(D, alpha=0.8)
+  lin: linear(D, D)
+  y = x + lin(n(x))
+  return y
+}""")
+    m = blockir.compile(prog, "T", seed=0, dtype=torch.float64)
+    x = torch.linspace(-4.0, 3.0, 200, dtype=torch.float64).reshape(5, 5, 8)
+    with torch.no_grad():
+        _, values = blockir.trace(m, x)
+    (stat,) = method_telemetry(prog, prog.block("T"), m, values, Sizes.of(prog, {}))
+    assert stat.input_range == (-4.0, 3.0)
+    ax = float(m.n.alpha.detach()) * x.numpy().reshape(-1)  # alpha as the module holds it
+    slope = 1 - np.tanh(ax) ** 2  # d tanh(ax)/d(ax)
+    assert stat.slope == pytest.approx(tuple(np.quantile(slope, (0.01, 0.5, 0.99))), rel=1e-12)
+    assert stat.saturated == pytest.approx(float(np.mean(np.abs(ax) > 2)))

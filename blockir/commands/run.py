@@ -78,16 +78,21 @@ def method_table(methods: Any) -> list[str]:
     """Gate values and DyT alpha/saturation with their last gradient norms (empty without such parameters)."""
     if not methods:
         return []
-    lines = [f"{'parameter':<28}{'kind':>6}{'value':>12}{'grad norm':>12}{'saturated':>12}"]
-    lines += [f"{m.site:<28}{m.kind:>6}{m.value:>12.4g}{_opt(m.grad_norm)}{_opt(m.saturated)}" for m in methods]
+    lines = [f"{'parameter':<28}{'kind':>6}{'value':>12}{'grad norm':>12}{'saturated':>12}{'input min':>12}"
+             f"{'input max':>12}{'slope p01':>12}{'slope p50':>12}"]
+    lines += [f"{m.site:<28}{m.kind:>6}{m.value:>12.4g}{_opt(m.grad_norm)}{_opt(m.saturated)}"
+              f"{_opt(m.input_range and m.input_range[0])}{_opt(m.input_range and m.input_range[1])}"
+              f"{_opt(m.slope and m.slope[0])}{_opt(m.slope and m.slope[1])}" for m in methods]
     lines.append("value: a scalar gate, a vector gate's mean |g|, or DyT's alpha; grad norm: the last step's; "
-                 "saturated: fraction of DyT inputs with |alpha x| > 2")
+                 "saturated: fraction of DyT inputs with |alpha x| > 2; slope: 1 - tanh^2(alpha x), its 1% and 50% "
+                 "quantiles over DyT's input elements")
     return lines
 
 
 def methods_json(methods: Any) -> list[dict[str, Any]]:
     return [{"parameter": m.site, "kind": m.kind, "value": m.value, "grad_norm": m.grad_norm,
-             "saturated": m.saturated} for m in methods]
+             "saturated": m.saturated, "input_range": None if m.input_range is None else list(m.input_range),
+             "slope": None if m.slope is None else list(m.slope)} for m in methods]
 
 
 def scores_table(scores: Any) -> list[str]:

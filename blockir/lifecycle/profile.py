@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -155,7 +156,8 @@ def _roles(kind: str) -> list[str]:
     return list(dict.fromkeys(roles))
 
 
-def _branches(program: Program, block: Block, sizes: Sizes, prefix: str = "", layer: str | None = None):  # type: ignore[no-untyped-def]
+def _branches(program: Program, block: Block, sizes: Sizes, prefix: str = "",
+              layer: str | None = None) -> Iterator[tuple[str, KindDecl, Sizes, str | None]]:
     """(path, declaration, its sizes, layer path) of every built-in branch declaration reachable from ``block``."""
     for d in block.decls:
         if isinstance(d, KindDecl) and d.kind in init_roles.LAST:
