@@ -15,6 +15,7 @@ from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option,
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env
 from blockir.api import read_source
+from blockir.commands.run_depth import drift_json, drift_table, moments_json, moments_table, profile_table
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl
 from blockir.ir.program import Block, Program
@@ -77,16 +78,21 @@ def method_table(methods: Any) -> list[str]:
     """Gate values and DyT alpha/saturation with their last gradient norms (empty without such parameters)."""
     if not methods:
         return []
-    lines = [f"{'parameter':<28}{'kind':>6}{'value':>12}{'grad norm':>12}{'saturated':>12}"]
-    lines += [f"{m.site:<28}{m.kind:>6}{m.value:>12.4g}{_opt(m.grad_norm)}{_opt(m.saturated)}" for m in methods]
+    lines = [f"{'parameter':<28}{'kind':>6}{'value':>12}{'grad norm':>12}{'saturated':>12}{'input min':>12}"
+             f"{'input max':>12}{'slope p01':>12}{'slope p50':>12}"]
+    lines += [f"{m.site:<28}{m.kind:>6}{m.value:>12.4g}{_opt(m.grad_norm)}{_opt(m.saturated)}"
+              f"{_opt(m.input_range and m.input_range[0])}{_opt(m.input_range and m.input_range[1])}"
+              f"{_opt(m.slope and m.slope[0])}{_opt(m.slope and m.slope[1])}" for m in methods]
     lines.append("value: a scalar gate, a vector gate's mean |g|, or DyT's alpha; grad norm: the last step's; "
-                 "saturated: fraction of DyT inputs with |alpha x| > 2")
+                 "saturated: fraction of DyT inputs with |alpha x| > 2; slope: 1 - tanh^2(alpha x), its 1% and 50% "
+                 "quantiles over DyT's input elements")
     return lines
 
 
 def methods_json(methods: Any) -> list[dict[str, Any]]:
     return [{"parameter": m.site, "kind": m.kind, "value": m.value, "grad_norm": m.grad_norm,
-             "saturated": m.saturated} for m in methods]
+             "saturated": m.saturated, "input_range": None if m.input_range is None else list(m.input_range),
+             "slope": None if m.slope is None else list(m.slope)} for m in methods]
 
 
 def scores_table(scores: Any) -> list[str]:
@@ -133,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
                         backend=args.backend)
         check_options(cfg)
         warmup_free(program, args.warmup)
+        if args.plot:  # before training, not after it
+            from blockir.lifecycle.plot import require_matplotlib
+            require_matplotlib()
         set_threads(args.threads)
         def check_save() -> None:
             destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
@@ -144,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             cfg = checkpoint.resumed_config(args.resume, cfg)
         corpus = load_corpus(cfg.data)
         trainer = Trainer(program, block, cfg, corpus)
+        profile = start_profile(args, program, trainer)
         if args.resume:
             checkpoint.load(trainer, args.resume)
             log(f"resumed {args.resume} at step {trainer.step_count}")
@@ -153,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         update, close = progress_bar(args.steps)
         start = time.perf_counter()
         try:
-            report = train(trainer, args.steps, log, update)
+            report = train(trainer, args.steps, log, update, after_step=profile.after_step if profile else None)
         finally:
             close()
         elapsed = time.perf_counter() - start
@@ -170,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
                         "sphere": sphere_json(final.sphere),
                         "methods": methods_json(final.methods),
+                        "moments": moments_json(final.moments), "norm_drift": drift_json(final.drift),
+                        **({"profile": profile.json()} if profile else {}),
                         "scores": [{"site": s.site, "rms": s.rms, "entropy": s.entropy} for s in final.scores],
                         "snapshots": [{"step": s.step, "val_loss": s.val_loss, "sites": sites_json(s.sites)}
                                       for s in report.snapshots],
@@ -196,12 +208,27 @@ def run(args: argparse.Namespace) -> int:
             if final.scores:
                 print()
                 print("\n".join(scores_table(final.scores)))
+            for section in (moments_table(final.moments), drift_table(final.drift),
+                            profile_table(profile) if profile else []):
+                if section:
+                    print()
+                    print("\n".join(section))
         if args.plot:
             from blockir.lifecycle.plot import plot_run
-            plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}")
+            plot_run({block.name: report}, args.plot, title=f"{program.filename}: {block.name}",
+                     profile=profile)
             log(f"wrote {args.plot}")
         return EXIT_OK
     return with_program(args, job)
+
+
+def start_profile(args: argparse.Namespace, program: Program, trainer: Any) -> Any:
+    """With --profile, the depth profile of ``trainer``'s model as initialised (before a resumed state loads)."""
+    if not args.profile:
+        return None
+    from blockir.analyses.sizes import Sizes
+    from blockir.lifecycle.profile import DepthProfile
+    return DepthProfile.start(program, trainer.block, trainer.model.core, Sizes.of(program, trainer.cfg.dims))
 
 
 OPTIONS = {"steps": "--steps", "seed": "--seed", "lr": "--lr", "warmup": "--warmup", "batch": "--batch",
@@ -252,5 +279,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_force_option(r, "--save", "checkpoint")
     r.add_argument("--plot", metavar="FILE.png", help="draw loss against step and rho/cos against depth "
                    "(needs matplotlib)")
+    r.add_argument("--profile", action="store_true", help="record the gradient norm of every layer and weight "
+                   "group after each step, and the spread of every branch matrix at initialisation against the "
+                   "spread its declaration states")
     add_format_option(r, "table")
     r.set_defaults(func=run, writes="--save")

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from blockir.lifecycle.atomic import write_file
 from blockir.lifecycle.session import RunReport
 from blockir.norms.dyt import FAMILY as DYT
+
+
+PLOT_HINT = "blockir: --plot needs matplotlib (pip install 'blockir[plot]')"
+
+
+def require_matplotlib() -> None:
+    """Stop before any work when a plot is asked for and matplotlib is missing."""
+    _pyplot()
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -17,7 +25,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # the extra is optional
-        raise SystemExit("blockir: --plot needs matplotlib (pip install 'blockir[plot]')") from exc
+        raise SystemExit(PLOT_HINT) from exc
     return plt
 
 
@@ -68,15 +76,31 @@ def _panels(reports: Mapping[str, RunReport]) -> tuple[bool, bool]:
     return depth, steps
 
 
-def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> None:
-    """One figure for one run or several side by side (``compare``): loss, rho and cos.
+def _plot_profile(ax, profile: Any) -> None:  # type: ignore[no-untyped-def]
+    """The gradient norm of each layer against depth, one line per recorded step (earlier steps faded)."""
+    grads = profile.grads
+    depth = range(len(grads.layers))
+    for i, (step, norms) in enumerate(zip(grads.steps, grads.layer_norms)):
+        last = i == len(grads.steps) - 1
+        ax.plot(depth, norms, color="C3", alpha=1.0 if last or i == 0 else 0.2, marker="o" if last else None,
+                linestyle="--" if i == 0 and not last else "-",
+                label=f"step {step}" if last or i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (depth)")
+    ax.set_ylabel("gradient L2 norm per layer")
+
+
+def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "", profile: Any = None) -> None:
+    """One figure for one run or several side by side (``compare``): loss, rho and cos, and with a
+    ``profile`` (:class:`blockir.lifecycle.profile.DepthProfile`) the gradient norm per layer.
 
     For a single run, the telemetry of every evaluation is drawn faded under the last one,
     so the drift of the update ratio during training is visible by depth.
     """
     plt = _pyplot()
     by_depth, over_steps = _panels(reports)
-    rows = 3 + by_depth + over_steps
+    with_profile = profile is not None and bool(profile.grads.steps) and bool(profile.grads.layers)
+    rows = 3 + by_depth + over_steps + with_profile
     fig, axes = plt.subplots(rows, 1, figsize=(9, 3.3 * rows))
     loss, rho, cos = axes[:3]
     for label, r in reports.items():
@@ -95,7 +119,9 @@ def plot_run(reports: Mapping[str, RunReport], path: str, title: str = "") -> No
     if by_depth:
         _plot_methods(axes[3], reports)
     if over_steps:
-        _plot_states(axes[-1], reports)
+        _plot_states(axes[3 + by_depth], reports)
+    if with_profile:
+        _plot_profile(axes[-1], profile)
     loss.set_xlabel("step")
     loss.set_ylabel("loss (nats/byte)")
     rho.set_ylabel("rho p50 = RMS(u)/RMS(x)")

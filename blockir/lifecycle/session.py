@@ -25,6 +25,7 @@ from blockir.lower.compile import compile as compile_block
 from blockir.lifecycle.corpus import Corpus, check_windows, fixed_starts, load_corpus, sample_starts, windows
 from blockir.lower.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.lifecycle.lm import ByteLM, layout, needs_final_norm
+from blockir.lifecycle.moments import NormDrift, SiteMoments, norm_drift, site_moments
 from blockir.lifecycle.telemetry import (MethodStats, ScoreStats, SiteStats, method_telemetry, score_telemetry,
                                        telemetry)
 from blockir.lower.trace import trace
@@ -59,6 +60,8 @@ class Snapshot:
     methods: tuple[MethodStats, ...] = ()  # branch gates and DyT applications, when the model has any
     scores: tuple[ScoreStats, ...] = ()  # RealFormer: each carried score state
     norms: tuple[NormState, ...] = ()  # batch-coupled norms: PRepBN's step and gamma, running-stat age
+    moments: tuple[SiteMoments, ...] = ()  # the second-moment ledger of every residual update
+    drift: tuple[NormDrift, ...] = ()  # RMS² / (Var + ε) at the input of every norm
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,9 @@ class Trainer:
         finally:
             self.model.train()
         return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere, tuple(methods),
-                        tuple(scores), tuple(norm_states(self.model.core)))
+                        tuple(scores), tuple(norm_states(self.model.core)),
+                        tuple(site_moments(self.program, self.block, values, sizes)),
+                        tuple(norm_drift(self.program, self.block, values, sizes)))
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]
@@ -257,8 +262,10 @@ def evaluation_due(step: int, last: int, every: int) -> bool:
 
 
 def train(trainer: Trainer, steps: int, log: Callable[[str], None] = lambda _: None,
-          progress: Callable[[int, float], None] | None = None) -> RunReport:
-    """Run ``steps`` steps from wherever ``trainer`` stands, evaluating as its config asks."""
+          progress: Callable[[int, float], None] | None = None,
+          after_step: Callable[[Trainer], None] | None = None) -> RunReport:
+    """Run ``steps`` steps from wherever ``trainer`` stands, evaluating as its config asks; ``after_step``
+    sees the trainer after each step, with the gradients of that step still on its parameters."""
     first = trainer.step_count
     last = first + steps
     losses: list[float] = []
@@ -272,6 +279,8 @@ def train(trainer: Trainer, steps: int, log: Callable[[str], None] = lambda _: N
         elapsed += time.perf_counter() - t0
         losses.append(loss)
         step = trainer.step_count
+        if after_step is not None:
+            after_step(trainer)
         if progress is not None:
             progress(step, loss)
         else:

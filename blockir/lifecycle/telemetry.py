@@ -11,7 +11,8 @@ Method telemetry follows the parameters a method adds: every learned gate on a
 branch (ReZero's scalar, LayerScale's vector) with the norm of its last
 gradient, and every DyT application with its alpha, its gradient and the
 fraction of input elements where |alpha x| > 2, i.e. where tanh has flattened
-to under 7% of its slope at zero.
+to under 7% of its slope at zero, with the range of its input and the distribution of its
+slope relative to the peak, 1 - tanh²(alpha x) (quantiles over input elements).
 
 Carried attention scores (RealFormer) get their own line per layer: the RMS of
 the score state, which grows with depth under a running sum, and the mean
@@ -96,6 +97,23 @@ class MethodStats:
     value: float  # the gate (a vector's mean |g|), or DyT's alpha
     grad_norm: float | None  # L2 norm of the last step's gradient of the gate or alpha (None before any step)
     saturated: float | None = None  # dyt: fraction of input elements with |alpha x| > DYT_SATURATION
+    input_range: tuple[float, float] | None = None  # dyt: min and max of the input elements
+    slope: tuple[float, ...] | None = None  # dyt: quantiles SLOPE_QUANTILES of 1 - tanh²(alpha x) over elements
+
+
+SLOPE_QUANTILES = (0.01, 0.5, 0.99)
+
+
+def dyt_input(alpha: torch.Tensor, x: torch.Tensor) -> tuple[float, tuple[float, float], tuple[float, ...]]:
+    """Saturated fraction, input range and slope quantiles of DyT's tanh(alpha x) over the elements of ``x``."""
+    ax = alpha.detach().double().reshape(-1)[0] * x.detach().double().reshape(-1)
+    slope = 1 - torch.tanh(ax).pow(2)
+    xs = x.detach().double()
+    q = torch.tensor(SLOPE_QUANTILES, dtype=torch.float64)
+    # torch.quantile refuses very large inputs; the slope's distribution is kept to a strided sample of them
+    sample = slope[::max(1, slope.numel() // 2 ** 24 + 1)]
+    return (float((ax.abs() > DYT_SATURATION).double().mean()), (float(xs.min()), float(xs.max())),
+            tuple(torch.quantile(sample, q).tolist()))
 
 
 def _grad_norm(p: torch.Tensor) -> float | None:
@@ -114,9 +132,7 @@ def method_telemetry(program: Program, block: Block, module: torch.nn.Module, va
             continue
         alpha = module.get_parameter(s.param + ".alpha")
         x = values.get(s.value or "")
-        saturated = None
-        if x is not None:
-            saturated = float(((alpha.detach().double() * x.detach().double()).abs() > DYT_SATURATION).double().mean())
+        saturated, span, slope = dyt_input(alpha, x) if x is not None else (None, None, None)
         out.append(MethodStats(s.param, s.kind, float(alpha.detach().double().reshape(-1)[0]), _grad_norm(alpha),
-                               saturated))
+                               saturated, span, slope))
     return out
