@@ -114,7 +114,8 @@ def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> N
 def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
 
-    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks. Each
+    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks; a
+    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
