@@ -7,7 +7,8 @@ sequence-parallel decoder layer, a dict of ``ColwiseParallel`` / ``RowwiseParall
 ``SequenceParallel`` / ``PrepareModuleInput`` per layer. A step is one forward and backward; the ratio is
 the median derived step over the median hand-written step. Communication is counted at the dispatcher:
 every functional collective a forward issues inside a layer, by kind and payload (the full tensor it
-moves), against the plan's closed form per layer.
+moves), against the plan's closed form per layer; and, with ``CommDebugMode``, every collective of a whole
+forward and backward with its operand bytes, derived against hand-written.
 
     python benchmarks/distributed.py [--world 2] [--dims B=4,S=128,D=256,F=512,H=8] [--layers 4] [--steps 15]
 """
@@ -27,11 +28,40 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor.debug import CommDebugMode
 
 import blockir
 from blockir.lower.distributed.comms import LayerCollectives
 
 LAYOUTS = ("replicated", "sequence", "hidden")
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
+
+
+class Traffic(CommDebugMode):
+    """``CommDebugMode``, which also adds up each collective's operand bytes; both by pass (forward, backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"forward": Counter(), "backward": Counter()}
+        self.moved = {"forward": Counter(), "backward": Counter()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if out is not NotImplemented and not isinstance(func, torch._ops.HigherOrderOperator):
+            name = func._overloadpacket.__name__
+            if name in COLLECTIVES:
+                phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
+                self.calls[phase][name] += 1
+                self.moved[phase][name] += args[0].numel() * args[0].element_size()
+        return out
+
+
+def traffic(model: torch.nn.Module, x: torch.Tensor) -> Traffic:
+    """The collectives of one forward and backward of ``model`` on ``x``, counted by ``CommDebugMode``."""
+    with Traffic() as mode:
+        model(x).sum().backward()
+    model.zero_grad()
+    return mode
 
 
 def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
@@ -90,6 +120,9 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
         result[layout] = {"seen": counter.seen, "plan": m.blockir_plan}
     models["hand-written"] = blockir.compile(program, "LlamaModel", dims=dims, seed=0)
     hand_written(models["hand-written"], mesh, args.layers)
+    for name, m in models.items():
+        mode = traffic(m, x)
+        result.setdefault("traffic", {})[name] = (mode.calls, mode.moved)
     result["time"] = step_times(models, x, args.steps)
     if rank == 0:
         torch.save(result, out)
@@ -139,6 +172,14 @@ def main() -> None:
         expected = Counter((c.op, c.elements) for c in plan.collectives["layers.0"])
         mb, pb = (4 * sum(e * n for (_, e), n in c.items()) for c in (measured, expected))
         print(f"| {layout} | {fmt(measured)} | {fmt(expected)} | {mb} | {pb} | {measured == expected} |")
+    hand_calls, hand_bytes = result["traffic"]["hand-written"]
+    print("\n| plan | forward collectives | backward collectives | forward bytes | backward bytes | "
+          "bytes / hand-written |\n|---|---:|---:|---:|---:|---:|")
+    total = sum(hand_bytes["forward"].values()) + sum(hand_bytes["backward"].values())
+    for name, (calls, moved) in result["traffic"].items():
+        fwd, bwd = sum(moved["forward"].values()), sum(moved["backward"].values())
+        print(f"| {name} | {sum(calls['forward'].values())} | {sum(calls['backward'].values())} | {fwd} | {bwd} | "
+              f"{(fwd + bwd) / total:.2f} |")
 
 
 if __name__ == "__main__":

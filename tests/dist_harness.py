@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     import blockir
     m = blockir.compile(program, name, dims=dims, seed=0)
     m.train(mode == "train")
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
-    group = None
+    tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
+    x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
+        torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    group, rows, index = None, shape[0], 0
     if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
         from blockir.lower.distributed import parallelize
@@ -48,11 +50,10 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             group = mesh["dp"].get_group()
             # each data-parallel rank takes its slice of the batch; FSDP averages gradients over dp, so the
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
-            rows = shape[0] // dp
-            i = mesh["dp"].get_local_rank()
-            x, grad_out = x[i * rows:(i + 1) * rows], grad_out[i * rows:(i + 1) * rows] * dp
+            rows, index = shape[0] // dp, mesh["dp"].get_local_rank()
+            x = x[index * rows:(index + 1) * rows]
         parallelize(m, mesh, program, name, layout=layout, dims=dims)
-    x = x.clone().requires_grad_(True)
+    x = x.clone().requires_grad_(not tokens)
     seen: dict[str, str] = {}
 
     def record(path: str) -> Any:
@@ -75,17 +76,21 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
                    if layer in comms}
     else:
         y = m(x)
-    y.backward(grad_out)
+    # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
+    grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
+    y.backward(grad_out[index * rows:(index + 1) * rows] * dp)
     for h in hooks:
         h.remove()
-    y, dx = y.detach(), x.grad.detach()
+    y, dx = y.detach(), None if tokens else x.grad.detach()
     if group is not None:
-        y, dx = _gather_batch(y, group), _gather_batch(dx, group) / dp
+        y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / dp
     return dict(y=y, dx=dx,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
 
 
+TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
+VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
 Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, int]  # program, block, dims, layout, shape, mode, dp
 
 
@@ -109,7 +114,8 @@ def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> N
 def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
 
-    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks. Each
+    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks; a
+    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
@@ -118,6 +124,12 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     refs = [_run(program, name, dims, None, shape, mode) for program, name, dims, _, shape, mode, _ in cases]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
-        mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=True)
+        ranks = mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=False)
+        deadline = time.monotonic() + TIMEOUT
+        while not ranks.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ranks.processes:
+                    p.kill()
+                raise TimeoutError(f"the {world}-rank world did not finish within {TIMEOUT} s")
         pars = torch.load(out)
     return list(zip(refs, pars))

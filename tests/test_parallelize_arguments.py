@@ -54,6 +54,8 @@ def llama() -> nn.Module:
 
 @pytest.mark.parametrize("case, where, message", [
     ("linear", "module", "parallelize expects a module returned by blockir.compile, got Linear"),
+    ("fused", "module", "the module was compiled with backend='fused': its fused add+norm ops have no DTensor "
+     "sharding rule, so no layout can run them on sharded or replicated DTensors"),
     ("layer", "module", "parallelize expects a module returned by blockir.compile, got LlamaDecoderLayer"),
     ("other block", "name", "the module was compiled from block 'LlamaModel', not 'LlamaDecoderLayer'"),
     ("unknown block", "name", "no block named 'Llama'"),
@@ -68,6 +70,8 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
         module = nn.Linear(64, 64)
     elif case == "layer":
         module = llama.layers[0]
+    elif case == "fused":
+        module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
     elif case == "other block":
         name = "LlamaDecoderLayer"
     elif case == "unknown block":

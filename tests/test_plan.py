@@ -170,14 +170,14 @@ def test_head_parameters_are_placed() -> None:
 
 
 @pytest.mark.parametrize("change, unplaced", [
-    ("fused=stacked, bias=true, out_bias=true)",
+    ("fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)",
      "'h.0.attn.qkv_proj.weight', 'h.0.attn.qkv_proj.bias', 'h.0.attn.o_proj.weight', 'h.0.attn.o_proj.bias' and 4 more"),
-    ("bias=true, out_bias=true, qk_norm=rmsnorm, qk_norm_axis=width)",
+    ("kv_heads=1, bias=true, out_bias=true, qk_norm=rmsnorm, qk_norm_axis=width)",
      "'h.0.attn.q_norm.weight', 'h.0.attn.k_norm.weight', 'h.1.attn.q_norm.weight', 'h.1.attn.k_norm.weight'"),
 ])
 def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: str) -> None:
-    """A fused q/k/v matrix cannot be cut into whole heads by columns, a q/k norm over the whole width needs the
-    moments of heads on other ranks: the plan names what it cannot place instead of leaving it out."""
+    """CodeGen's q/v/k row groups are not split; a q/k norm over the whole width has no key slice on a rank that
+    computes a replicated key/value head: the plan names what it cannot place instead of leaving it out."""
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
         "attn: self_attention(heads=H, causal=true, " + change)
@@ -191,15 +191,33 @@ def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: s
 
 
 def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
-    """A file that declares a mesh and a fused q/k/v still shows its manifest; the block's entry carries the
-    plan's refusal where the placements would be."""
+    """A file that declares a mesh and a q/v/k row-grouped matrix still shows its manifest; the block's entry
+    carries the plan's refusal where the placements would be."""
     from blockir.analyses.manifest import program_manifest
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
-        "attn: self_attention(heads=H, causal=true, fused=stacked, bias=true, out_bias=true)").replace(
+        "attn: self_attention(heads=H, causal=true, fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)").replace(
         "dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
     prog = blockir.parse(text, "families.block")
     entry = program_manifest(prog)["parallel_layout"]["blocks"]["GPT2Model"]
     assert "params" not in entry
     assert entry["plan_refused"].startswith("E0607: the ")
     assert "'h.0.attn.qkv_proj.weight'" in entry["plan_refused"]
+
+
+def test_a_language_models_collectives_carry_the_stream_it_embeds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A model taking token ids [B, S]: each collective moves the [B, S, D] stream, per step with --dims and
+    per token (D elements) without; its head gathers the stream's rows under the sequence layout."""
+    from blockir.importers.hf.writer import block_text
+    from hf_configs import CONFIGS
+    path = tmp_path / "llama.block"
+    path.write_text(block_text(CONFIGS["llama"]))  # D = 64
+    code, out, _ = _run("plan", str(path), "--tp", "2", "--dims", "B=2,S=8", "--dtype", "f32", "--format", "json")
+    assert code == 0
+    plan = json.loads(out)
+    assert {c["elements"] for c in plan["collectives"]["model.layers.0"]} == {2 * 8 * 64}
+    assert plan["collectives"]["LlamaForCausalLM"] == [
+        dict(site="lm_head", op="all-gather", elements=1024, bytes=4096, wire_bytes=2048)]
+    code, out, _ = _run("plan", str(path), "--tp", "2", "--dtype", "bf16")
+    assert code == 0 and "stream [B, S, D; tp=shard(S)]" in out
+    assert "       128 B payload" in out  # one token of the stream, 64 bf16 elements

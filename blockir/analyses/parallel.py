@@ -15,11 +15,16 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   under hidden sharding the row moments come from one all-reduce of the row's
   partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm), so the stream
   stays feature-sharded through a norm, Post-LN's included;
-* linears, scales, externs: replicated, gathered in and sliced out.
+* linears, scales, externs: replicated, gathered in and sliced out;
+* embeddings and heads of a language model: replicated, computed on full
+  tensors; an embedding's output is sliced to the stream's layout, a head's
+  input is all-gathered (the stream is then the type of the stacked layers'
+  input, not of the token ids the model takes).
 
 Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
-key no style can place (a fused q/k/v matrix, a q/k norm over the whole
-width) is an error naming it (E0607), never a silent omission.
+key no style can place (CodeGen's q/v/k row groups, a q/k norm over the whole
+width with key/value heads replicated over more ranks) is an error naming it
+(E0607), never a silent omission.
 
 The plan also counts the collectives of one forward per layer with their
 payload, which the cost report turns into bytes on the wire.
@@ -35,6 +40,7 @@ from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
 from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block, Program
+from blockir.ir.types import TensorType
 
 LAYOUTS = ("replicated", "sequence", "hidden")
 # roles (ir/kinds.py LAYER_NAMES) of the column-parallel projections of each branch and of its row-parallel one
@@ -55,7 +61,7 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern
+    style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
     kind: str
 
 
@@ -85,6 +91,23 @@ class ParallelPlan:
         return {m.path: m.style for m in self.modules}
 
 
+def _has_model_axis(program: Program, t: TensorType) -> bool:
+    return any(program.dim_map[a].role.value == "model" for a in t.names)
+
+
+def stream_type(program: Program, block: Block) -> TensorType:
+    """The residual stream's type: the block's first input when it carries the model axis, else (a language
+    model taking token ids) the input of the first block it instantiates that does, else its result."""
+    if block.params and _has_model_axis(program, block.params[0].type):
+        return block.params[0].type
+    for d in block.decls:
+        if isinstance(d, InstanceDecl):
+            found = stream_type(program, program.block(d.block))
+            if _has_model_axis(program, found):
+                return found
+    return block.params[0].type if block.params else block.result
+
+
 def _fail(span, message: str, hint: str | None = None) -> BlockError:
     return BlockError([error("E0730", message, span, hint=hint)])
 
@@ -109,8 +132,9 @@ def _kv_replicated(d: KindDecl, kv: int, world: int) -> bool:
 
 
 class _Planner:
-    def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int):
+    def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int, stream_axis: str):
         self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
+        self.stream_axis = stream_axis  # the stream's model axis: elements over its size are the rows
         self.plan = ParallelPlan(layout, world)
 
     def block(self, block: Block, prefix: str, layer: str) -> None:
@@ -158,7 +182,11 @@ class _Planner:
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return
-        self.plan.modules.append(ModuleStyle(path, "replicate", d.kind))
+        # an embedding starts the stream and a head ends it: both compute on full tensors
+        style = d.kind if d.kind in ("embedding", "head") else "replicate"
+        self.plan.modules.append(ModuleStyle(path, style, d.kind))
+        if d.kind == "head":
+            self._gathered(layer, path)
         if d.kind in ("linear", "head"):
             self._param(f"{path}.weight", "replicate")
             if d.arg("bias"):
@@ -171,8 +199,10 @@ class _Planner:
     def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
 
-        A projection the column split cannot cut into whole heads or units (one fused matrix, or GPT-2's
-        transposed Conv1D weight) is left unplaced, and the exhaustiveness check names it."""
+        GPT-2's transposed Conv1D weights split along their other axis; a fused matrix is split by its head
+        groups (q, k, v stacked or per head in turn; gate and up stacked), each rank computing the columns of
+        its own heads or units. CodeGen's q, v, k row groups are left unplaced, and the exhaustiveness check
+        names them."""
         names = layer_names(d.kind, dict(d.args))
         attention = d.kind.endswith("attention")
         shared_kv = False
@@ -184,42 +214,68 @@ class _Planner:
         else:
             _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
         self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
-        if d.arg("conv1d") or d.arg("fused") not in (None, False, "none"):
+        fused, conv1d, bias = d.arg("fused"), bool(d.arg("conv1d")), d.arg("bias")
+        if fused == "qvk_groups":
             return
-        bias = d.arg("bias")
-        for role in COLUMN[d.kind]:
-            sub = f"{path}.{names[role]}"
-            if shared_kv and role in KV:
-                self.plan.modules.append(ModuleStyle(sub, "kv_replicated", "linear"))
-                placement = "replicate (each rank computes the key/value head of its query heads)"
-            else:
-                self.plan.modules.append(ModuleStyle(sub, "colwise", "linear"))
-                placement = "shard(0)"
+        if fused in (None, False, "none"):
+            for role in COLUMN[d.kind]:
+                self._columns(f"{path}.{names[role]}", shared_kv and role in KV, conv1d, bias)
+        else:
+            # a stacked matrix's rank columns are several blocks of it: it stays whole and each rank reads its
+            # rows; per head q, k, v in turn, a rank's heads are one contiguous block, a plain shard
+            sub = f"{path}.{names['qkv' if attention else 'gate_up']}"
+            self.plan.modules.append(ModuleStyle(sub, "columns", "linear"))
+            placement = "shard(0)" if fused == "heads" and not conv1d else \
+                "replicate (each rank computes the columns of its own heads or units)"
             self._param(f"{sub}.weight", placement)
             if bias:
                 self._param(f"{sub}.bias", placement)
         row = f"{path}.{names[ROW[d.kind]]}"
         self.plan.modules.append(ModuleStyle(row, "rowwise", "linear"))
-        self._param(f"{row}.weight", "shard(1)")
+        self._param(f"{row}.weight", "shard(0)" if conv1d else "shard(1)")
         if d.arg("out_bias" if attention else "bias"):
             self._param(f"{row}.bias", "replicate")
         if attention:
-            self.head_params(d, path, names, shared_kv)
+            self.head_params(d, path, names, shared_kv, layer, sizes)
         self._gathered(layer, path)
         self._collective(layer, Collective(row, REDUCE[self.layout], self.elements))
 
-    def head_params(self, d: KindDecl, path: str, names: dict[str, str], shared_kv: bool) -> None:
+    def _columns(self, sub: str, shared: bool, conv1d: bool, bias: bool) -> None:
+        """One column-parallel projection of a branch (an nn.Linear, or GPT-2's transposed Conv1D)."""
+        if shared:
+            self.plan.modules.append(ModuleStyle(sub, "kv_replicated", "linear"))
+            weight = bias_at = "replicate (each rank computes the key/value head of its query heads)"
+        else:
+            self.plan.modules.append(ModuleStyle(sub, "columns" if conv1d else "colwise", "linear"))
+            weight, bias_at = ("shard(1)" if conv1d else "shard(0)"), "shard(0)"
+        self._param(f"{sub}.weight", weight)
+        if bias:
+            self._param(f"{sub}.bias", bias_at)
+
+    def head_params(self, d: KindDecl, path: str, names: dict[str, str], shared_kv: bool, layer: str,
+                    sizes: Sizes) -> None:
         """Per-head parameters of an attention branch. A q/k norm over each head's features is one gain all
         heads share: every rank applies it to its own heads, so its gradient is a pending sum over tp. A norm
-        over the whole width spans heads on other ranks and is left unplaced. nGPT's s_qk has one entry
-        per query feature and splits with its heads; a key head takes its group's first query gain, which
-        a rank computing a replicated key/value head need not hold, so then it is left unplaced too."""
+        over the whole width (OLMo-2) is split with the heads: each rank's gain is that of its own features,
+        and the row moments come from one all-reduce of the ranks' partial sums, as a feature-sharded norm's
+        do; with replicated key/value heads a rank holds no slice of the key width, so that is left unplaced.
+        nGPT's s_qk has one entry per query feature and splits with its heads; a key head takes its group's
+        first query gain, which a rank computing a replicated key/value head need not hold, so then it is left
+        unplaced too."""
         qk = FAMILIES.get(d.arg("qk_norm"))
-        if qk is not None and qk.keys(qk.defaults(), ()) and d.arg("qk_norm_axis") == "head":
+        if qk is not None and qk.scale_kind == "per_channel" and d.arg("qk_norm_axis") in ("head", "width"):
+            width = d.arg("qk_norm_axis") == "width"
+            if width and shared_kv:
+                return
+            placement = "shard(0)" if width else "replicate (gradient summed over tp)"
             for role in ("q_norm", "k_norm"):
-                self.plan.modules.append(ModuleStyle(f"{path}.{names[role]}", "head_norm", d.kind))
+                sub = f"{path}.{names[role]}"
+                self.plan.modules.append(ModuleStyle(sub, "width_norm" if width else "head_norm", d.kind))
                 for key, _ in qk.keys(qk.defaults(), ()):
-                    self._param(f"{path}.{names[role]}.{key}", "replicate (gradient summed over tp)")
+                    self._param(f"{sub}.{key}", placement)
+                if width:  # the row moments' partial sums, one all-reduce per forward reduction
+                    rows = self.elements // sizes.dim(self.stream_axis)
+                    self._collective(layer, Collective(sub, "all-reduce", qk.reductions[0] * rows))
         if d.arg("qk_scale") and not shared_kv:
             self._param(f"{path}.qk_scale", "shard(0)")
         if d.arg("head_scale"):  # NormFormer's scale of each query head's output
@@ -242,8 +298,9 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
         raise BlockError([error(
             "E0607", f"the {plan.layout} tensor-parallel plan over {plan.world} ranks cannot place {shown}: "
             f"{owner.kind} '{owner.name}' has no sharding that keeps whole heads or units on each rank", owner.span,
-            hint="split the projections (fused=none, no conv1d) and normalize q/k per head (qk_norm_axis=head), "
-                 "or run this block without tensor parallelism")])
+            hint="store q, k and v stacked or separately (not in q/v/k row groups); with a q/k norm over the whole "
+                 "width or nGPT's qk_scale, use no more ranks than key/value heads; or run this block without "
+                 "tensor parallelism")])
 
 
 def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int) -> ParallelPlan:
@@ -252,7 +309,7 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     ``sizes`` must know the stream's batch and sequence sizes for the collective counts."""
     if layout not in LAYOUTS:
         raise _fail(block.span, f"unknown layout '{layout}'", "layouts: " + ", ".join(LAYOUTS))
-    state = block.params[0].type if block.params else block.result
+    state = stream_type(program, block)
     known = {a: sizes.env.get(a) for a in state.names}
     per_token = any(known[a] is None for a in state.rows)
     elements = 1
@@ -265,7 +322,7 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
                         "choose a sequence length divisible by the tensor-parallel degree")
     if layout == "hidden" and sizes.dim(state.names[-1]) % world:
         raise _fail(block.span, f"the model axis of {state} does not split evenly over {world} ranks")
-    planner = _Planner(program, sizes, layout, world, elements)
+    planner = _Planner(program, sizes, layout, world, elements, state.names[-1])
     planner.plan.per_token = per_token
     planner.block(block, "", "")
     _check_placed(program, block, sizes, planner.plan)

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--tp must be a positive integer, got {args.tp}")
 
     def show(program: Program, block: Block) -> int:
-        from blockir.analyses.parallel import STREAM, derive_plan
+        from blockir.analyses.parallel import STREAM, derive_plan, stream_type
         from blockir.analyses.sizes import Sizes
         plan = derive_plan(program, block, Sizes.of(program, args.dims), args.layout, args.tp)
         itemsize = DType(args.dtype).itemsize
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
                         "sizes": unit, "stream": stream, "params": plan.params, "modules": plan.styles(),
                         "collectives": layers, "closed_form": CLOSED_FORM[args.layout]})
             return EXIT_OK
-        print(f"{block.kind} {block.name}: tp={args.tp}, layout {args.layout}, stream [{', '.join(block.params[0].type.names)}; "
+        print(f"{block.kind} {block.name}: tp={args.tp}, layout {args.layout}, stream [{', '.join(stream_type(program, block).names)}; "
               f"tp={stream}] at every block boundary")
         print("parameters:")
         width = max((len(k) for k in plan.params), default=0)

@@ -10,14 +10,16 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
-                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 from torch.distributed.tensor.placement_types import Placement
 
-from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan
+from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
+from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
+from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.numerics import batch_slice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
@@ -29,17 +31,25 @@ def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
 
 
 def _stream(block: Block, program: Program, layout: str) -> Placement:
-    """The stream's placement as DTensor states it: the tensor dim of S (sequence) or of D (hidden)."""
+    """The stream's placement as DTensor states it: the tensor dim of S (sequence) or of D (hidden).
+
+    ``derive_plan`` has checked that the stream has the axis the layout splits."""
     if layout == "replicated":
         return Replicate()
-    state = block.params[0].type
     role = "seq" if layout == "sequence" else "model"
-    return Shard(next(i for i, a in enumerate(state.axes) if a.role.value == role))
+    return Shard(next(i for i, a in enumerate(stream_type(program, block).axes) if a.role.value == role))
 
 
-def _gathered(stream: Placement) -> PrepareModuleInput:
-    """Full rows at a branch input: all-gather a sharded stream, hand the branch plain local tensors."""
-    return PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_output=True)
+def _boundary(module: nn.Module, mesh: DeviceMesh, program: Program, block: Block, stream: Placement) -> None:
+    """The module takes and returns full tensors: a stream-typed input is sliced to the stream's layout and a
+    stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head)."""
+    state = stream_type(program, block)
+    if block.params and block.params[0].type.names == state.names:
+        parallelize_module(module, mesh, PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_output=False))
+    if block.result.names == state.names:
+        parallelize_module(module, mesh, PrepareModuleOutput(
+            output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
 class ReplicatedHeads(ParallelStyle):
@@ -64,7 +74,7 @@ class ReplicatedHeads(ParallelStyle):
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
-            x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+            x = branch_input(x, device_mesh)
             own = [p.to_local(grad_placements=[Partial()])[rows] if p is not None else None
                    for p in (module.weight, module.bias)]
             return F.linear(x, own[0], own[1])
@@ -80,21 +90,66 @@ def _share_kv(module: nn.Module, plan: ParallelPlan, world: int) -> None:
             module.get_submodule(m.path.rpartition(".")[0]).kv_heads = world
 
 
-def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module) -> dict[str, ParallelStyle]:
+def _pieces(branch: nn.Module, proj: nn.Module, rank: int, world: int) -> list[tuple[int, int]]:
+    """The ranges of ``proj``'s stored output features rank ``rank`` of ``world`` computes: its heads' q, k
+    and v columns of a stacked matrix (one key/value head where they are replicated), its units' gate and up
+    columns of a stacked gate/up matrix, else one contiguous block (per head q, k, v in turn is one too)."""
+    size = proj.weight.shape[1 if isinstance(proj, Conv1D) else 0]
+    share = lambda n, unit=1: (rank * n // world * unit, (rank + 1) * n // world * unit)  # noqa: E731
+    fused = vars(branch).get("fused")
+    if fused == "stacked":
+        hd, heads, kv = branch.head_dim, branch.heads, branch.kv_heads
+        k0, k1 = share(kv, hd) if kv % world == 0 else ((rank * kv // world) * hd, (rank * kv // world + 1) * hd)
+        q_out, kv_out = heads * hd, kv * hd
+        return [share(heads, hd), (q_out + k0, q_out + k1), (q_out + kv_out + k0, q_out + kv_out + k1)]
+    if fused is True:  # gate rows, then up rows
+        a, b = share(size // 2)
+        return [(a, b), (size // 2 + a, size // 2 + b)]
+    return [share(size)]
+
+
+def _local_heads(module: nn.Module, plan: ParallelPlan, world: int) -> None:
+    """A stacked q/k/v matrix is split by the branch's own head counts: they become this rank's."""
+    for m in plan.modules:
+        branch = module.get_submodule(m.path.rpartition(".")[0])
+        if m.style == "columns" and vars(branch).get("fused") == "stacked":
+            kv = branch.kv_heads
+            vars(branch).update(heads=branch.heads // world, kv_heads=kv // world if kv % world == 0 else 1)
+
+
+def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: DeviceMesh) -> dict[str, ParallelStyle]:
     sharded = not isinstance(stream, Replicate)
     out: dict[str, ParallelStyle] = {}
     for m in plan.modules:
         if m.style == "colwise":
             out[m.path] = ColwiseParallel()
+        elif m.style == "columns":
+            branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
+            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()))
+        elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
+            out[m.path] = Rows(stream, use_local_output=not sharded)
+        elif m.style == "width_norm":
+            # a q/k norm over all heads, on this rank's heads: their features are a shard of the norm's width
+            out[m.path] = PrepareModuleInputOutput(
+                input_layouts=(Shard(2),), desired_input_layouts=(Shard(2),), use_local_input=False,
+                output_layouts=(Shard(2),), desired_output_layouts=(Shard(2),), use_local_output=True)
         elif m.style == "kv_replicated":
             out[m.path] = ReplicatedHeads(module.get_submodule(m.path.rpartition(".")[0]).kv_heads)
         elif m.style == "rowwise":
             # a replicated stream stays a plain tensor; a sharded one stays a DTensor so adds see its placement
             out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
-        elif m.style == "branch" and sharded:
-            out[m.path] = _gathered(stream)
+        elif m.style == "branch":
+            out[m.path] = BranchInput(stream)
         elif m.style == "norm" and plan.layout == "sequence":
             out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
+        elif m.style == "embedding" and sharded:
+            # a lookup on every rank's full ids, its rows then sliced to the stream's layout (no collective)
+            out[m.path] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(stream,),
+                                              use_local_output=False)
+        elif m.style == "head" and sharded:
+            # full rows of the stream in, plain logits out: a tied table stays one plain tensor with the embedding's
+            out[m.path] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
+                                             use_local_output=True)
         elif m.style == "extern" and sharded:
             out[m.path] = PrepareModuleInputOutput(
                 input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
@@ -106,7 +161,8 @@ def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
     """Per-head parameters of attention branches, in every layout: a q/k norm's gain is replicated (each rank
     applies it to its own heads, so its gradient is a pending sum); nGPT's s_qk and NormFormer's head scales are split
     with the query heads."""
-    placed = {m.path: [Replicate()] for m in plan.modules if m.style == "head_norm"}
+    placed = {m.path: [Replicate() if m.style == "head_norm" else Shard(0)] for m in plan.modules
+              if m.style in ("head_norm", "width_norm")}
     placed |= {key.rpartition(".")[0]: [Shard(0)] for key in plan.params if key.endswith((".qk_scale", ".head_scale"))}
     for path, placements in placed.items():
         for name, p in list(module.get_submodule(path).named_parameters(recurse=False)):
@@ -116,16 +172,19 @@ def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
 
 
 def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:
-    """Parameters no style owns become replicated DTensors, so they meet DTensor activations."""
-    for name, param in list(module.named_parameters()):
-        if isinstance(param.data, torch.distributed.tensor.DTensor):
+    """Parameters no style owns become replicated DTensors, so they meet DTensor activations; a parameter
+    held under several names (a tied table) stays one parameter."""
+    placed: dict[int, nn.Parameter] = {}
+    for name, param in list(module.named_parameters(remove_duplicate=False)):
+        if isinstance(param.data, DTensor) and id(param) not in placed:
             continue
         owner, _, leaf = name.rpartition(".")
         if any(owner == s or owner.startswith(s + ".") for s in styled):
             continue
-        parent = module.get_submodule(owner) if owner else module
-        parent.register_parameter(leaf, nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
-                                                     requires_grad=param.requires_grad))
+        if id(param) not in placed:
+            placed[id(param)] = nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
+                                             requires_grad=param.requires_grad)
+        (module.get_submodule(owner) if owner else module).register_parameter(leaf, placed[id(param)])
 
 
 def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
@@ -152,11 +211,21 @@ def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
     module.forward = sliced  # type: ignore[method-assign]
 
 
+def _fused(module: nn.Module) -> bool:
+    """Whether a graph of the module calls the fused backend's add+norm boundary (``blockir.lower.fused``)."""
+    return any(node.op == "call_function" and getattr(node.target, "__module__", "").startswith("blockir.lower.fused")
+               for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
+
+
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
                    "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
+    if _fused(module):
+        raise _bad("module", "the module was compiled with backend='fused': its fused add+norm ops have no "
+                   "DTensor sharding rule, so no layout can run them on sharded or replicated DTensors",
+                   "compile it with backend='fx' to parallelise it")
     plan = getattr(module, "blockir_plan", None)
     if plan is not None:
         raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
@@ -205,16 +274,15 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
     stream = _stream(block, program, layout)
-    styles = _styles(plan, stream, module)
+    styles = _styles(plan, stream, module, mesh)
     if styles:
         parallelize_module(module, mesh, styles)
+    _local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
     _head_params(module, mesh, plan)
     if not isinstance(stream, Replicate):
         _replicate_rest(module, mesh, plan, set(styles))
-        parallelize_module(module, mesh, PrepareModuleInputOutput(
-            input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_input=False,
-            output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
+        _boundary(module, mesh, program, block, stream)
     if dp is not None:
         _fully_shard(module, dp, plan)
         _batch_slice(module, dp)

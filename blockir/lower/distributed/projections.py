@@ -1,0 +1,135 @@
+"""Column- and row-parallel projections that ``ColwiseParallel`` / ``RowwiseParallel`` cannot express.
+
+Those styles split an ``nn.Linear`` into contiguous blocks of its output (or input) features. Checkpoints
+also store GPT-2's transposed ``Conv1D`` (``[in, out]``) and fused matrices: q, k and v stacked (GPT-2's
+``c_attn``, Phi-3's ``qkv_proj``, with grouped key/value heads), gate and up stacked (Phi-3's
+``gate_up_proj``) or per head q, k, v in turn (GPT-NeoX's ``query_key_value``, which a contiguous split
+cuts into whole heads). Each rank computes the output columns of its own heads or units, in the order the
+branch reads them; a stacked matrix, whose rank columns are not one contiguous block of the stored tensor,
+stays replicated and each rank reads its rows of it (its gradient is then a pending sum over the ranks).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.placement_types import Placement
+
+from blockir.lower.layers.branches import Conv1D
+
+
+def branch_input(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """The full rows a column-parallel projection reads, as a plain tensor whose gradient is a pending sum.
+
+    Given the branch's replicated DTensor input, the pending sums of all its projections meet there and are
+    reduced once; given a plain tensor, this projection's own gradient is reduced here."""
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return x.to_local(grad_placements=[Partial()])
+
+
+def _out_dim(module: nn.Module) -> int:
+    return 1 if isinstance(module, Conv1D) else 0
+
+
+def _apply(x: torch.Tensor, module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(module, Conv1D):
+        y = x @ weight
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
+
+def _check(module: nn.Module) -> None:
+    if type(module) not in (nn.Linear, Conv1D):
+        raise TypeError(f"a tensor-parallel projection must be an nn.Linear or a Conv1D, not {type(module).__name__}")
+
+
+class Columns(ParallelStyle):
+    """A column-parallel projection. ``pieces`` are the ``(start, stop)`` ranges of the stored output
+    features this rank computes, in order; one range of size out/P at the rank's offset is a plain shard
+    (the weight is stored split), anything else keeps the weight replicated and reads its rows."""
+
+    def __init__(self, pieces: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        self.pieces = tuple(pieces)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check(module)
+        dim, rank, world = _out_dim(module), device_mesh.get_local_rank(), device_mesh.size()
+        size = module.weight.shape[dim]
+        sharded = self.pieces == ((rank * size // world, (rank + 1) * size // world),)
+        placements: dict[str, list[Placement]] = {"weight": [Shard(dim) if sharded else Replicate()],
+                                                  "bias": [Shard(0) if sharded else Replicate()]}
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placements[name]),
+                                                         requires_grad=p.requires_grad))
+        index = None if sharded else torch.cat([torch.arange(a, b) for a, b in self.pieces])
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            x = branch_input(x, device_mesh)
+            if index is None:
+                w = module.weight.to_local()
+                b = module.bias.to_local() if module.bias is not None else None
+            else:  # each rank's rows of a replicated matrix: its gradient there is this rank's summand
+                w = module.weight.to_local(grad_placements=[Partial()]).index_select(dim, index.to(x.device))
+                b = module.bias.to_local(grad_placements=[Partial()])[index.to(x.device)] \
+                    if module.bias is not None else None
+            return _apply(x, module, w, b)
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+class Rows(ParallelStyle):
+    """A row-parallel ``Conv1D``: the weight split by input features, each rank's product a pending sum
+    brought to ``output`` (all-reduce to replicated, reduce-scatter to a shard), then the bias added once."""
+
+    def __init__(self, output: Placement, use_local_output: bool) -> None:
+        super().__init__()
+        self.output, self.use_local_output = output, use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check(module)
+        placements: dict[str, list[Placement]] = {"weight": [Shard(1 - _out_dim(module))], "bias": [Replicate()]}
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placements[name]),
+                                                         requires_grad=p.requires_grad))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            y = _apply(x, module, module.weight.to_local(), None)
+            y = DTensor.from_local(y, device_mesh, [Partial()], run_check=False).redistribute(device_mesh, [self.output])
+            if module.bias is not None:
+                y = y + module.bias
+            return y.to_local() if self.use_local_output else y
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+class BranchInput(ParallelStyle):
+    """A branch's stream input as one DTensor with full rows (torchtitan's ``PrepareModuleInput``): the stream,
+    placed ``stream``, is all-gathered if sharded and handed on replicated, not as a plain tensor. Every
+    column-parallel projection of the branch leaves its input gradient there as a pending sum; they add up
+    without communication and are reduced once, onto ``stream``, instead of once per projection. Only the
+    first input is the stream: a second one (RealFormer's scores) passes as it is."""
+
+    def __init__(self, stream: Placement) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def prepare(_: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:
+            if not args or not isinstance(args[0], torch.Tensor):
+                return args
+            x = args[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [self.stream], run_check=False)
+            return (x.redistribute(device_mesh, [Replicate()]), *args[1:])
+
+        module.register_forward_pre_hook(prepare)
+        return module

@@ -1,0 +1,85 @@
+"""Imported causal LMs (tiny HF configs, token ids in, logits out) parallelised at tp=2 on real gloo ranks.
+
+The families cover what the importer writes: grouped key/value heads and a tied head (Qwen2), GPT-2's
+transposed Conv1D weights with q, k, v stacked in one matrix and a tied head, GPT-NeoX's per-head
+interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked gate/up, OLMo-2's q/k norms over
+the whole width. Logits and every parameter gradient must equal the single-process module, and each stacked
+layer must issue exactly the plan's forward collectives. All cases share one spawned world of two ranks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from blockir.importers.hf.writer import block_text
+from dist_harness import compare
+from hf_configs import CONFIGS
+
+MODELS = {"qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
+          "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+LAYOUTS = ("replicated", "sequence", "hidden")
+CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
+STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Any, Any]]:
+    folder = tmp_path_factory.mktemp("families")
+    files = {}
+    for model in MODELS:
+        files[model] = folder / f"{model}.block"
+        files[model].write_text(block_text(CONFIGS[model]))
+    cases = [(str(files[model]), MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "eval", 1) for model, layout in CASES]
+    return dict(zip(CASES, compare(cases, world=2)))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # 1e-5 relative in fp32; the floor is for gradients that are zero in exact arithmetic (a key bias)
+    return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
+
+
+@pytest.mark.parametrize("case", CASES, ids="-".join)
+def test_an_imported_family_matches_one_process(world: dict, case: tuple[str, str]) -> None:
+    ref, par = world[case]
+    assert _close(par["y"], ref["y"])
+    assert set(par["grads"]) == set(ref["grads"])
+    for key, g in ref["grads"].items():
+        assert _close(par["grads"][key], g), key
+    assert par["comms"] == par["planned"]
+    layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
+    assert par["inputs"][layers] == STREAM[case[1]]
+
+
+def _placements(world: dict, model: str, layout: str = "sequence") -> dict[str, str]:
+    return world[(model, layout)][1]["params"]
+
+
+def test_a_tied_head_keeps_one_table_computed_on_full_rows(world: dict) -> None:
+    for model in ("qwen2", "gpt2"):
+        params = _placements(world, model)
+        embedding = next(k for k in params if k.endswith(("embed_tokens.weight", "wte.weight")))
+        assert params[embedding] == "local"
+        assert not any(k.startswith("lm_head") for k in params)  # the head's weight is the embedding's
+
+
+def test_fused_matrices_are_split_by_their_head_groups(world: dict) -> None:
+    gpt2, neox, phi3 = (_placements(world, m) for m in ("gpt2", "gpt_neox", "phi3"))
+    # GPT-2's Conv1D stores [in, out]: the MLP's columns are dim 1, the output projection's rows dim 0
+    assert gpt2["transformer.h.0.mlp.c_fc.weight"] == "S(1)" and gpt2["transformer.h.0.mlp.c_fc.bias"] == "S(0)"
+    assert gpt2["transformer.h.0.mlp.c_proj.weight"] == gpt2["transformer.h.0.attn.c_proj.weight"] == "S(0)"
+    # a stacked q/k/v (or gate/up) stays whole: a rank's columns are three (two) blocks of it
+    assert gpt2["transformer.h.0.attn.c_attn.weight"] == phi3["model.layers.0.self_attn.qkv_proj.weight"] == "R"
+    assert phi3["model.layers.0.mlp.gate_up_proj.weight"] == "R"
+    # per head q, k, v in turn: a rank's heads are one contiguous block
+    assert neox["gpt_neox.layers.0.attention.query_key_value.weight"] == "S(0)"
+
+
+def test_a_q_k_norm_over_the_whole_width_is_split_with_the_heads(world: dict) -> None:
+    params = _placements(world, "olmo2")
+    assert params["model.layers.0.self_attn.q_norm.weight"] == params["model.layers.1.self_attn.k_norm.weight"] == "S(0)"
+    planned = world[("olmo2", "replicated")][1]["planned"]["model.layers.0"]
+    # the row moments of q and of k: one all-reduce of Σx² per row each (B·S = 16), beside the stream's two
+    assert planned[("all-reduce", 16)] == 2 and planned[("all-reduce", 2 * 8 * 64)] == 2

@@ -1,0 +1,95 @@
+"""Backward traffic of the derived plan against a hand-written torchtitan-style plan, counted by CommDebugMode.
+
+Both plans parallelise the same compiled LLaMA (examples/llama.block) over two gloo ranks under sequence
+parallelism; ``benchmarks/distributed.py`` owns the hand-written plan and the counter, and prints the same
+comparison at larger sizes. Each branch's input gradient is reduced once, however many projections read
+the branch input, so the derived plan moves no more than the hand-written one, forward or backward.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import ROOT
+
+TIMEOUT = 300  # seconds for the spawned world: a hung rendezvous fails the test instead of the suite
+DIMS = {"B": 2, "S": 8}
+
+
+def _benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("distributed_benchmark", ROOT / "benchmarks" / "distributed.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _worker(rank: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        import blockir
+        from torch.distributed.device_mesh import init_device_mesh
+        bench = _benchmark()
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        program = str(ROOT / "examples" / "llama.block")
+        x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
+        results = {}
+        for layout in ("replicated", "sequence", "hidden"):
+            m = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
+            blockir.parallelize(m, mesh, program, "LlamaModel", layout=layout, dims=DIMS)
+            mode = bench.traffic(m, x)
+            results[layout] = (mode.calls, mode.moved)
+        hand = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
+        bench.hand_written(hand, mesh, 2)
+        mode = bench.traffic(hand, x)
+        results["hand"] = (mode.calls, mode.moved)
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # gloo's teardown may abort after a good run, as in the distributed harness
+
+
+@pytest.fixture(scope="module")
+def traffic() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "result.pt")
+        world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
+        deadline = time.monotonic() + TIMEOUT
+        while not world.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in world.processes:
+                    p.kill()
+                pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
+        return torch.load(out)
+
+
+def test_sequence_parallel_moves_no_more_than_the_hand_written_plan(traffic: dict[str, Any]) -> None:
+    calls, moved = traffic["sequence"]
+    hand_calls, hand_moved = traffic["hand"]
+    for phase in ("forward", "backward"):
+        assert sum(calls[phase].values()) <= sum(hand_calls[phase].values()), phase
+        assert sum(moved[phase].values()) <= sum(hand_moved[phase].values()), phase
+    # per layer in backward: one reduce-scatter per branch input, one all-gather per branch output (2 layers)
+    assert calls["backward"]["reduce_scatter_tensor"] == hand_calls["backward"]["reduce_scatter_tensor"] == 4
+
+
+def test_a_replicated_stream_reduces_each_branch_input_gradient_once(traffic: dict[str, Any]) -> None:
+    calls, moved = traffic["replicated"]
+    # forward: the attention and MLP outputs; backward: the attention and MLP inputs (not q, k, v, gate, up)
+    assert calls["forward"] == {"all_reduce": 4}
+    assert calls["backward"] == {"all_reduce": 4}
+    stream = 2 * 8 * 64 * 4  # bytes of one B·S·D fp32 stream
+    assert moved["backward"]["all_reduce"] == 4 * stream
