@@ -131,7 +131,7 @@ MODELS = {  # small whole models: Python overhead and the mask path matter as mu
 def whole_models(repeats: int) -> list[str]:
     import transformers
 
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text as block_text
 
     rows = []
     for name, extra in MODELS.items():

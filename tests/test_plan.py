@@ -208,7 +208,7 @@ def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
 def test_a_language_models_collectives_carry_the_stream_it_embeds(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A model taking token ids [B, S]: each collective moves the [B, S, D] stream, per step with --dims and
     per token (D elements) without; its head gathers the stream's rows under the sequence layout."""
-    from blockir.importers.hf.writer import block_text
+    from blockir.api import hf_block_text as block_text
     from hf_configs import CONFIGS
     path = tmp_path / "llama.block"
     path.write_text(block_text(CONFIGS["llama"]))  # D = 64

@@ -39,7 +39,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.ir import init_roles
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.program import Block, Program
-from blockir.lower.layers.branches import Conv1D
+from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.modules import BranchInit
 
 CONV1D_STD = 0.02  # Conv1D's own initialisation (GPT-2's initializer_range)

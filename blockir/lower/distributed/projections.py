@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement
 
-from blockir.lower.layers.branches import Conv1D
+from blockir.lower.layers.dense import Conv1D
 
 
 def branch_input(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
