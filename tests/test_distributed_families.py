@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from blockir.importers.hf.writer import block_text
+from blockir.api import hf_block_text as block_text
 from dist_harness import compare
 from hf_configs import CONFIGS
 
