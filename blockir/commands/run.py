@@ -15,7 +15,7 @@ from blockir.cli import (EXIT_OK, UsageError, add_block_option, add_dims_option,
 from blockir.analyses.facts import stated
 from blockir.analyses.sizes import block_env, program_env
 from blockir.api import read_source
-from blockir.commands.run_depth import drift_json, drift_table, moments_json, moments_table, profile_table
+from blockir.reports.depth_tables import drift_json, drift_table, moments_json, moments_table, profile_table
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl
 from blockir.ir.program import Block, Program
