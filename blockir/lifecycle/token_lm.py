@@ -40,10 +40,12 @@ def token_layout(program: Program, block: Block, sizes: Sizes) -> Layout:
                                 block.span, hint="run a model with one input_ids: [B, S] and a head returning "
                                                  "[B, S, V] logits")])
     s = sizes.for_block(block)
-    vocab = s.dim(block.result.axes[-1].name)
+    axis = block.result.axes[-1]
+    vocab = s.dim(axis.name)
     if vocab < VOCAB:
+        declared = next((d.span for d in program.dims if d.name == axis.name), block.span)
         raise BlockError([error("E0844", f"'{block.name}' has a vocabulary of {vocab} tokens, and a run feeds it "
-                                f"bytes as token ids, which needs at least {VOCAB}", block.span,
+                                f"bytes as token ids, which needs at least {VOCAB}", declared,
                                 hint=f"give the model a vocabulary of {VOCAB} or more")])
     return Layout((s.dim(block.params[0].type.axes[1].name),), vocab)
 
