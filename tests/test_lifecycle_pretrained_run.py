@@ -97,6 +97,14 @@ def test_python_trains_a_gpt2_folder_as_a_plain_loop_does(folders: dict[str, tup
     assert tied is trainer.model.core.get_parameter("transformer.wte.weight")  # one table, trained once
 
 
+def test_a_folder_run_resumes_bit_for_bit(folders: dict[str, tuple[Any, Path]], data: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    common = (str(folders["llama"][1]), "--dims", f"B={BATCH},S={SEQ}", "--data", str(data))
+    first = _run_json(capsys, *common, "--steps", "2", "--save", str(tmp_path / "ck"))
+    resumed = _run_json(capsys, *common, "--steps", "2", "--resume", str(tmp_path / "ck"))
+    assert first["losses"] + resumed["losses"] == _run_json(capsys, *common, "--steps", "4")["losses"]
+
+
 def test_accum_gives_the_loss_and_gradients_of_one_larger_batch(folders: dict[str, tuple[Any, Path]],
                                                               data: Path) -> None:
     trainer = _trainer(folders["llama"][1], data, accum=3)
@@ -219,4 +227,4 @@ def test_a_token_model_must_map_ids_to_byte_logits(tmp_path: Path, capsys: pytes
     path.write_text(TOKEN_MODEL.format(vocab=300, result="[B, S, D]", body="mlp(embed(input_ids))"))
     code, err = _refused(capsys, [str(path), "--steps", "1"])
     assert code == 1 and err.startswith(f"{path}:6:7: error[E0843]: a token-id run trains 'Tiny' on next-token "
-                                        "logits, but it takes 1 inputs and returns [B, S, D]")
+                                        "logits, but it takes 1 input and returns [B, S, D]")

@@ -36,7 +36,7 @@ def token_layout(program: Program, block: Block, sizes: Sizes) -> Layout:
     roles = tuple(a.role for a in block.result.axes)
     if len(block.params) != 1 or roles[-1:] != (Role.VOCAB,):
         raise BlockError([error("E0843", f"a token-id run trains '{block.name}' on next-token logits, but it takes "
-                                f"{len(block.params)} inputs and returns [{', '.join(a.name for a in block.result.axes)}]",
+                                f"{len(block.params)} input{'s' if len(block.params) != 1 else ''} and returns [{', '.join(a.name for a in block.result.axes)}]",
                                 block.span, hint="run a model with one input_ids: [B, S] and a head returning "
                                                  "[B, S, V] logits")])
     s = sizes.for_block(block)
