@@ -194,6 +194,8 @@ def test_bad_arguments_are_located(folders: dict[str, tuple[Any, Path]], data: P
     code, err = _refused(capsys, [*base, "--compile", "--compile-backend", "nope"])
     assert code == 1 and err.startswith("blockir run --compile-backend: error[E0846]: torch.compile has no "
                                         "backend 'nope'")
+    assert _refused(capsys, [*base, "--block", "X"]) == (2, f"blockir: {folder} is a model folder, which holds one "
+                                                           "model; --block chooses a block of a .block file\n")
     assert _refused(capsys, [*base, "--accum", "0"]) == (2, "blockir: --accum must be an integer of at least 1, "
                                                             "got 0\n")
     small = tmp_path / "small"

@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
             log(f"wrote {args.plot}")
         return EXIT_OK
     if os.path.isdir(args.file):  # a transformers model folder: its causal LM with the weights it holds
+        if args.block:
+            raise UsageError(f"{args.file} is a model folder, which holds one model; --block chooses a block of a "
+                             ".block file")
         from blockir.lifecycle.pretrained import pretrained_for_training
         lm = pretrained_for_training(args.file)
         return job(lm.program, lm.program.block(lm.name), lm.compiled)
