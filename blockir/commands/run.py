@@ -51,7 +51,8 @@ def progress_bar(total: int, mode: str = "auto") -> tuple[Callable[[int, float],
         from tqdm import tqdm
     except ImportError:
         if mode == "on":
-            raise UsageError("--progress on draws its bar with tqdm, which is not installed: pip install tqdm") from None
+            raise UsageError("--progress on draws its bar with tqdm, which is not installed: "
+                             "pip install tqdm") from None
         return None, lambda: None
     bar = tqdm(total=total, initial=0, desc="train", unit="step", file=sys.stderr, leave=False)
 

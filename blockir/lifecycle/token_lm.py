@@ -35,8 +35,10 @@ def token_layout(program: Program, block: Block, sizes: Sizes) -> Layout:
     """One window: ``seq`` input tokens and the next byte; refused unless the model maps ids to byte logits."""
     roles = tuple(a.role for a in block.result.axes)
     if len(block.params) != 1 or roles[-1:] != (Role.VOCAB,):
+        inputs = f"{len(block.params)} input{'s' if len(block.params) != 1 else ''}"
+        result = ", ".join(a.name for a in block.result.axes)
         raise BlockError([error("E0843", f"a token-id run trains '{block.name}' on next-token logits, but it takes "
-                                f"{len(block.params)} input{'s' if len(block.params) != 1 else ''} and returns [{', '.join(a.name for a in block.result.axes)}]",
+                                f"{inputs} and returns [{result}]",
                                 block.span, hint="run a model with one input_ids: [B, S] and a head returning "
                                                  "[B, S, V] logits")])
     s = sizes.for_block(block)
