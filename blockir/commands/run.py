@@ -6,6 +6,7 @@ stdout; progress goes to stderr (a progress bar on a terminal, one line a step o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -42,13 +43,17 @@ def name_stand_ins(program: Program, block: Block) -> list[str]:
     return externs
 
 
-def progress_bar(total: int) -> tuple[Callable[[int, float], None] | None, Callable[[], None]]:
-    """A tqdm bar on an interactive stderr; otherwise None (the session logs one line a step)."""
-    if not sys.stderr.isatty():
+def progress_bar(total: int, mode: str = "auto") -> tuple[Callable[[int, float], None] | None, Callable[[], None]]:
+    """A tqdm bar on stderr when it is a terminal (``auto``) or when asked (``on``); otherwise None (the session
+    logs one line a step). stdout never carries it, so ``--format json`` stays one JSON document."""
+    if mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
         return None, lambda: None
     try:
         from tqdm import tqdm
     except ImportError:
+        if mode == "on":
+            raise UsageError("--progress on draws its bar with tqdm, which is not installed: "
+                             "pip install tqdm") from None
         return None, lambda: None
     bar = tqdm(total=total, initial=0, desc="train", unit="step", file=sys.stderr, leave=False)
 
@@ -129,14 +134,18 @@ def warmup_free(program: Program, warmup: int) -> None:
                              {program.filename: read_source(program.filename)})
 
 
+WHERE = {"device": "blockir run --device", "compile": "blockir run --compile-backend"}
+
+
 def run(args: argparse.Namespace) -> int:
-    def job(program: Program, block: Block) -> int:
+    def job(program: Program, block: Block, pretrained: Any = None) -> int:
         from blockir.lifecycle import checkpoint, destination
         from blockir.lifecycle.corpus import load_corpus
         from blockir.lifecycle.session import RunConfig, Trainer, train
         cfg = RunConfig(steps=args.steps, seed=args.seed, lr=args.lr, warmup=args.warmup, batch=args.batch,
                         dims=row_dims(program, args.dims), data=args.data, eval_every=args.eval_every,
-                        backend=args.backend)
+                        backend=args.backend, accum=args.accum, device=args.device, dtype=args.dtype,
+                        compile=args.compile_backend if args.compile else None)
         check_options(cfg)
         warmup_free(program, args.warmup)
         if args.plot:  # before training, not after it
@@ -152,15 +161,17 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             cfg = checkpoint.resumed_config(args.resume, cfg)
         corpus = load_corpus(cfg.data)
-        trainer = Trainer(program, block, cfg, corpus)
+        trainer = Trainer(program, block, cfg, corpus, pretrained, WHERE)
         profile = start_profile(args, program, trainer)
         if args.resume:
             checkpoint.load(trainer, args.resume)
             log(f"resumed {args.resume} at step {trainer.step_count}")
-        log(f"run {block.name}: {trainer.parameters:,} parameters, batch {trainer.batch} x {trainer.shape.window - 1} "
-            f"bytes, {args.steps} step{'s' if args.steps != 1 else ''} on {corpus.source} ({corpus.files} files, "
-            f"{corpus.train.numel():,} train / {corpus.val.numel():,} validation bytes)")
-        update, close = progress_bar(args.steps)
+        accum = f" x {cfg.accum} micro-batches" if cfg.accum > 1 else ""
+        log(f"run {block.name}: {trainer.parameters:,} parameters, batch {trainer.batch}{accum} x "
+            f"{trainer.shape.window - 1} bytes, {args.steps} step{'s' if args.steps != 1 else ''} on {corpus.source} "
+            f"({corpus.files} files, {corpus.train.numel():,} train / {corpus.val.numel():,} validation bytes); "
+            f"{trainer.device}, {cfg.dtype}{', compiled (' + cfg.compile + ')' if cfg.compile else ''}")
+        update, close = progress_bar(args.steps, args.progress)
         start = time.perf_counter()
         try:
             report = train(trainer, args.steps, log, update, after_step=profile.after_step if profile else None)
@@ -219,6 +230,13 @@ def run(args: argparse.Namespace) -> int:
                      profile=profile)
             log(f"wrote {args.plot}")
         return EXIT_OK
+    if os.path.isdir(args.file):  # a transformers model folder: its causal LM with the weights it holds
+        if args.block:
+            raise UsageError(f"{args.file} is a model folder, which holds one model; --block chooses a block of a "
+                             ".block file")
+        from blockir.lifecycle.pretrained import pretrained_for_training
+        lm = pretrained_for_training(args.file)
+        return job(lm.program, lm.program.block(lm.name), lm.compiled)
     return with_program(args, job)
 
 
@@ -232,7 +250,8 @@ def start_profile(args: argparse.Namespace, program: Program, trainer: Any) -> A
 
 
 OPTIONS = {"steps": "--steps", "seed": "--seed", "lr": "--lr", "warmup": "--warmup", "batch": "--batch",
-           "eval_every": "--eval-every", "dims": "--dims", "backend": "--backend", "eval_batches": "--eval-batches"}
+           "eval_every": "--eval-every", "dims": "--dims", "backend": "--backend", "eval_batches": "--eval-batches",
+           "accum": "--accum", "dtype": "--dtype", "compile": "--compile-backend"}
 
 
 def check_options(cfg: Any) -> None:
@@ -271,9 +290,20 @@ def set_threads(n: int) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="train a byte-level language model around the block on real text; print "
                                    "loss, tokens/s and residual telemetry")
-    r.add_argument("file", metavar="FILE")
+    r.add_argument("file", metavar="FILE", help="a .block file, or a transformers model folder (config.json and "
+                   "weights, as save_pretrained writes them) whose causal LM is trained from its weights")
     add_block_option(r)
     add_training_options(r)
+    r.add_argument("--accum", type=int, default=1, metavar="K",
+                   help="gradient accumulation: K micro-batches of --batch windows per optimizer step (default 1)")
+    r.add_argument("--device", default=None, help="where to train: cpu (the default), cuda, cuda:1, mps, …")
+    r.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: fp32 master weights, forward and backward under bf16 autocast (default fp32)")
+    r.add_argument("--compile", action="store_true", help="torch.compile the training forward")
+    r.add_argument("--compile-backend", default="inductor", metavar="NAME",
+                   help="the torch.compile backend of --compile (default inductor)")
+    r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="a progress bar on stderr: when stderr is a terminal (auto), always, or never")
     r.add_argument("--save", metavar="DIR", help="write a checkpoint (model, optimizer, schedule, RNG) at the end")
     r.add_argument("--resume", metavar="DIR", help="continue a saved run; its seed, sizes, rates and data are kept")
     add_force_option(r, "--save", "checkpoint")

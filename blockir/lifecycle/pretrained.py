@@ -143,3 +143,17 @@ def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: tor
     lm = CausalLM(module, name, config, read_generation_config(root))
     lm.program = program
     return lm.eval()
+
+
+def pretrained_for_training(folder: str | PathLike[str]) -> CausalLM:
+    """A folder's causal LM as ``blockir run`` trains it: fp32 master weights (whatever the config's dtype),
+    a vocabulary that holds every byte (the run feeds bytes as token ids), in training mode."""
+    from blockir.lifecycle.lm import VOCAB
+
+    root = Path(folder)
+    vocab = read_config(root).get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab < VOCAB:
+        raise fail("E0844", f"{root / 'config.json'}: vocab_size", f"the model has a vocabulary of {vocab} tokens, "
+                   f"and a run feeds it bytes as token ids, which needs at least {VOCAB}",
+                   f"train a model whose vocab_size is {VOCAB} or more")
+    return from_pretrained(root, dtype=torch.float32).train()

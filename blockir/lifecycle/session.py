@@ -26,6 +26,8 @@ from blockir.lifecycle.corpus import Corpus, check_windows, fixed_starts, load_c
 from blockir.lower.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.lifecycle.lm import ByteLM, layout, needs_final_norm
 from blockir.lifecycle.moments import NormDrift, SiteMoments, norm_drift, site_moments
+from blockir.lifecycle.placement import autocast, compile_forward, run_device
+from blockir.lifecycle.token_lm import TokenLM, takes_tokens, token_layout
 from blockir.lifecycle.telemetry import (MethodStats, ScoreStats, SiteStats, method_telemetry, score_telemetry,
                                        telemetry)
 from blockir.lower.trace import trace
@@ -47,6 +49,10 @@ class RunConfig:
     eval_every: int = 0  # validation loss and telemetry every N steps (0: at the end only)
     eval_batches: int = 2
     backend: str = "fx"
+    accum: int = 1  # micro-batches of `batch` windows per optimizer step (gradient accumulation)
+    device: str | None = None  # where the model and batches live (None: CPU)
+    dtype: str = "fp32"  # "bf16": fp32 master weights, forward and backward under bf16 autocast
+    compile: str | None = None  # a torch.compile backend for the training forward (None: eager)
     # applied to the compiled block before training: data-dependent initialisation (Admin)
     init: Callable[[nn.Module], object] | None = None
 
@@ -111,6 +117,7 @@ def random_inputs(program: Program, block: Block, dims: dict[str, int], gen: tor
 
 MAX_SEED = 2 ** 63  # torch's generators take a 64-bit seed
 BACKENDS = ("fx", "fused")
+DTYPES = ("fp32", "bf16")
 
 
 def _count(v: object, least: int) -> bool:
@@ -120,7 +127,7 @@ def _count(v: object, least: int) -> bool:
 def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """(field, what is wrong) for every setting of ``cfg`` a run cannot honour; empty when it can."""
     out = []
-    for name, least in (("steps", 0), ("warmup", 0), ("eval_every", 0), ("eval_batches", 1)):
+    for name, least in (("steps", 0), ("warmup", 0), ("eval_every", 0), ("eval_batches", 1), ("accum", 1)):
         if not _count(getattr(cfg, name), least):
             out.append((name, f"must be an integer of at least {least}, got {getattr(cfg, name)!r}"))
     if not _count(cfg.seed, 0) or cfg.seed >= MAX_SEED:
@@ -133,6 +140,10 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("dims", f"must map dim names to positive integers, got {cfg.dims!r:.80}"))
     if cfg.backend not in BACKENDS:
         out.append(("backend", f"must be one of {', '.join(BACKENDS)}, got {cfg.backend!r:.40}"))
+    if cfg.dtype not in DTYPES:
+        out.append(("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r:.40}"))
+    if cfg.compile is not None and (not isinstance(cfg.compile, str) or not cfg.compile):
+        out.append(("compile", f"must name a torch.compile backend, got {cfg.compile!r:.40}"))
     return out
 
 
@@ -152,17 +163,31 @@ def batch_size(program: Program, block: Block, cfg: RunConfig) -> int:
     return Sizes.of(program, cfg.dims).dim(block.params[0].type.axes[0].name)
 
 
-def build_model(program: Program, block: Block, cfg: RunConfig) -> tuple[ByteLM, torch.Tensor]:
-    """The language model around ``block`` as initialised from ``cfg.seed``, and torch's generator state after it."""
+def build_model(program: Program, block: Block, cfg: RunConfig,
+                pretrained: nn.Module | None = None) -> tuple[ByteLM | TokenLM, torch.Tensor]:
+    """The language model of ``block`` as initialised from ``cfg.seed``, and torch's generator state after it.
+
+    A model that takes token ids is its own language model (:class:`TokenLM`), compiled here or,
+    as ``pretrained``, already compiled with its weights loaded; any other block gets ByteLM's
+    embedding, final norm and head around it.
+    """
+    sizes = Sizes.of(program, cfg.dims)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
+        if takes_tokens(block):
+            shape = token_layout(program, block, sizes)
+            core = pretrained if pretrained is not None else compile_block(
+                program, block.name, cfg.backend, dims=cfg.dims, bind=stand_ins(program, block, cfg.dims),
+                seed=cfg.seed)
+            if cfg.init is not None:
+                cfg.init(core)
+            return TokenLM(core, shape, TokenLM.is_causal(program)), torch.get_rng_state()
         core = compile_block(program, block.name, cfg.backend, dims=cfg.dims,
                              bind=stand_ins(program, block, cfg.dims), seed=cfg.seed)
         if cfg.init is not None:
             cfg.init(core)
         sphere = on_sphere(program, block.name)
-        model = ByteLM(core, layout(program, block, Sizes.of(program, cfg.dims)), needs_final_norm(program, block),
-                       sphere)
+        model = ByteLM(core, layout(program, block, sizes), needs_final_norm(program, block), sphere)
         if sphere:
             project(core, model.sphere_tables())  # nGPT starts on the sphere, not only after the first step
         return model, torch.get_rng_state()
@@ -171,14 +196,21 @@ def build_model(program: Program, block: Block, cfg: RunConfig) -> tuple[ByteLM,
 class Trainer:
     """One model, its optimizer and schedule, its data stream and its randomness."""
 
-    def __init__(self, program: Program, block: Block, cfg: RunConfig, corpus: Corpus) -> None:
+    def __init__(self, program: Program, block: Block, cfg: RunConfig, corpus: Corpus,
+                 pretrained: nn.Module | None = None, where: dict[str, str] | None = None) -> None:
+        """``pretrained``: the compiled ``block`` with its weights loaded (a model folder's), trained as it is;
+        ``where``: the option each of device and compile came from, to locate their diagnostics."""
         self.program, self.block, self.cfg, self.corpus = program, block, cfg, corpus
+        where = where or {}
+        self.device = run_device(cfg.device, where.get("device", "RunConfig(device=…)"))
         sizes = Sizes.of(program, cfg.dims)
-        self.shape = layout(program, block, sizes)
+        self.shape = token_layout(program, block, sizes) if takes_tokens(block) else layout(program, block, sizes)
         self.batch = batch_size(program, block, cfg)
         run_budget(program, block, cfg)
         check_windows(corpus, self.shape.window)
-        self.model, self.rng = build_model(program, block, cfg)
+        self.model, self.rng = build_model(program, block, cfg, pretrained)
+        self.model.to(self.device)
+        compile_forward(self.model, cfg.compile, where.get("compile", "RunConfig(compile=…)"))
         self.batches = torch.Generator().manual_seed(cfg.seed)
         self.sphere = self.model.logit_scale is not None
         # nGPT trains without weight decay: the projection already bounds every matrix
@@ -195,16 +227,25 @@ class Trainer:
         return sum(p.numel() for p in self.model.parameters())
 
     def next_batch(self) -> torch.Tensor:
-        starts = sample_starts(self.corpus.train, self.batch, self.shape.window, self.batches)
+        """The windows of one optimizer step: ``accum`` micro-batches of ``batch`` windows, drawn at once."""
+        starts = sample_starts(self.corpus.train, self.batch * self.cfg.accum, self.shape.window, self.batches)
         return windows(self.corpus.train, starts, self.shape.window)
 
     def train_step(self, batch: torch.Tensor) -> float:
+        """One optimizer step over ``batch``, in ``accum`` micro-batches: each micro-batch's mean loss is
+        scaled by its share of the windows, so loss and gradients are those of the whole batch at once."""
+        batch = batch.to(self.device)
+        total = batch.shape[0]
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self.rng)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.model(batch)
-            loss.backward()
+            loss = torch.zeros((), device=self.device)
+            for micro in batch.split(self.batch):
+                with autocast(self.cfg.dtype, self.device):
+                    part = self.model(micro) * (micro.shape[0] / total)
+                part.backward()
+                loss += part.detach()
             self.optimizer.step()
             self.schedule.step()
             self.rng = torch.get_rng_state()
@@ -220,7 +261,7 @@ class Trainer:
         """Validation loss over fixed windows, and telemetry on the first batch of them (eval mode: no dropout)."""
         self.model.eval()
         try:
-            val = self._val_windows()
+            val = self._val_windows().to(self.device)
             losses = [self.model(chunk).item() for chunk in val.split(self.batch)]
             inputs, _ = self.model.split(val[:self.batch])
             out, values = trace(self.model.core, *inputs, **self.model.context())
@@ -270,7 +311,7 @@ def train(trainer: Trainer, steps: int, log: Callable[[str], None] = lambda _: N
     last = first + steps
     losses: list[float] = []
     snapshots: list[Snapshot] = []
-    tokens = trainer.batch * trainer.shape.lengths[-1]
+    tokens = trainer.batch * trainer.cfg.accum * trainer.shape.lengths[-1]
     elapsed = 0.0
     for _ in range(steps):
         batch = trainer.next_batch()
