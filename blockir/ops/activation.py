@@ -1,10 +1,11 @@
-"""The ActivationOp kind: its fields, printing and label."""
+"""The ActivationOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Elementwise, Function, RowLocal, Trait
 from blockir.ir.types import TensorType
@@ -27,14 +28,6 @@ class ActivationOp(OpBase):
         return f"{self.result} = {self.fn}({self.operand})"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(ActivationOp)
 def _layout(op: ActivationOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -49,14 +42,6 @@ def _equivalence(op: ActivationOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, fn: str, operand: str) -> ActivationOp:
     """A built-in activation or gate function applied to a value."""
     return ActivationOp(result, ctx.type_of(operand), fn, operand, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(ActivationOp)

@@ -1,10 +1,12 @@
-"""The AddOp kind: its fields, printing and label."""
+"""The AddOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Combines, Elementwise, ResidualSum, RowLocal, Trait
 from blockir.ir.types import TensorType
@@ -36,14 +38,6 @@ class AddOp(OpBase):
         return self.inplace
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(AddOp)
 def _layout(op: AddOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.lhs)
@@ -58,15 +52,6 @@ def _equivalence(op: AddOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> AddOp:
     """Two tensors of one type summed (``@inplace`` is set afterwards, on the statement's own add)."""
     return AddOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-import operator
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(AddOp)

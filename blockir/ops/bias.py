@@ -1,10 +1,12 @@
-"""The BiasOp kind: its fields, printing and label."""
+"""The BiasOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, KEYS, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Elementwise, Learned, RowLocal, Trait
 from blockir.ir.types import TensorType
@@ -29,14 +31,6 @@ class BiasOp(OpBase):
         return f"{self.result} = {self.operand} + {self.param}"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
-
-
 @LAYOUT.register(BiasOp)
 def _layout(op: BiasOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -55,15 +49,6 @@ def _equivalence(op: BiasOp, builder: Any) -> tuple:
 @BUILD.register(BiasOp, "x + bias")
 def _build(ctx: Any, result: str, span: Any, operand: str, param: str) -> BiasOp:
     return BiasOp(result, ctx.type_of(operand), operand, param, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-import operator
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(BiasOp)

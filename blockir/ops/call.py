@@ -1,10 +1,12 @@
-"""The CallOp kind: its fields, printing and label."""
+"""The CallOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.decls import InstanceDecl, KindDecl
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, KEYS, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Calls, MultiResult, Trait
 from blockir.ir.types import TensorType
@@ -39,14 +41,6 @@ class CallOp(OpBase):
         return f"{', '.join(self.results)} = {self.decl}({', '.join(self.args)})"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
-
-
 @LAYOUT.register(CallOp)
 def _layout(op: CallOp, ctx: Any, analyser: Any) -> None:
     ctx.values[op.result] = analyser.call(ctx, op)
@@ -68,15 +62,6 @@ def _build(ctx: Any, result: str, span: Any, decl: str, args: tuple[str, ...], t
     """A declaration applied to values; its result type ``t`` (and those of the carried streams it also
     returns) follow from the declaration, which the frontend reads."""
     return CallOp(result, t, decl, args, span=span, more=more, more_types=more_types)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.decls import InstanceDecl, KindDecl
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(CallOp)

@@ -1,10 +1,11 @@
-"""The CastOp kind: its fields, printing and label."""
+"""The CastOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Converts, Elementwise, Modifier, RowLocal, Trait
 from blockir.ir.types import DType, TensorType
@@ -27,14 +28,6 @@ class CastOp(OpBase):
         return f"{self.result} = cast({self.operand}, {self.dtype.value})"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(CastOp)
 def _layout(op: CastOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -48,14 +41,6 @@ def _equivalence(op: CastOp, builder: Any) -> tuple:
 @BUILD.register(CastOp, "cast(x, t)")
 def _build(ctx: Any, result: str, span: Any, operand: str, dtype: DType) -> CastOp:
     return CastOp(result, ctx.type_of(operand).with_dtype(dtype), operand, dtype, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(CastOp)

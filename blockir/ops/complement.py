@@ -1,10 +1,11 @@
-"""The ComplementOp kind: its fields, printing and label."""
+"""The ComplementOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Complement, Elementwise, RowLocal, Trait
 from blockir.ir.types import TensorType
@@ -28,14 +29,6 @@ class ComplementOp(OpBase):
         return f"{self.result} = 1 - {self.operand}"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(ComplementOp)
 def _layout(op: ComplementOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -49,14 +42,6 @@ def _equivalence(op: ComplementOp, builder: Any) -> tuple:
 @BUILD.register(ComplementOp, "1 - z")
 def _build(ctx: Any, result: str, span: Any, operand: str) -> ComplementOp:
     return ComplementOp(result, ctx.type_of(operand), operand, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(ComplementOp)

@@ -1,13 +1,15 @@
-"""The ConcatOp kind: its fields, printing and label."""
+"""The ConcatOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.consts import Bin
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Concatenates, RowLocal, Trait
-from blockir.ir.types import TensorType
+from blockir.ir.types import Axis, TensorType
 
 
 @dataclass(frozen=True)
@@ -26,16 +28,6 @@ class ConcatOp(OpBase):
 
     def text(self) -> str:
         return f"{self.result} = concat({', '.join(self.args)})"
-
-
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.consts import Bin
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-from blockir.ir.types import Axis
 
 
 @LAYOUT.register(ConcatOp)
@@ -63,14 +55,6 @@ def _build(ctx: Any, result: str, span: Any, args: tuple[str, ...]) -> ConcatOp 
             size = Bin("+", size, a.size)
     joined = Axis("+".join(a.name for a in lasts), lasts[0].role, size)
     return ConcatOp(result, types[0].with_last(joined), args, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(ConcatOp)

@@ -1,11 +1,12 @@
-"""The DropoutOp kind: its fields, printing and label."""
+"""The DropoutOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.consts import ConstExpr, format_expr
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Elementwise, Modifier, RowLocal, Stochastic, Trait
 from blockir.ir.types import TensorType
@@ -40,14 +41,6 @@ class DropoutOp(OpBase):
         return f"{self.result} = dropout({self.operand}, p={p}{mask})"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(DropoutOp)
 def _layout(op: DropoutOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -62,14 +55,6 @@ def _equivalence(op: DropoutOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, operand: str, p: ConstExpr, mask: str) -> DropoutOp:
     """Dropout with a checked probability ``p``; drop-path is the mask ``sample``."""
     return DropoutOp(result, ctx.type_of(operand), operand, p, mask, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(DropoutOp)

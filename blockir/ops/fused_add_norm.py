@@ -1,12 +1,13 @@
-"""The FusedAddNormOp kind: its fields, printing and label."""
+"""The FusedAddNormOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.consts import ConstExpr, format_expr
-from blockir.ir.op import OpBase, SPAN, role_field, factor_text
+from blockir.ir.hooks import COST, EQUIVALENCE, FUSED_LOWERING, KEYS, LAYOUT
+from blockir.ir.op import OpBase, SPAN, factor_text, role_field
 from blockir.ir.traits import AddNorm, MultiResult, Normalizes, ResidualSum, RowLocal, Trait
 from blockir.ir.types import TensorType
 
@@ -73,14 +74,6 @@ class FusedAddNormOp(OpBase):
         return self.branch_factor
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import EQUIVALENCE, KEYS, LAYOUT
-
-
 @LAYOUT.register(FusedAddNormOp)
 def _layout(op: FusedAddNormOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.shortcut)
@@ -94,14 +87,6 @@ def _keys(op: FusedAddNormOp, block: Any, arg: int) -> Any:
 @EQUIVALENCE.register(FusedAddNormOp)
 def _equivalence(op: FusedAddNormOp, builder: Any) -> tuple:
     return builder.label(op, "fused_add_norm", site=op.site)  # the absorbed dropout's name keys its mask
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FUSED_LOWERING
 
 
 @FUSED_LOWERING.register(FusedAddNormOp)

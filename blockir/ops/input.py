@@ -1,10 +1,11 @@
-"""The InputOp kind: its fields, printing and label."""
+"""The InputOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import BlockInput, RowLocal, Source, Trait
 from blockir.ir.types import TensorType
@@ -22,14 +23,6 @@ class InputOp(OpBase):
         return f"{self.result}: {self.type}"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(InputOp)
 def _layout(op: InputOp, ctx: Any, analyser: Any) -> None:
     ctx.bind(op.result)
@@ -44,14 +37,6 @@ def _equivalence(op: InputOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, t: TensorType) -> InputOp:
     """A block parameter of type ``t``, bound under its name."""
     return InputOp(result, t, span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(InputOp)

@@ -1,10 +1,11 @@
-"""The LayerDropOp kind: its fields, printing and label."""
+"""The LayerDropOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.ir.consts import format_expr
+from blockir.ir.hooks import BUILD, EQUIVALENCE, FX_LOWERING
 from blockir.ir.traits import DropsLayer, Trait
 from blockir.ops.dropout import DropoutOp
 
@@ -30,14 +31,6 @@ class LayerDropOp(DropoutOp):
         return f"{self.result} = layer_drop({self.operand}, p={format_expr(self.p)})"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE
-
-
 @EQUIVALENCE.register(LayerDropOp)
 def _equivalence(op: LayerDropOp, builder: Any) -> tuple:
     return builder.label(op, "layer_drop")  # one draw per layer: no name keys its mask
@@ -47,14 +40,6 @@ def _equivalence(op: LayerDropOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, operand: str, p: Any, mask: str) -> LayerDropOp:
     """Layer drop: its mask is always the whole layer, whatever the construct's default."""
     return LayerDropOp(result, ctx.type_of(operand), operand, p, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import FX_LOWERING
 
 
 @FX_LOWERING.register(LayerDropOp)

@@ -1,9 +1,11 @@
-"""The MulOp kind: its fields, printing and label."""
+"""The MulOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.traits import Combines, Elementwise, Product, RowLocal, Trait
 from blockir.ops.pair import TensorPair
 
@@ -20,14 +22,6 @@ class MulOp(TensorPair):
         return "'… * …' (a product of tensors)"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(MulOp)
 def _layout(op: MulOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.lhs)
@@ -41,15 +35,6 @@ def _equivalence(op: MulOp, builder: Any) -> tuple:
 @BUILD.register(MulOp, "a * b")
 def _build(ctx: Any, result: str, span: Any, lhs: str, rhs: str) -> MulOp:
     return MulOp(result, ctx.type_of(lhs), lhs, rhs, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-import operator
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(MulOp)

@@ -1,10 +1,11 @@
-"""The NormOp kind: its fields, printing and label."""
+"""The NormOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, KEYS, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Normalizes, RowLocal, Trait
 from blockir.ir.types import TensorType
@@ -30,14 +31,6 @@ class NormOp(OpBase):
         return self.operand
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
-
-
 @LAYOUT.register(NormOp)
 def _layout(op: NormOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -57,14 +50,6 @@ def _equivalence(op: NormOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, decl: str, operand: str) -> NormOp:
     """A norm declaration applied to a value: the result has the value's type."""
     return NormOp(result, ctx.type_of(operand), decl, operand, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(NormOp)

@@ -1,10 +1,11 @@
-"""The OutputOp kind: its fields, printing and label."""
+"""The OutputOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import Sink, Trait
 
@@ -31,14 +32,6 @@ class OutputOp(OpBase):
         return f"return {', '.join(self.values)}"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(OutputOp)
 def _layout(op: OutputOp, ctx: Any, analyser: Any) -> None:
     ctx.returns(op, op.value)
@@ -53,14 +46,6 @@ def _equivalence(op: OutputOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: None, span: Any, values: tuple[str, ...]) -> OutputOp:
     """``return y, s1, …``: the hidden state first, then each carried stream."""
     return OutputOp(values[0], span, tuple(values[1:]))
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(OutputOp)

@@ -1,4 +1,4 @@
-"""The TensorPair kind: its fields, printing and label."""
+"""The base of the kinds written `lhs SYMBOL rhs` (MulOp, SubOp): two tensors of one type."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

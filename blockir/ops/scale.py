@@ -1,12 +1,14 @@
-"""The ScaleOp kind: its fields, printing and label."""
+"""The ScaleOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
 from blockir.ir.consts import ConstExpr
-from blockir.ir.op import OpBase, SPAN, role_field, factor_text
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, KEYS, LAYOUT
+from blockir.ir.op import OpBase, SPAN, factor_text, role_field
 from blockir.ir.traits import Elementwise, Modifier, RowLocal, Scales, Trait
 from blockir.ir.types import TensorType
 
@@ -36,14 +38,6 @@ class ScaleOp(OpBase):
         return f"{self.result} = {factor} * {self.operand}"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, KEYS, LAYOUT
-
-
 @LAYOUT.register(ScaleOp)
 def _layout(op: ScaleOp, ctx: Any, analyser: Any) -> None:
     ctx.keep(op, op.operand)
@@ -63,15 +57,6 @@ def _equivalence(op: ScaleOp, builder: Any) -> tuple:
 def _build(ctx: Any, result: str, span: Any, operand: str, factor: Any, param: str | None) -> ScaleOp:
     """A constant ``factor`` or a learned ``param`` declaration times a tensor."""
     return ScaleOp(result, ctx.type_of(operand), operand, factor=factor, param=param, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-import operator
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(ScaleOp)

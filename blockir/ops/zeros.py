@@ -1,10 +1,11 @@
-"""The ZerosOp kind: its fields, printing and label."""
+"""The ZerosOp kind: its fields, traits, printing, how it is built and its hooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from blockir.diagnostics import Span
+from blockir.ir.hooks import BUILD, COST, EQUIVALENCE, FX_LOWERING, LAYOUT
 from blockir.ir.op import OpBase, SPAN, role_field
 from blockir.ir.traits import RowLocal, Source, Trait
 from blockir.ir.types import TensorType
@@ -27,14 +28,6 @@ class ZerosOp(OpBase):
         return f"{self.result} = zeros([{', '.join(self.type.names)}])"
 
 
-# ---- analysis hooks (label, layout, keys, structure): registered into blockir.ir.hooks tables
-# (keep this block and the next one apart: each stage adds its own registrations below its heading)
-
-from typing import Any
-
-from blockir.ir.hooks import BUILD, EQUIVALENCE, LAYOUT
-
-
 @LAYOUT.register(ZerosOp)
 def _layout(op: ZerosOp, ctx: Any, analyser: Any) -> None:
     """A zeros start is replicated over every mesh axis: it records no placement."""
@@ -54,14 +47,6 @@ def _build(ctx: Any, result: str, span: Any, axes: tuple[Any, ...], axes_span: A
         ctx.err("E0111", str(exc), axes_span)
         return None
     return ZerosOp(result, t, span=span)
-
-
-# ---- lowering hooks (fx lowering, fused lowering, cost): registered into blockir.ir.hooks tables
-# (each hook receives the stage's builder; none imports torch)
-
-from typing import Any
-
-from blockir.ir.hooks import COST, FX_LOWERING
 
 
 @FX_LOWERING.register(ZerosOp)
