@@ -13,11 +13,11 @@ import argparse
 import datetime
 import platform
 import statistics
-import tempfile
 import time
 
 import torch
 import transformers
+from tiny_hf import saved_model
 
 import blockir
 
@@ -39,8 +39,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    folder = tempfile.mkdtemp(prefix="blockir-bench-")
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIG)).save_pretrained(folder)
+    folder = saved_model(CONFIG)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).to(args.device).eval()
     ours = blockir.from_pretrained(folder, device=args.device)
     ids = torch.randint(0, CONFIG["vocab_size"], (args.batch, args.prompt), device=args.device)

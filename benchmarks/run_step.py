@@ -18,12 +18,12 @@ import argparse
 import datetime
 import platform
 import statistics
-import tempfile
 import time
 from typing import Callable
 
 import torch
 import transformers
+from tiny_hf import saved_model
 from torch.nn import functional as F
 
 from blockir.lifecycle.corpus import load_corpus
@@ -51,8 +51,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    folder = tempfile.mkdtemp(prefix="blockir-bench-")
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIG)).save_pretrained(folder)
+    folder = saved_model(CONFIG)
     place = torch.device(args.device)
 
     lm = pretrained_for_training(folder)
