@@ -1,10 +1,12 @@
-"""Attention branches as the built-in ``self_attention``: read from the branch's structure, confirmed by running it.
+"""Attention branches as the built-in ``self_attention`` or ``cross_attention``: read from the branch's structure,
+confirmed by running it.
 
 An attention's causality, rotary embedding and head split are not visible in its parameters, and
 its forward (masks, rotary tables, head reshapes) does not trace symbolically. So the recogniser
 works the other way round. The branch's *structure* proposes the declaration: it must own exactly
 four projection matrices (three read the branch's input, as the recorded calls show, and one
-produces its result), optionally their biases and a per-head scale, and declare its ``head_dim``;
+produces its result; a branch over a state and a memory is a cross-attention: one reads the state, two
+the memory), optionally their biases and a per-head scale, and declare its ``head_dim``;
 the projections' widths then give ``heads`` and ``kv_heads``. Each row of :data:`VARIANTS` is one
 candidate setting of what the parameters do not tell; the first whose built-in, loaded strictly
 with the branch's own ``state_dict`` and called as the compiled lift calls it, reproduces the
@@ -36,6 +38,11 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("bidirectional, rotary, eager", {"causal": False, "rope": True, "impl": "eager"}),
 )
 TOLERANCE = 1e-6  # relative, on the forward: the certificate then checks every gradient of the whole lift
+# the cross-attention's variants: only the kernel is left open (it has no causal mask and no rotation)
+CROSS_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("sdpa", {"impl": "sdpa"}),
+    ("eager", {"impl": "eager"}),
+)
 _ROLES = ("q", "k", "v")
 _DEFAULT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
 
@@ -53,7 +60,14 @@ class Shape:
     head_scale: bool
 
 
-def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
+def _reading(calls: dict[str, Call], prefix: str, layers: dict[str, nn.Module], x: Tensor) -> list[str]:
+    """The layers whose recorded calls read ``x``, in call order."""
+    return [n[len(prefix):] for n in calls if n.startswith(prefix) and n[len(prefix):] in layers and
+            any(v is x for v in calls[n].arguments.values())]
+
+
+def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor,
+                 memory: Tensor | None) -> Shape | None:
     children = dict(module.named_children())
     own = {k: p for k, p in module.named_parameters(recurse=False)}
     layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
@@ -64,10 +78,11 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
         w = keys.get("weight")
         if w is None or w.ndim != 2 or set(keys) - {"weight", "bias"}:
             return None
-    # the recorded calls in call order: the three that read the branch's input are q, k and v
-    reads = [n for n in calls if n.startswith(prefix) and n[len(prefix):] in layers and
-             any(v is x for v in calls[n].arguments.values())]
-    reads = [n[len(prefix):] for n in reads]
+    # the recorded calls in call order: the three that read the branch's input are q, k and v; with a memory,
+    # q reads the state and k, v the memory
+    reads = _reading(calls, prefix, layers, x)
+    if memory is not None:
+        reads = reads + _reading(calls, prefix, layers, memory) if len(reads) == 1 else []
     rest = [n for n in layers if n not in reads]
     head_dim = getattr(module, "head_dim", None)
     if len(reads) != 3 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
@@ -90,27 +105,30 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
 
 
 def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int) -> str:
+    kind = "self_attention" if "causal" in variant else "cross_attention"
     args = [f"heads={shape.heads}"]
     args += [f"kv_heads={shape.kv_heads}"] if shape.kv_heads != shape.heads else []
     args += [f"head_dim={shape.head_dim}"] if shape.head_dim * shape.heads != width else []
-    args += [f"causal={'true' if variant['causal'] else 'false'}"]
-    args += ["rope=true"] if variant["rope"] else []
-    args += [f"rope_theta={theta:g}"] if variant["rope"] and theta not in (None, 10000.0) else []
+    args += [f"causal={'true' if variant['causal'] else 'false'}"] if "causal" in variant else []
+    args += ["rope=true"] if variant.get("rope") else []
+    args += [f"rope_theta={theta:g}"] if variant.get("rope") and theta not in (None, 10000.0) else []
     args += ["bias=true"] if shape.bias else []
     args += ["out_bias=true"] if shape.out_bias else []
     args += ["head_scale=true"] if shape.head_scale else []
     args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
     args += [f"{role}={name}" for role, name in shape.names.items() if name != _DEFAULT[role]]
-    return f"self_attention({', '.join(args)})"
+    return f"{kind}({', '.join(args)})"
 
 
-def _builtin(text: str, width: int, batch: int, seq: int) -> nn.Module:
+def _builtin(text: str, width: int, batch: int, seq: int, memory: int | None) -> nn.Module:
     from blockir.api import parse
     from blockir.lower.compile import compile
 
-    source = (f"dim B: batch\ndim S: seq\ndim D: model = {width}\n"
-              f"block A(x: [B, S, D]) -> [B, S, D] {{\n  attn: {text}\n  y = attn(x)\n  return y\n}}\n")
-    return compile(parse(source, "<lift attention>"), "A", dims={"B": batch, "S": seq}).get_submodule("attn")
+    params, args = ("x: [B, S, D]", "x") if memory is None else ("x: [B, S, D], m: [B, T, D]", "x, m")
+    source = (f"dim B: batch\ndim S: seq\ndim T: seq\ndim D: model = {width}\n"
+              f"block A({params}) -> [B, S, D] {{\n  attn: {text}\n  y = attn({args})\n  return y\n}}\n")
+    dims = {"B": batch, "S": seq, "T": memory or seq}
+    return compile(parse(source, "<lift attention>"), "A", dims=dims).get_submodule("attn")
 
 
 def _first(out: Any) -> Any:
@@ -131,16 +149,17 @@ def _stochastic(module: nn.Module, call: Call) -> bool:
 
 def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
                       context: dict[str, Any]) -> str | None:
-    """The ``self_attention(...)`` declaration that computes what ``module`` does as called, or None.
+    """The ``self_attention(...)`` (or, over a state and a memory, ``cross_attention(...)``) declaration that
+    computes what ``module`` does as called, or None.
 
     ``prefix`` is the branch's path in the recorded ``calls`` (ending in a dot); ``context`` the
     keyword values the compiled lift passes its branches (the lifted root's side inputs).
     """
     streams = [v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point() and v.dim() == 3]
-    if len(streams) != 1:
+    if len(streams) not in (1, 2):
         return None
-    x = streams[0]
-    shape = _projections(module, calls, prefix, x)
+    x, memory = streams[0], streams[1] if len(streams) == 2 else None
+    shape = _projections(module, calls, prefix, x, memory)
     if shape is None or _stochastic(module, call):
         return None
     state = module.state_dict()
@@ -152,15 +171,17 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
             return None
         scale = want.abs().max().item() or 1.0
         close = None
-        for _, variant in VARIANTS:
+        for _, variant in VARIANTS if memory is None else CROSS_VARIANTS:
             text = _text(shape, variant, theta, int(x.shape[-1]))
-            candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1])).eval()
+            candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1]),
+                                 None if memory is None else int(memory.shape[1])).eval()
             if set(candidate.state_dict()) != set(state):
                 return None
             candidate.load_state_dict(state, strict=True)
             reads = getattr(candidate, "blockir_context", frozenset())
             try:
-                got = candidate(x, **{k: v for k, v in context.items() if k in reads})
+                got = candidate(*([x] if memory is None else [x, memory]),
+                                **{k: v for k, v in context.items() if k in reads})
             except Exception:  # the caller's tables or masks do not fit this variant (a partial rotary)
                 continue
             if got.shape != want.shape:

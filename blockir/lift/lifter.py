@@ -127,6 +127,9 @@ class Lifter:
     def param(self, node: fx.Node) -> Tensor:
         return self.traced.param(str(node.target))
 
+    def submodule(self, path: str) -> nn.Module:
+        return self.traced.module.get_submodule(path)
+
     def owner(self, node: fx.Node) -> str:
         stack = node.meta.get("nn_module_stack") or {}
         paths = [str(v[0]).removeprefix(PREFIX) for v in stack.values() if str(v[0]).startswith(PREFIX)]
@@ -256,7 +259,7 @@ class Lifter:
             return name
         ins = [self.value(t) for t in tensors]
         text = None if index or len(tensors) != 1 else builtin_branch(module, call, self.session.dim)
-        if text is None and index in ((), (0,)) and len(tensors) == 1:
+        if text is None and index in ((), (0,)) and len(tensors) in (1, 2):
             text = builtin_attention(module, call, self.session.calls, self.prefix + path + ".", self.session.context)
         if text is None:
             text = self._extern(node, module, path, slots, tensors, index)

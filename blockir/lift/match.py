@@ -21,10 +21,14 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from blockir.lower import fx as fx_backend
+from blockir.lower.layers.norm_module import family_forward
+from blockir.norms import FAMILIES
 from blockir.norms.layernorm import layer_norm
 from blockir.norms.rmsnorm import rms_norm
 
 CANONICAL: dict[Any, str] = {
+    # what a module compiled by blockir calls: each norm family's one function, or its forward on the module
+    **{f.math: "blockir_norm" for f in FAMILIES.values() if f.math is not None}, family_forward: "blockir_family_norm",
     operator.add: "add", operator.iadd: "add", torch.add: "add", "add": "add", "add_": "add",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", "mul": "mul", "mul_": "mul",
     operator.truediv: "div", torch.div: "div", "div": "div", "div_": "div",
@@ -41,7 +45,7 @@ CANONICAL: dict[Any, str] = {
     torch.tanh: "tanh", "tanh": "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     F.sigmoid: "sigmoid", torch.erf: "erf", "erf": "erf",
     operator.getitem: "getitem",
-    # what a module compiled by blockir calls: its own norms and keyed dropout
+    # the norms whose call states their settings, and the keyed dropout
     rms_norm: "blockir_rms_norm", layer_norm: "blockir_layer_norm",
     fx_backend.dropout_site: "blockir_dropout",
 }
@@ -56,6 +60,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "blockir_rms_norm": ("x", "weight", "eps", "offset", "cast", "accum"),
     "blockir_layer_norm": ("x", "weight", "bias", "eps", "accum", "offset", "two_pass", "recenter", "upcast"),
     "blockir_dropout": ("x", "p", "mask", "training", "seed", "layer", "site"),
+    "blockir_family_norm": ("x", "attention_mask", "module"),
 }
 DEFAULTS: dict[str, dict[str, Any]] = {
     "layer_norm": {"weight": None, "bias": None, "eps": 1e-5}, "normalize": {"p": 2.0, "dim": 1, "eps": 1e-12}, "rms_norm": {"weight": None, "eps": None},

@@ -199,6 +199,36 @@ def compiled_dropout(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | 
     return Out(f"dropout({{0}}, p={_num(c['P'])}{mask})", (c["X"],), name=name)
 
 
+def _declared(lift: "Lifter", node: fx.Node, x: fx.Node, path: str) -> Out | None:
+    """A norm module blockir compiled, as the declaration its family reads back from the module's settings."""
+    module = lift.submodule(path)
+    fam = getattr(module, "family", None)
+    args = fam.declared(module) if fam is not None else None
+    if args is None:
+        return None
+    text = f"{fam.name}({lift.axes(x)[-1]}, {args})"
+    return Out(f"{lift.declare(path, text, node)}({{0}})", (x,))
+
+
+def compiled_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    return _declared(lift, node, c["X"], _owner(lift, node))
+
+
+def compiled_family_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    return _declared(lift, node, c["X"], lift.param_path(c["M"]))
+
+
+def dyt(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    """A hand-written Dynamic Tanh, ``w * tanh(alpha * x) + b``: the alpha it holds now is its ``alpha=``."""
+    name, extra = _gain(lift, c["W"])
+    alpha, bias = lift.param(c["A"]), lift.param_path(c["BIAS"])
+    if lift.param_path(c["A"]) != f"{name}.alpha" or alpha.numel() != 1 or bias.rpartition(".")[0] != name:
+        return None
+    extra += "" if bias.endswith(".bias") else f", bias_name={bias.rpartition('.')[2]}"
+    text = f"dyt({lift.axes(c['X'])[-1]}, alpha={_num32(float(alpha.detach().reshape(())))}{extra})"
+    return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
+
+
 def l2_normalize(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     """``F.normalize(x, dim=-1)``: an ``l2norm``, named inside the module that calls it (it learns nothing)."""
     if float(c["P"]) != 2:
@@ -318,9 +348,12 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("rms div 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS_DIV})))", rmsnorm_offset),
     ("layer norm written out", _LN, layernorm_hand),
     ("layer norm var", _LN_VAR, layernorm_hand),
+    ("dyt written out", "add(mul(W@param, tanh(mul(A@param, X))), BIAS@param)", dyt),
     ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM)", compiled_rms_norm),
     ("blockir layernorm", "blockir_layer_norm(X, W, BIAS, EPS, ACCUM, OFFSET, TWO_PASS, RECENTER, UPCAST)",
      compiled_layer_norm),
+    ("blockir norm", "blockir_norm(X)", compiled_norm),
+    ("blockir norm on its module", "blockir_family_norm(X, _, M@param)", compiled_family_norm),
     ("blockir dropout", "blockir_dropout(X, P, MASK, _, _, _, SITE)", compiled_dropout),
     ("dropout", "dropout(X, P, _, _)", dropout),
     ("drop_path", "mul(X, M)", drop_path),

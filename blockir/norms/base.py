@@ -178,6 +178,11 @@ class NormFamily:
         """The module's ``extra_repr``."""
         return f"{module.width}"
 
+    def declared(self, module: Any) -> str | None:
+        """The arguments after the axis of the declaration a compiled module of this family was built from, read
+        back from its settings (what the lift writes for it); None: the lift reads the family from its trace."""
+        return None
+
     # a family is a singleton: copies of a module share it, and a pickled module finds it again by name
     def __deepcopy__(self, memo: dict[int, Any]) -> NormFamily:
         return self
@@ -205,6 +210,20 @@ class Defaults:
 def plain(v: Any) -> Any:
     """A default or given argument as a number (a ``Num`` constant, or a Python value as it is)."""
     return v.value if isinstance(v, Num) else v
+
+
+def number(v: Any) -> str:
+    """A setting as the declaration writes it: ``1`` for a whole number, else the shortest ``repr``."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e16 else repr(v)
+
+
+_ACCUM = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+
+
+def accum_name(dtype: Any) -> str:
+    """The ``accum`` name of a torch dtype (the inverse of :func:`accum_dtype`)."""
+    return _ACCUM[str(dtype).removeprefix("torch.")]
 
 
 def accum_dtype(name: str) -> Any:

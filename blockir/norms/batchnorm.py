@@ -24,7 +24,7 @@ from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.consts import Num
 from blockir.ir.schema import ArgSpec
 from blockir.norms import args as A
-from blockir.norms.base import NormFamily, Value, accum_dtype
+from blockir.norms.base import NormFamily, Value, accum_dtype, accum_name, number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -89,6 +89,13 @@ def moments(m: Any, x: Tensor, mask: object = None) -> tuple[Tensor, Tensor]:
             m.running_mean.mul_(1 - r).add_(r * mean.detach().to(m.running_mean.dtype))
             m.running_var.mul_(1 - r).add_(r * unbiased.detach().to(m.running_var.dtype))
     return mean, var
+
+
+def stats_declared(settings: Mapping[str, Any]) -> str:
+    """The arguments of ``STATS`` as a compiled module's settings hold them."""
+    padding = f", padding={settings['padding']}" if settings["padding"] is not None else ""
+    return (f"eps={number(settings['eps'])}, momentum={number(settings['momentum'])}{padding}, "
+            f"running={'true' if settings['running'] else 'false'}, accum={accum_name(settings['accum'])}")
 
 
 def parameters(decl: Any, shape: Shape, rep: bool, prefix: str = "") -> list[tuple[str, Shape]]:
@@ -179,6 +186,10 @@ class BatchNorm(NormFamily):
 
     def running(self, module: Any) -> Any:
         return module if module.running else None
+
+    def declared(self, module: Any) -> str:
+        return (f"{stats_declared(vars(module))}, affine={'true' if module.affine else 'false'}, "
+                f"rep={'true' if module.rep else 'false'}, eta={number(module.eta_init)}")
 
     def reset(self, module: Any) -> None:
         module.running_mean.zero_()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from blockir.ir.consts import Num
 from blockir.ir.schema import ArgSpec
 from blockir.norms import args as A
-from blockir.norms.base import NormFamily, Value, offset_weight
+from blockir.norms.base import NormFamily, Value, number, offset_weight
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -75,6 +75,10 @@ class DyT(NormFamily):
 
     def describe(self, module: Any) -> str:
         return f"{module.width}, offset={module.offset}"
+
+    def declared(self, module: Any) -> str:
+        names = "".join(f", {role}_name={key}" for role, key in module.keys.items())
+        return f"alpha={number(module.alpha_init)}, offset={module.offset}{names}"
 
 
 FAMILY = DyT()

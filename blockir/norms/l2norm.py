@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from blockir.ir.consts import Num
 from blockir.ir.schema import ArgSpec
 from blockir.norms import args as A
-from blockir.norms.base import NormFamily, Value
+from blockir.norms.base import NormFamily, Value, number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -50,6 +50,9 @@ class L2Norm(NormFamily):
 
     def describe(self, module: Any) -> str:
         return f"{module.width}, eps={module.eps}"
+
+    def declared(self, module: Any) -> str:
+        return f"eps={number(module.eps)}"
 
 
 FAMILY = L2Norm()

@@ -14,7 +14,7 @@ from blockir.ir.schema import ArgSpec
 from blockir.norms import args as A
 from blockir.norms import batchnorm as bn
 from blockir.norms import layernorm as ln
-from blockir.norms.base import NormFamily, Value, accum_dtype
+from blockir.norms.base import NormFamily, Value, accum_dtype, number
 
 Shape = tuple[int, ...]
 
@@ -96,6 +96,11 @@ class PRepBN(NormFamily):
 
     def describe(self, module: Any) -> str:
         return f"steps={module.transition}"
+
+    def declared(self, module: Any) -> str:
+        b = module.bn_settings
+        return (f"{bn.stats_declared(b)}, steps={module.transition}, ln_eps={number(module.ln_settings['eps'])}, "
+                f"eta={number(b['eta_init'])}")
 
 
 FAMILY = PRepBN()

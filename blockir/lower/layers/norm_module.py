@@ -4,7 +4,8 @@ A ``Norm`` holds its settings as plain attributes, registers the parameters, buf
 family's ``state`` asks for (each gain and shift under the key the declaration names), and runs the
 family's ``forward``. A family whose forward is one function (``math``) is recorded by
 ``torch.fx.symbolic_trace`` as one call, as ``F.layer_norm`` is, instead of being traced into the
-dtype checks that pick its cast order.
+dtype checks that pick its cast order; any other family's forward is recorded as one call of
+``family_forward`` on the module, since its moments depend on the mask and its state.
 """
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ for _family in FAMILIES.values():
     if _family.math is not None:
         globals()[_family.math.__name__] = _family.math
         torch.fx.wrap(_family.math.__name__)
+
+
+def family_forward(x: Tensor, attention_mask: object, module: "Norm") -> Tensor:
+    """The forward of a family written against its module (batch moments, a transition's step)."""
+    return module.family.forward(module, x, attention_mask)
+
+
+torch.fx.wrap("family_forward")
 
 
 class Norm(nn.Module):
@@ -59,7 +68,7 @@ class Norm(nn.Module):
     def forward(self, x: Tensor, attention_mask: object = None, **_: Any) -> Tensor:
         math = self.family.math
         if math is None:
-            return self.family.forward(self, x, attention_mask)
+            return _HERE.family_forward(x, attention_mask, self)
         return getattr(_HERE, math.__name__)(x, *self.family.arguments(self, x))
 
     def _get_name(self) -> str:
