@@ -39,6 +39,8 @@ _INIT = (_GAIN,
                      "gate and up) (Fixup's L^(-1/(2m-2)))"),
          ArgSpec("init_zero", "bool", None,
                  doc="true: the last layer on the update path (o; fc2; down) starts at zero, weight and bias (Fixup)"))
+# what a compiled module does not show: these change only how a branch starts, not what it computes
+INIT_ONLY = tuple(a.name for a in _INIT)
 _COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER), Num(1)),
                     "a running mean over a stack's layers has held layer + 1 layers' scores after this one"),
             Implies("score_residual", "sum", "score_count", None, "only the running mean counts layers"))

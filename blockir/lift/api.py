@@ -20,6 +20,7 @@ from blockir.lift.lm import LMFailure, certify_lm, lm_block, read_lm
 from blockir.lift.replay import Replay
 from blockir.lift.sources import source_text
 from blockir.lift.trace import TraceFailure, bind_call, python_path, record_calls
+from blockir.lower.declared import AXES_ATTR
 
 
 @dataclass
@@ -99,6 +100,13 @@ def _failed(diag: Diagnostic) -> LiftResult:
     return LiftResult("", [diag], None, sources=_sources([diag], "", "<lift>"))
 
 
+def _seq_names(module: nn.Module) -> tuple[str, str]:
+    """The stream's sequence axis and the memory's: as a compiled block names them, else S and T."""
+    axes = getattr(module, AXES_ATTR, ())
+    stream = axes[0][1] if axes and len(axes[0]) == 3 else "S"
+    return ("T", "S") if stream == "T" else ("S", "T")
+
+
 def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **example_kwargs: Any) -> LiftResult:
     """Lift ``module`` as called with the example arguments: topology, diagnostics, certificate."""
     if not isinstance(module, nn.Module):
@@ -124,7 +132,7 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
                                  hint="pass inputs the module accepts (--args, --dims)"))
         # what the compiled lift passes its built-in branches: the root's side inputs, by their names
         context = {n: v for n, v in call.arguments.items() if isinstance(v, (Tensor, tuple, list)) and v is not first}
-        session = Session(calls, int(first.shape[-1]), int(first.shape[1]), context)
+        session = Session(calls, int(first.shape[-1]), int(first.shape[1]), context, _seq_names(module))
         try:
             root = session.lift_block(module, call, "", {})
         except LiftFailure as f:

@@ -18,9 +18,20 @@ from blockir.frontend.scope import RESERVED
 from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
+from blockir.lower.declared import FACTS_ATTR, INIT_ATTR
 
 DIMS = ("B", "S", "T", "D", "V")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
+
+
+
+def _restore_init(block: LiftedBlock, module: nn.Module) -> None:
+    """A compiled block's init-only arguments, which its trace does not show, on the declarations it lifted to the
+    same kind (:mod:`blockir.lower.declared`)."""
+    for name, (kind, args) in getattr(module, INIT_ATTR, {}).items():
+        line = block.decls.get(name)
+        if line is not None and line.text.startswith(kind + "("):
+            line.text = f"{line.text[:-1]}, {args})"
 
 
 @dataclass
@@ -34,11 +45,13 @@ class Entry:
 class Session:
     """What the blocks of one lift share: the recorded calls, the dims and the block names."""
 
-    def __init__(self, calls: dict[str, Call], width: int, seq: int, context: dict[str, Any] | None = None) -> None:
+    def __init__(self, calls: dict[str, Call], width: int, seq: int, context: dict[str, Any] | None = None,
+                 seq_names: tuple[str, str] = ("S", "T")) -> None:
         self.calls = calls
         self.context = context or {}
         self.vocab: int | None = None  # a whole LM's vocabulary size
         self.width, self.seq = width, seq
+        self.seq_names = seq_names  # the stream's sequence axis, and every other's
         self.hidden: dict[int, str] = {}
         self.memory: dict[int, str] = {}
         self.reserved = {*DIMS, *KEYWORDS, *RESERVED}
@@ -57,10 +70,10 @@ class Session:
 
     def axes(self, shape: tuple[int, ...]) -> tuple[str, ...]:
         if shape[1] == self.seq:
-            seq = "S"
+            seq = self.seq_names[0]
         else:
             self.used_memory = True
-            seq = "T"
+            seq = self.seq_names[1]
         return ("B", seq, self.dim(shape[2]))
 
     def lift_block(self, module: nn.Module, call: Call, prefix: str, ctx: dict[str, Slot]) -> LiftedBlock:
@@ -69,6 +82,8 @@ class Session:
         lifter = Lifter(self, traced, prefix, ctx, base)
         lifter.taken |= {n for n, _ in module.named_modules() if n} | {n for n, _ in module.named_parameters()}
         block = lifter.run()
+        _restore_init(block, module)
+        block.facts = getattr(module, FACTS_ATTR, ())
         body = block.body()
         if body not in self.names:
             name, i = base, 1
@@ -180,6 +195,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
         ins = ", ".join(f"{n}: [{', '.join(a)}]" for n, a in block.inputs)
         header = Line("", _header_span(block.module))
         add(f"{kind} {block.name}({ins}) -> [{', '.join(block.output or block.inputs[0][1])}] {{", "header", header)
+        for fact in block.facts:
+            add(f"  const {fact}")
         for name, d in _in_use_order(block):
             add(f"  {name}: {d.text}", "decl", d)
         for item in items:
@@ -202,7 +219,7 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
         add("")
 
     write(root, "", True)
-    dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory else []),
+    dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory or session.seq_names[0] == "T" else []),
             f"dim D: model = {session.width}", *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
             *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]
     out.text = "\n".join(dims + lines)

@@ -62,11 +62,12 @@ class LiftedBlock:
     externs: dict[str, tuple[nn.Module, Replay]] = field(default_factory=dict)
     residual: bool = False
     output: tuple[str, ...] | None = None  # the result's axes when not those of the first input (a model's logits)
+    facts: tuple[str, ...] = ()  # the facts a compiled block states about itself, ``name = value``
 
     def body(self) -> str:
         """What two layers must share to be one stack: everything but the block's name."""
         eqs = [e.text if isinstance(e, Line) else f"{e.result} = {e.decl}:{e.block.body()}({e.inputs})" for e in self.eqs]
-        return "\n".join([*(f"{k}: {v.text}" for k, v in self.decls.items()), *eqs, self.result,
+        return "\n".join([*self.facts, *(f"{k}: {v.text}" for k, v in self.decls.items()), *eqs, self.result,
                           str(self.inputs)])
 
 

@@ -286,10 +286,15 @@ def learned_gain_offset(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out
 
 def learned_bias(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     p = lift.param(c["G"])
-    if not lift.is_tensor(c["X"]) or c["X"].op == "get_attr" or p.ndim != 1 or p.shape[0] != lift.shape(c["X"])[-1]:
+    if not lift.is_tensor(c["X"]) or c["X"].op == "get_attr":
         return None
     path = lift.param_path(c["G"])
-    text = f"bias({lift.axes(c['X'])[-1]})"
+    if p.numel() == 1 and p.ndim <= 1:  # one learned number (Fixup's scalar biases)
+        text = f"bias(init={_num32(float(p.detach().reshape(())))})"
+    elif p.ndim == 1 and p.shape[0] == lift.shape(c["X"])[-1]:
+        text = f"bias({lift.axes(c['X'])[-1]})"
+    else:
+        return None
     return Out(f"{{0}} + {lift.declare(path, text, node)}", (c["X"],))
 
 

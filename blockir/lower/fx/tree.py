@@ -23,6 +23,7 @@ from blockir.ir import consts as C
 from blockir.ir.decls import ExternDecl, KindDecl
 from blockir.ir.program import Block, Program
 from blockir.lower.boundary import TORCH_DTYPES, CallContract, Keywords, accepted, context_of, placed_contract, union
+from blockir.lower.declared import declared as recorded
 from blockir.lower.fx import module as generated
 from blockir.lower.fx.builder import FX, Backend, build_graph
 from blockir.lower.fx.inplace import donates_to
@@ -222,6 +223,7 @@ class Lowering:
                 if sub.more_results:
                     stack.carried = len(sub.results)
                 set_nested(root, d.name, stack, d.span)
+        root.__dict__.update(recorded(self.program, block))
         if single:
             root.register_load_state_dict_pre_hook(partial(_reshape_single, tuple(single)))
         sphere = sphere_parameters(block)

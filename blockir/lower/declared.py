@@ -1,0 +1,47 @@
+"""What a compiled block records of its source that its graph cannot show, for ``blockir.lift`` to read back.
+
+A traced module shows what it computes, not how its author named the axes of its inputs, nor the
+arguments that only decided how its branches were initialised (``init_gain``, ``init_std``,
+``init_scale``, ``init_zero``), nor the facts the block states about itself (``const deepscalelm = 1``).
+The compiled root of a block keeps them: ``blockir_axes``, the axis names of each input;
+``blockir_init``, each declaration's kind and init-only arguments as ``.block`` text with the file's
+constants folded in (a per-layer name such as ``num_layers`` stays a name); ``blockir_facts``, each
+stated fact as ``name = value``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from blockir.analyses.equivalence import fold
+from blockir.analyses.facts import FACTS
+from blockir.ir import consts as C
+from blockir.ir.decls import KindDecl
+from blockir.ir.kinds import INIT_ONLY
+from blockir.ir.program import Block, Program
+
+AXES_ATTR = "blockir_axes"
+INIT_ATTR = "blockir_init"
+FACTS_ATTR = "blockir_facts"
+
+
+def _text(value: Any, defs: dict[str, C.ConstExpr]) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, C.EXPRS):
+        return C.format_expr(fold(value, defs))
+    return str(value)
+
+
+def declared(program: Program, block: Block) -> dict[str, Any]:
+    """The attributes the compiled root of ``block`` records (no init record when nothing sets one)."""
+    out: dict[str, Any] = {AXES_ATTR: tuple(tuple(a.name for a in p.type.axes) for p in block.params)}
+    facts = tuple(f"{c.name} = {C.format_expr(c.value)}" for c in block.consts if c.name in FACTS)
+    if facts:
+        out[FACTS_ATTR] = facts
+    given = [(d, [(k, d.arg(k)) for k in INIT_ONLY if d.arg(k) is not None]) for d in block.decls
+             if isinstance(d, KindDecl)]
+    if any(args for _, args in given):
+        defs = {c.name: c.value for c in (*program.consts, *block.consts)}
+        out[INIT_ATTR] = {d.name: (d.kind, ", ".join(f"{k}={_text(v, defs)}" for k, v in args))
+                          for d, args in given if args}
+    return out
