@@ -13,12 +13,12 @@ from typing import Any
 
 from torch import nn
 
-from blockir.diagnostics import Diagnostic, Span
+from blockir.diagnostics import Diagnostic, Span, warning
 from blockir.frontend.scope import RESERVED
 from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
-from blockir.lower.declared import FACTS_ATTR, INIT_ATTR
+from blockir.lower.declared import DEPTH_ATTR, FACTS_ATTR, INIT_ATTR
 
 DIMS = ("B", "S", "T", "D", "V")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
@@ -84,6 +84,11 @@ class Session:
         block = lifter.run()
         _restore_init(block, module)
         block.facts = getattr(module, FACTS_ATTR, ())
+        for name, expr, span in getattr(module, DEPTH_ATTR, ()):
+            self.findings.append(warning(
+                "W0920", f"'{block.name}' uses {name} = {expr}, which depends on the layer or the stack's depth: the "
+                "trace shows only its value in this compiled layer, so the lift writes that number", span,
+                hint="the lifted block is this layer at this depth; state the constant again to reuse it at another"))
         body = block.body()
         if body not in self.names:
             name, i = base, 1

@@ -6,7 +6,9 @@ arguments that only decided how its branches were initialised (``init_gain``, ``
 The compiled root of a block keeps them: ``blockir_axes``, the axis names of each input;
 ``blockir_init``, each declaration's kind and init-only arguments as ``.block`` text with the file's
 constants folded in (a per-layer name such as ``num_layers`` stays a name); ``blockir_facts``, each
-stated fact as ``name = value``.
+stated fact as ``name = value``; ``blockir_depth``, the constants outside init-only arguments whose value
+depends on the layer or the stack's depth (DeepNorm's ``alpha``), which a trace shows only as the
+number they have in this layer.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from blockir.ir.program import Block, Program
 AXES_ATTR = "blockir_axes"
 INIT_ATTR = "blockir_init"
 FACTS_ATTR = "blockir_facts"
+DEPTH_ATTR = "blockir_depth"
 
 
 def _text(value: Any, defs: dict[str, C.ConstExpr]) -> str:
@@ -40,8 +43,13 @@ def declared(program: Program, block: Block) -> dict[str, Any]:
         out[FACTS_ATTR] = facts
     given = [(d, [(k, d.arg(k)) for k in INIT_ONLY if d.arg(k) is not None]) for d in block.decls
              if isinstance(d, KindDecl)]
+    defs = {c.name: c.value for c in (*program.consts, *block.consts)}
+    init_names = {n for _, args in given for _, v in args if isinstance(v, C.EXPRS) for n in C.names_in(v)}
+    depth = tuple((c.name, C.format_expr(c.value), c.span) for c in block.consts if c.name not in FACTS and
+                  c.name not in init_names and C.names_in(fold(c.value, defs)) & set(C.LAYER_NAMES))
+    if depth:
+        out[DEPTH_ATTR] = depth
     if any(args for _, args in given):
-        defs = {c.name: c.value for c in (*program.consts, *block.consts)}
         out[INIT_ATTR] = {d.name: (d.kind, ", ".join(f"{k}={_text(v, defs)}" for k, v in args))
                           for d, args in given if args}
     return out

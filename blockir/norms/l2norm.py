@@ -40,7 +40,7 @@ class L2Norm(NormFamily):
         return False
 
     def settings(self, decl: Any, value: Value) -> dict[str, Any]:
-        return dict(eps=value(decl.arg("eps")))
+        return dict(eps=value(decl.arg("eps")), hypersphere=bool(decl.arg("hypersphere")))
 
     def state(self, module: Any, width: int) -> None:
         pass  # learns nothing
@@ -52,7 +52,7 @@ class L2Norm(NormFamily):
         return f"{module.width}, eps={module.eps}"
 
     def declared(self, module: Any) -> str:
-        return f"eps={number(module.eps)}"
+        return f"eps={number(module.eps)}" + (", hypersphere=true" if module.hypersphere else "")
 
 
 FAMILY = L2Norm()
