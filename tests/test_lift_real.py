@@ -92,6 +92,7 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "peri_ln": _example("peri_ln", "PeriLNLayer"), "normformer": _example("normformer", "NormFormerLayer"),
               "encoder_decoder": _example("encoder_decoder", "EncoderLayer"),
               "encoder_decoder decoder": _example("encoder_decoder", "DecoderLayer", memory=True),
+              "encoder_decoder decoder model": _example("encoder_decoder", "Decoder", memory=True),
               "unet_skip": _example("unet_skip", "Layer"),
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),

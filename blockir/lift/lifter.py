@@ -287,7 +287,9 @@ class Lifter:
                 if kind is inspect.Parameter.VAR_KEYWORD:
                     named.update(a)
                 elif kind is inspect.Parameter.VAR_POSITIONAL:
-                    named.update({f"*{i}": v for i, v in enumerate(a)})
+                    if a:  # what fills *args follows every parameter before it, which is then passed by position too
+                        named = {f"*{i}": v for i, v in enumerate(named.values())}
+                    named.update({f"*{len(named) + i}": v for i, v in enumerate(a)})
                 elif kind is inspect.Parameter.POSITIONAL_ONLY:
                     named[f"*{len(named)}"] = a
                 else:

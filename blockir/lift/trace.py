@@ -67,6 +67,8 @@ def bind_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         if kind is inspect.Parameter.VAR_KEYWORD:
             out.update(value)
         elif kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:  # what fills *args follows every parameter before it, which is then passed by position too
+                positional = list(out)
             for i, v in enumerate(value):
                 out[f"{name}_{i}"] = v
                 positional.append(f"{name}_{i}")
