@@ -53,6 +53,7 @@ class Session:
         self.width, self.seq = width, seq
         self.seq_names = seq_names  # the stream's sequence axis, and every other's
         self.hidden: dict[int, str] = {}
+        self.model: dict[int, str] = {}  # widths of joined states (a concat of D-wide states), model axes
         self.memory: dict[int, str] = {}
         self.reserved = {*DIMS, *KEYWORDS, *RESERVED}
         self.names: dict[str, str] = {}  # block body → block name
@@ -63,10 +64,18 @@ class Session:
     def dim(self, size: int) -> str:
         if size == self.width:
             return "D"
+        if size in self.model:
+            return self.model[size]
         if size not in self.hidden:
             self.hidden[size] = "F" if not self.hidden else f"F{len(self.hidden) + 1}"
             self.reserved.add(self.hidden[size])
         return self.hidden[size]
+
+    def joined(self, size: int) -> None:
+        """A width that joined states have: a model axis ``E`` (``E2``…), unless it is one already."""
+        if size != self.width and size not in self.model:
+            self.model[size] = "E" if not self.model else f"E{len(self.model) + 1}"
+            self.reserved.add(self.model[size])
 
     def axes(self, shape: tuple[int, ...]) -> tuple[str, ...]:
         if shape[1] == self.seq:
@@ -225,7 +234,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
 
     write(root, "", True)
     dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory or session.seq_names[0] == "T" else []),
-            f"dim D: model = {session.width}", *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
+            f"dim D: model = {session.width}", *(f"dim {n}: model = {s}" for s, n in session.model.items()),
+            *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
             *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]
     out.text = "\n".join(dims + lines)
     out.entries = {k + len(dims): v for k, v in out.entries.items()}

@@ -44,7 +44,7 @@ CANONICAL: dict[Any, str] = {
     F.relu: "relu", torch.relu: "relu", "relu": "relu", F.gelu: "gelu", F.silu: "silu",
     torch.tanh: "tanh", "tanh": "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     F.sigmoid: "sigmoid", torch.erf: "erf", "erf": "erf",
-    operator.getitem: "getitem",
+    operator.getitem: "getitem", torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat",
     # the norms whose call states their settings, and the keyed dropout
     rms_norm: "blockir_rms_norm", layer_norm: "blockir_layer_norm",
     fx_backend.dropout_site: "blockir_dropout",
@@ -56,7 +56,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "rms_norm": ("input", "normalized_shape", "weight", "eps"), "normalize": ("input", "p", "dim", "eps"),
     "dropout": ("input", "p", "training", "inplace"), "linear": ("input", "weight", "bias"),
     "gelu": ("input", "approximate"), "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
-    "mul": ("input", "other"), "div": ("input", "other"), "rsub": ("input", "other"),
+    "mul": ("input", "other"), "cat": ("tensors", "dim"), "div": ("input", "other"), "rsub": ("input", "other"),
     "blockir_rms_norm": ("x", "weight", "eps", "offset", "cast", "accum"),
     "blockir_layer_norm": ("x", "weight", "bias", "eps", "accum", "offset", "two_pass", "recenter", "upcast"),
     "blockir_dropout": ("x", "p", "mask", "training", "seed", "layer", "site"),
@@ -66,7 +66,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "layer_norm": {"weight": None, "bias": None, "eps": 1e-5}, "normalize": {"p": 2.0, "dim": 1, "eps": 1e-12}, "rms_norm": {"weight": None, "eps": None},
     "dropout": {"p": 0.5, "training": True, "inplace": False}, "linear": {"bias": None},
     "mean": {"dim": None, "keepdim": False}, "gelu": {"approximate": "none"},
-    "var": {"dim": None, "unbiased": True, "keepdim": False},
+    "var": {"dim": None, "unbiased": True, "keepdim": False}, "cat": {"dim": 0},
     "blockir_rms_norm": {"offset": 0, "cast": "before_weight", "accum": torch.float32},
     "blockir_layer_norm": {"accum": torch.float32, "offset": 0, "two_pass": False, "recenter": False, "upcast": False},
 }

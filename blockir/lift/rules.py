@@ -312,6 +312,16 @@ def complement(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
     return Out("1 - {0}", (c["Z"],)) if _tensors(lift, c["Z"]) else None
 
 
+def concat(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
+    """States joined along their feature axis: the joined width is a model axis of its own (``dim E``)."""
+    parts = c["L"]
+    if not isinstance(parts, (list, tuple)) or len(parts) < 2 or not _tensors(lift, *parts) or \
+            _dim_index(lift, parts[0], c["DIM"]) != 2 or any(lift.rank(p) != 3 for p in parts):
+        return None
+    lift.session.joined(lift.shape(node)[-1])
+    return Out(f"concat({', '.join(f'{{{i}}}' for i in range(len(parts)))})", tuple(parts))
+
+
 def function(name: str) -> Builder:
     def build(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
         return Out(f"{name}({{0}})", (c["X"],)) if _tensors(lift, c["X"]) else None
@@ -368,6 +378,7 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("scale", "mul(X, C@const)", scale),
     ("scale div", "div(X, C@const)", scale_div),
     ("bias", "add(X, G@param)", learned_bias),
+    ("concat", "cat(L, DIM)", concat),
     ("complement", "sub(1, Z)", complement),
     ("complement rsub", "rsub(Z, 1)", complement),
     ("residual add", "add(A, B)", binary("+")),
