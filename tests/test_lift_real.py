@@ -96,7 +96,7 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "unet_skip": _example("unet_skip", "Layer"), "unet_skip UNet": _example("unet_skip", "UNet"),
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),
-              "t5": _real(R.build_t5_layer_ff)}
+              "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer")}
 
 
 @pytest.mark.parametrize("example", ROUND_TRIP)
@@ -130,8 +130,23 @@ def test_what_the_trace_cannot_show_is_read_back_from_the_compiled_block() -> No
     assert "  const fixup = 1\n" in text and "  fixup_bias1a: bias(init=0)\n" in text
     assert "  mlp: mlp(F, act=relu, bias=true, init_scale=(2 * num_layers) ** -0.5, init_zero=true)\n" in text
     assert "  norm1: dyt(D, alpha=0.5, offset=0)\n" in _lifted_text("dyt")
+    text = _lifted_text("deepnorm")  # the shortcut scale is the depth constant it is in this layer
+    assert "  const alpha = (2 * num_layers) ** 0.25\n" in text and "= alpha * x\n" in text
     assert "  norm1: prepbn(D, eps=1e-05, momentum=0.1, padding=mask, running=true, accum=f32, steps=1000, " \
         "ln_eps=1e-05, eta=1)\n" in _lifted_text("prepbn")
+
+
+
+def test_a_depth_constant_the_trace_shows_only_as_a_number_is_located() -> None:
+    source = ("dim B: batch\ndim S: seq\ndim D: model = 32\n\nblock Scaled(x: [B, S, D]) -> [B, S, D] {\n"
+              "  const g0 = 1 / num_layers\n  g: scalar(init=g0)\n  ln: layernorm(D)\n  y = x + g * ln(x)\n"
+              "  return y\n}\n")
+    result = blockir.lift(blockir.compile(blockir.parse(source, "scaled.block"), "Scaled"), torch.randn(2, 5, 32))
+    assert [(d.code, str(d.span), d.severity) for d in result.diagnostics] == [("W0920", "scaled.block:6:9", "warning")]
+    assert result.diagnostics[0].message == ("'Scaled' uses g0 = 1 / num_layers, which depends on the layer or the "
+                                             "stack's depth: the trace shows only its value in this compiled layer, "
+                                             "1, and the lift writes that number")
+    assert "  g: scalar(init=1)\n" in result.text and result.max_error == 0.0
 
 
 def test_a_hand_written_dyt_lifts_as_dyt() -> None:
@@ -159,9 +174,6 @@ def test_a_hand_written_dyt_lifts_as_dyt() -> None:
 
 # every example block that does not lift back identical, and the located diagnostic or difference that says why
 NOT_ROUND_TRIP = {
-    # a constant of the stack's depth is one number in a compiled layer
-    "deepnorm": (_example("deepnorm", "DeepNormLayer"), "examples/deepnorm.block:13:9: warning[W0920]",
-                 "examples/deepnorm.block:20:12: %0 = alpha * x"),
     # compile drops a p=0 dropout
     "gpt_neox": (_real(R.build_gpt_neox_layer), None, "examples/gpt_neox.block:22:7: a = dropout(%1, p=0.0)"),
     # an attention with q/k norms and a learned q/k scale stays an extern

@@ -19,6 +19,7 @@ from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
 from blockir.lower.declared import DEPTH_ATTR, FACTS_ATTR, INIT_ATTR
+from blockir.norms.base import number as number_text
 
 DIMS = ("B", "S", "T", "D", "V")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
@@ -92,11 +93,14 @@ class Session:
         lifter.taken |= {n for n, _ in module.named_modules() if n} | {n for n, _ in module.named_parameters()}
         block = lifter.run()
         _restore_init(block, module)
-        block.facts = getattr(module, FACTS_ATTR, ())
-        for name, expr, span in getattr(module, DEPTH_ATTR, ()):
+        block.consts = [*getattr(module, FACTS_ATTR, ()), *block.consts]
+        for name, expr, span, value in getattr(module, DEPTH_ATTR, ()):
+            if f"{name} = {expr}" in block.consts:
+                continue
             self.findings.append(warning(
                 "W0920", f"'{block.name}' uses {name} = {expr}, which depends on the layer or the stack's depth: the "
-                "trace shows only its value in this compiled layer, so the lift writes that number", span,
+                f"trace shows only its value in this compiled layer, {number_text(value)}, and the lift writes that number",
+                span,
                 hint="the lifted block is this layer at this depth; state the constant again to reuse it at another"))
         body = block.body()
         if body not in self.names:
@@ -209,8 +213,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
         ins = ", ".join(f"{n}: [{', '.join(a)}]" for n, a in block.inputs)
         header = Line("", _header_span(block.module))
         add(f"{kind} {block.name}({ins}) -> [{', '.join(block.output or block.inputs[0][1])}] {{", "header", header)
-        for fact in block.facts:
-            add(f"  const {fact}")
+        for const in block.consts:
+            add(f"  const {const}")
         for name, d in _in_use_order(block):
             add(f"  {name}: {d.text}", "decl", d)
         for item in items:

@@ -17,6 +17,8 @@ from blockir.lift.replay import Replay, Slot
 from blockir.lift.rules import RULES
 from blockir.lift.sources import detail_span, site_span
 from blockir.lift.trace import Traced, is_residual
+from blockir.lower.declared import DEPTH_ATTR
+from blockir.norms.base import number
 
 if TYPE_CHECKING:
     from blockir.lift.blocks import Session
@@ -62,12 +64,12 @@ class LiftedBlock:
     externs: dict[str, tuple[nn.Module, Replay]] = field(default_factory=dict)
     residual: bool = False
     output: tuple[str, ...] | None = None  # the result's axes when not those of the first input (a model's logits)
-    facts: tuple[str, ...] = ()  # the facts a compiled block states about itself, ``name = value``
+    consts: list[str] = field(default_factory=list)  # ``name = value``: a compiled block's facts and depth constants
 
     def body(self) -> str:
         """What two layers must share to be one stack: everything but the block's name."""
         eqs = [e.text if isinstance(e, Line) else f"{e.result} = {e.decl}:{e.block.body()}({e.inputs})" for e in self.eqs]
-        return "\n".join([*self.facts, *(f"{k}: {v.text}" for k, v in self.decls.items()), *eqs, self.result,
+        return "\n".join([*self.consts, *(f"{k}: {v.text}" for k, v in self.decls.items()), *eqs, self.result,
                           str(self.inputs)])
 
 
@@ -127,6 +129,16 @@ class Lifter:
 
     def param(self, node: fx.Node) -> Tensor:
         return self.traced.param(str(node.target))
+
+    def constant(self, v: float) -> str:
+        """A scale as the lifted block writes it: the name of the compiled block's depth constant that has exactly
+        this value in this layer (DeepNorm's ``alpha``), declared in the block, or the number."""
+        for name, expr, _, value in getattr(self.traced.module, DEPTH_ATTR, ()):
+            if float(value) == float(v):
+                if f"{name} = {expr}" not in self.block.consts:
+                    self.block.consts.append(f"{name} = {expr}")
+                return name
+        return number(v)
 
     def submodule(self, path: str) -> nn.Module:
         return self.traced.module.get_submodule(path)

@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from blockir.lower.fx import site_id
 from blockir.lift.match import Pat, arguments, canonical, compile_pattern
+from blockir.norms.base import number as _num
 
 if TYPE_CHECKING:
     from blockir.lift.lifter import Lifter
@@ -32,11 +33,6 @@ class Out:
 
 
 Builder = Callable[["Lifter", fx.Node, dict[str, Any]], Out | None]
-
-
-def _num(v: float) -> str:
-    v = float(v)
-    return str(int(v)) if v.is_integer() and abs(v) < 1e16 else repr(v)
 
 
 def _num32(v: float) -> str:
@@ -254,7 +250,7 @@ def drop_path(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
 
 
 def scale(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
-    return Out(f"{_num(c['C'])} * {{0}}", (c["X"],)) if lift.is_tensor(c["X"]) else None
+    return Out(f"{lift.constant(c['C'])} * {{0}}", (c["X"],)) if lift.is_tensor(c["X"]) else None
 
 
 def scale_div(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:

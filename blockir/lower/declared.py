@@ -7,12 +7,12 @@ The compiled root of a block keeps them: ``blockir_axes``, the axis names of eac
 ``blockir_init``, each declaration's kind and init-only arguments as ``.block`` text with the file's
 constants folded in (a per-layer name such as ``num_layers`` stays a name); ``blockir_facts``, each
 stated fact as ``name = value``; ``blockir_depth``, the constants outside init-only arguments whose value
-depends on the layer or the stack's depth (DeepNorm's ``alpha``), which a trace shows only as the
-number they have in this layer.
+depends on the layer or the stack's depth (DeepNorm's ``alpha``), with the number each has in this
+layer, which is all a trace shows of it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from blockir.analyses.equivalence import fold
 from blockir.analyses.facts import FACTS
@@ -35,8 +35,9 @@ def _text(value: Any, defs: dict[str, C.ConstExpr]) -> str:
     return str(value)
 
 
-def declared(program: Program, block: Block) -> dict[str, Any]:
-    """The attributes the compiled root of ``block`` records (no init record when nothing sets one)."""
+def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], float | int]) -> dict[str, Any]:
+    """The attributes the compiled root of ``block`` records (no init record when nothing sets one); ``value``
+    evaluates a constant expression in this layer."""
     out: dict[str, Any] = {AXES_ATTR: tuple(tuple(a.name for a in p.type.axes) for p in block.params)}
     facts = tuple(f"{c.name} = {C.format_expr(c.value)}" for c in block.consts if c.name in FACTS)
     if facts:
@@ -45,7 +46,8 @@ def declared(program: Program, block: Block) -> dict[str, Any]:
              if isinstance(d, KindDecl)]
     defs = {c.name: c.value for c in (*program.consts, *block.consts)}
     init_names = {n for _, args in given for _, v in args if isinstance(v, C.EXPRS) for n in C.names_in(v)}
-    depth = tuple((c.name, C.format_expr(c.value), c.span) for c in block.consts if c.name not in FACTS and
+    depth = tuple((c.name, C.format_expr(c.value), c.span, value(C.Name(c.name))) for c in block.consts
+                  if c.name not in FACTS and
                   c.name not in init_names and C.names_in(fold(c.value, defs)) & set(C.LAYER_NAMES))
     if depth:
         out[DEPTH_ATTR] = depth
