@@ -96,7 +96,8 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "unet_skip": _example("unet_skip", "Layer"), "unet_skip UNet": _example("unet_skip", "UNet"),
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),
-              "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer")}
+              "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer"),
+              "ngpt": _example("ngpt", "NGPTLayer")}
 
 
 @pytest.mark.parametrize("example", ROUND_TRIP)
@@ -118,6 +119,8 @@ def test_a_built_in_attention_is_lifted_with_its_settings() -> None:
     assert "  self_attn: self_attention(heads=4, causal=true, head_scale=true)\n" in _lifted_text("normformer")
     assert "  attn: self_attention(heads=4, causal=false, bias=true, out_bias=true)\n" in _lifted_text("layerscale")
     assert "  self_attn: self_attention(heads=4, kv_heads=2, causal=true, rope=true)\n" in _lifted_text("llama")
+    assert "  attn: self_attention(heads=4, causal=true, rope=true, qk_norm=l2norm, qk_scale=true, scale=4.0)\n" in \
+        _lifted_text("ngpt")
 
 
 
@@ -176,8 +179,6 @@ def test_a_hand_written_dyt_lifts_as_dyt() -> None:
 NOT_ROUND_TRIP = {
     # compile drops a p=0 dropout
     "gpt_neox": (_real(R.build_gpt_neox_layer), None, "examples/gpt_neox.block:22:7: a = dropout(%1, p=0.0)"),
-    # an attention with q/k norms and a learned q/k scale stays an extern
-    "ngpt": (_example("ngpt", "NGPTLayer"), None, "attn: extern(x: [B, S, D]) -> [B, S, D]"),
     # the score stream starts from zeros(...) and is carried in a tuple
     "realformer": (_example("realformer", "RealFormer"), "error[E0901]: no lift rule matches 'zeros_of'", None),
 }

@@ -38,6 +38,11 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("bidirectional, rotary, eager", {"causal": False, "rope": True, "impl": "eager"}),
 )
 TOLERANCE = 1e-6  # relative, on the forward: the certificate then checks every gradient of the whole lift
+# a branch with a learned q/k scale or modules of its own besides the projections (parameter-free q/k norms) is
+# tried with its q and k L2-normalized as well, its scores scaled as usual or by sqrt(head_dim) (nGPT)
+NORMED: tuple[tuple[str, dict[str, Any]], ...] = tuple(
+    (f"{name}, L2 q/k{note}", {**variant, "qk_norm": "l2norm", "root_scale": root})
+    for name, variant in VARIANTS for note, root in (("", False), (", scores times sqrt(head_dim)", True)))
 # the cross-attention's variants: only the kernel is left open (it has no causal mask and no rotation)
 CROSS_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("sdpa", {"impl": "sdpa"}),
@@ -58,6 +63,8 @@ class Shape:
     bias: bool
     out_bias: bool
     head_scale: bool
+    qk_scale: bool  # a learned scale of q and k, one per query channel
+    normed: bool  # the q/k normalizations are worth trying (a q/k scale, or parameter-free modules of its own)
 
 
 def _reading(calls: dict[str, Call], prefix: str, layers: dict[str, nn.Module], x: Tensor) -> list[str]:
@@ -71,7 +78,8 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
     children = dict(module.named_children())
     own = {k: p for k, p in module.named_parameters(recurse=False)}
     layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
-    if len(layers) != 4 or set(own) - {"head_scale"} or any(len(list(m.children())) for m in layers.values()):
+    if len(layers) != 4 or set(own) - {"head_scale", "qk_scale"} or \
+            any(len(list(m.children())) for m in layers.values()):
         return None
     for m in layers.values():
         keys = dict(m.named_parameters())
@@ -95,13 +103,14 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
             tuple(w["v"].shape) != tuple(w["k"].shape) or q_out % head_dim or kv_out % head_dim:
         return None
     heads, kv_heads = q_out // head_dim, kv_out // head_dim
-    if not kv_heads or heads % kv_heads or "head_scale" in own and tuple(own["head_scale"].shape) != (heads,):
+    if not kv_heads or heads % kv_heads or "head_scale" in own and tuple(own["head_scale"].shape) != (heads,) or \
+            "qk_scale" in own and tuple(own["qk_scale"].shape) != (q_out,):
         return None
     biased = [getattr(layers[names[r]], "bias", None) is not None for r in _ROLES]
     if len(set(biased)) != 1:
         return None
     return Shape(heads, kv_heads, head_dim, names, biased[0], getattr(layers[names["o"]], "bias", None) is not None,
-                 "head_scale" in own)
+                 "head_scale" in own, "qk_scale" in own, "qk_scale" in own or len(children) > len(layers))
 
 
 def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int) -> str:
@@ -115,6 +124,9 @@ def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int
     args += ["bias=true"] if shape.bias else []
     args += ["out_bias=true"] if shape.out_bias else []
     args += ["head_scale=true"] if shape.head_scale else []
+    args += [f"qk_norm={variant['qk_norm']}"] if variant.get("qk_norm") else []
+    args += ["qk_scale=true"] if shape.qk_scale else []
+    args += [f"scale={shape.head_dim ** 0.5!r}"] if variant.get("root_scale") else []
     args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
     args += [f"{role}={name}" for role, name in shape.names.items() if name != _DEFAULT[role]]
     return f"{kind}({', '.join(args)})"
@@ -171,7 +183,8 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
             return None
         scale = want.abs().max().item() or 1.0
         close = None
-        for _, variant in VARIANTS if memory is None else CROSS_VARIANTS:
+        variants = CROSS_VARIANTS if memory is not None else VARIANTS + NORMED if shape.normed else VARIANTS
+        for _, variant in variants:
             text = _text(shape, variant, theta, int(x.shape[-1]))
             candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1]),
                                  None if memory is None else int(memory.shape[1])).eval()
