@@ -97,7 +97,7 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),
               "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer"),
-              "ngpt": _example("ngpt", "NGPTLayer")}
+              "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer)}
 
 
 @pytest.mark.parametrize("example", ROUND_TRIP)
@@ -133,6 +133,7 @@ def test_what_the_trace_cannot_show_is_read_back_from_the_compiled_block() -> No
     assert "  const fixup = 1\n" in text and "  fixup_bias1a: bias(init=0)\n" in text
     assert "  mlp: mlp(F, act=relu, bias=true, init_scale=(2 * num_layers) ** -0.5, init_zero=true)\n" in text
     assert "  norm1: dyt(D, alpha=0.5, offset=0)\n" in _lifted_text("dyt")
+    assert "  a = dropout(attention_2, p=0.0)\n" in _lifted_text("gpt_neox")  # compiled to nothing
     text = _lifted_text("deepnorm")  # the shortcut scale is the depth constant it is in this layer
     assert "  const alpha = (2 * num_layers) ** 0.25\n" in text and "= alpha * x\n" in text
     assert "  norm1: prepbn(D, eps=1e-05, momentum=0.1, padding=mask, running=true, accum=f32, steps=1000, " \
@@ -177,8 +178,6 @@ def test_a_hand_written_dyt_lifts_as_dyt() -> None:
 
 # every example block that does not lift back identical, and the located diagnostic or difference that says why
 NOT_ROUND_TRIP = {
-    # compile drops a p=0 dropout
-    "gpt_neox": (_real(R.build_gpt_neox_layer), None, "examples/gpt_neox.block:22:7: a = dropout(%1, p=0.0)"),
     # the score stream starts from zeros(...) and is carried in a tuple
     "realformer": (_example("realformer", "RealFormer"), "error[E0901]: no lift rule matches 'zeros_of'", None),
 }

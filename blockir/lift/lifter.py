@@ -17,7 +17,7 @@ from blockir.lift.replay import Replay, Slot
 from blockir.lift.rules import RULES
 from blockir.lift.sources import detail_span, site_span
 from blockir.lift.trace import Traced, is_residual
-from blockir.lower.declared import DEPTH_ATTR
+from blockir.lower.declared import DEPTH_ATTR, DROPPED_ATTR
 from blockir.norms.base import number
 
 if TYPE_CHECKING:
@@ -280,6 +280,12 @@ class Lifter:
             self.fail("E0904", node, f"'{path}' is called two different ways", "call one submodule one way")
         self.declare(path, text, node)
         self.block.eqs.append(Line(f"{name} = {path}({', '.join(ins)})", self.site(node), detail_span(node)))
+        dropped = getattr(self.traced.module, DROPPED_ATTR, {}).get(path)
+        if dropped is not None:  # a compiled dropout of probability 0 on this call's result, which compiles to nothing
+            result, rhs = dropped
+            self.names[key or node] = dropout = self._fresh(result)
+            self.block.eqs.append(Line(f"{dropout} = {rhs.format(name)}", self.site(node), detail_span(node)))
+            return dropout
         return name
 
     def _slots(self, node: fx.Node, module: nn.Module) -> tuple[dict[str, Slot], list[fx.Node]]:

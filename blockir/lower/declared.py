@@ -8,7 +8,9 @@ The compiled root of a block keeps them: ``blockir_axes``, the axis names of eac
 constants folded in (a per-layer name such as ``num_layers`` stays a name); ``blockir_facts``, each
 stated fact as ``name = value``; ``blockir_depth``, the constants outside init-only arguments whose value
 depends on the layer or the stack's depth (DeepNorm's ``alpha``), with the number each has in this
-layer, which is all a trace shows of it.
+layer, which is all a trace shows of it; ``blockir_dropped``, the dropouts of probability 0, which
+compile to nothing, each on the one result of a branch call: by the branch's name, the dropout's value
+name (which keys its mask) and its right-hand side with ``{0}`` for the call's result.
 """
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from blockir.analyses.facts import FACTS
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import INIT_ONLY
+from blockir.ir.traits import Calls, Stochastic
 from blockir.ir.program import Block, Program
 
 AXES_ATTR = "blockir_axes"
 INIT_ATTR = "blockir_init"
 FACTS_ATTR = "blockir_facts"
+DROPPED_ATTR = "blockir_dropped"
 DEPTH_ATTR = "blockir_depth"
 
 
@@ -51,6 +55,16 @@ def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], floa
                   c.name not in init_names and C.names_in(fold(c.value, defs)) & set(C.LAYER_NAMES))
     if depth:
         out[DEPTH_ATTR] = depth
+    dropped = {}
+    for op in block.ops:
+        if not op.has(Stochastic) or value(op.p) != 0:  # type: ignore[attr-defined]
+            continue
+        producer = block.producers.get(op.operand)  # type: ignore[attr-defined]
+        if producer is not None and producer.has(Calls) and len(block.users.get(op.operand, ())) == 1:
+            rhs = op.text().split(" = ", 1)[1].replace(op.operand, "{0}", 1)  # type: ignore[attr-defined]
+            dropped[producer.decl] = (op.result, rhs)  # type: ignore[attr-defined]
+    if dropped:
+        out[DROPPED_ATTR] = dropped
     if any(args for _, args in given):
         out[INIT_ATTR] = {d.name: (d.kind, ", ".join(f"{k}={_text(v, defs)}" for k, v in args))
                           for d, args in given if args}
