@@ -100,12 +100,17 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer)}
 
 
+# the layer input feeds both norms and the sum: the lift writes the branches in the other order, so the terms of
+# its gradient are summed in another order (one rounding)
+NOT_BITWISE = {"gpt_neox": TOLERANCE}
+
+
 @pytest.mark.parametrize("example", ROUND_TRIP)
 def test_a_compiled_example_lifts_back_identical(example: str) -> None:
     program, block, module, args, ctx = ROUND_TRIP[example]()
     result = blockir.lift(module, *args, **ctx)
     assert result.diagnostics == [], result.render()
-    assert result.max_error == 0.0
+    assert result.max_error is not None and result.max_error <= NOT_BITWISE.get(example, 0.0)
     assert result.program is not None
     assert diff_blocks(program, program.block(block), result.program, result.program.block(result.block)).identical
 
