@@ -15,7 +15,7 @@ from torch import nn
 
 from blockir.diagnostics import Diagnostic, Span, warning
 from blockir.frontend.scope import RESERVED
-from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
+from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line, check_signature
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
 from blockir.lower.declared import DEPTH_ATTR, FACTS_ATTR, INIT_ATTR
@@ -23,6 +23,7 @@ from blockir.norms.base import number as number_text
 
 DIMS = ("B", "S", "T", "D", "V")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
+
 
 
 
@@ -87,6 +88,7 @@ class Session:
         return ("B", seq, self.dim(shape[2]))
 
     def lift_block(self, module: nn.Module, call: Call, prefix: str, ctx: dict[str, Slot]) -> LiftedBlock:
+        check_signature(module)
         traced = trace(module, call, self.calls, prefix, self.residual)
         base = re.sub(r"\W", "_", type(module).__name__) or "Block"
         lifter = Lifter(self, traced, prefix, ctx, base)

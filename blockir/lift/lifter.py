@@ -17,7 +17,7 @@ from blockir.lift.replay import Replay, Slot
 from blockir.lift.rules import RULES
 from blockir.lift.sources import detail_span, site_span
 from blockir.lift.trace import Traced, is_residual
-from blockir.lower.declared import DEPTH_ATTR, DROPPED_ATTR
+from blockir.lower.declared import AXES_ATTR, DEPTH_ATTR, DROPPED_ATTR, RESULTS_ATTR, SPAN_ATTR
 from blockir.norms.base import number
 
 if TYPE_CHECKING:
@@ -257,6 +257,7 @@ class Lifter:
     def _call(self, node: fx.Node, index: tuple[Any, ...], key: fx.Node | None = None) -> str:
         path = str(node.target).removeprefix(PREFIX)
         module = self.traced.leaves[path]
+        check_signature(module)
         call = self.session.calls[self.prefix + path]
         slots, tensors = self._slots(node, module)
         layer = path.rsplit(".", 1)[-1].isdigit() and is_residual(module, call, self.session.calls,
@@ -346,6 +347,23 @@ class Lifter:
             self.fail("E0906", node, f"branch '{path}' returns {type(meta).__name__ if meta is not None else result}, "
                       "not one [B, S, D] tensor", "return the update (or a tuple that starts with it)")
         return f"extern({params}) -> [{', '.join(self.session.axes(tuple(meta.shape)))}]"
+
+
+def check_signature(module: nn.Module) -> None:
+    """A compiled block whose inputs or results are not all states: the lift reads one ``[batch, seq, features]``
+    result from ``[batch, seq, features]`` inputs, so a stream carried beside the state is not followed. A module
+    that is no compiled block but holds compiled layers (a stack) is checked by its first one."""
+    module = next((m for m in module.modules() if hasattr(m, RESULTS_ATTR)), module)
+    inputs, results = getattr(module, AXES_ATTR, ()), getattr(module, RESULTS_ATTR, ())
+    other = [axes for axes in (*inputs, *results) if len(axes) != 3]
+    if len(results) > 1 or other:
+        what = [f"returns {len(results)} results"] if len(results) > 1 else []
+        what += [f"carries a [{', '.join(other[0])}] value"] if other else []
+        raise LiftFailure(error(
+            "E0920", f"'{type(module).__name__}' {' and '.join(what)} beside its state: the lift reads blocks from "
+            "[batch, seq, features] inputs to one such result, so a stream carried beside the state (RealFormer's "
+            "attention scores) is not followed", getattr(module, SPAN_ATTR),
+            hint="only blocks that carry the state alone lift; this block's .block file stays its source"))
 
 
 def _has_node(v: Any) -> bool:

@@ -3,7 +3,8 @@
 A traced module shows what it computes, not how its author named the axes of its inputs, nor the
 arguments that only decided how its branches were initialised (``init_gain``, ``init_std``,
 ``init_scale``, ``init_zero``), nor the facts the block states about itself (``const deepscalelm = 1``).
-The compiled root of a block keeps them: ``blockir_axes``, the axis names of each input;
+The compiled root of a block keeps them: ``blockir_axes``, the axis names of each input, and
+``blockir_results``, of each result, with ``blockir_span``, where the block is declared;
 ``blockir_init``, each declaration's kind and init-only arguments as ``.block`` text with the file's
 constants folded in (a per-layer name such as ``num_layers`` stays a name); ``blockir_facts``, each
 stated fact as ``name = value``; ``blockir_depth``, the constants outside init-only arguments whose value
@@ -25,6 +26,8 @@ from blockir.ir.traits import Calls, Stochastic
 from blockir.ir.program import Block, Program
 
 AXES_ATTR = "blockir_axes"
+RESULTS_ATTR = "blockir_results"
+SPAN_ATTR = "blockir_span"
 INIT_ATTR = "blockir_init"
 FACTS_ATTR = "blockir_facts"
 DROPPED_ATTR = "blockir_dropped"
@@ -42,7 +45,9 @@ def _text(value: Any, defs: dict[str, C.ConstExpr]) -> str:
 def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], float | int]) -> dict[str, Any]:
     """The attributes the compiled root of ``block`` records (no init record when nothing sets one); ``value``
     evaluates a constant expression in this layer."""
-    out: dict[str, Any] = {AXES_ATTR: tuple(tuple(a.name for a in p.type.axes) for p in block.params)}
+    out: dict[str, Any] = {AXES_ATTR: tuple(tuple(a.name for a in p.type.axes) for p in block.params),
+                           RESULTS_ATTR: tuple(tuple(a.name for a in t.axes) for t in block.results),
+                           SPAN_ATTR: block.span}
     facts = tuple(f"{c.name} = {C.format_expr(c.value)}" for c in block.consts if c.name in FACTS)
     if facts:
         out[FACTS_ATTR] = facts
