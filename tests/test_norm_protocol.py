@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.fx as fx
 
+import blockir
 from blockir.ir.consts import Num
 from blockir.ir.kinds import KINDS
 from blockir.ir.schema import ArgSpec
 from blockir.lower.layers.norm_module import Norm, make_norm
 from blockir.norms import FAMILIES, QK_NORMS, NormFamily
-from blockir.norms.base import Defaults
+from blockir.norms.base import Defaults, plain
 from conftest import ROOT
 
 D = 8
@@ -102,3 +103,25 @@ def test_a_math_forward_is_one_traced_call(name: str) -> None:
 def test_the_facts_import_without_torch() -> None:
     code = "import sys, blockir.norms, blockir.ir.kinds; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+
+
+# the families whose compiled call states their settings, which the lift reads from the call itself
+READ_FROM_THE_CALL = {"layernorm", "rmsnorm"}
+
+
+def test_every_other_family_reads_its_declaration_back() -> None:
+    assert {n for n in NAMES if not _overrides(FAMILIES[n], "declared")} == READ_FROM_THE_CALL
+
+
+@pytest.mark.parametrize("name", sorted(set(NAMES) - READ_FROM_THE_CALL))
+def test_the_declaration_read_back_from_a_module_builds_the_same_module(name: str) -> None:
+    f = FAMILIES[name]
+    given = {k: v.value if isinstance(v, Num) else v for k, v in _given(f).items()}
+    module = make_norm(name, D, **given)
+    source = (f"dim B: batch\ndim S: seq\ndim D: model = {D}\nblock A(x: [B, S, D]) -> [B, S, D] {{\n"
+              f"  n: {name}(D, {f.declared(module)})\n  y = n(x)\n  return y\n}}\n")
+    decl = blockir.parse(source, "read_back.block").block("A").decl_map["n"]
+
+    def settings(s: dict) -> dict:  # the name and place of a declaration are no settings of its module
+        return {k: settings(v) if isinstance(v, dict) else v for k, v in s.items() if k not in ("label", "span")}
+    assert settings(f.settings(decl, plain)) == settings(f.settings(Defaults(f, _given(f), name="n"), plain))

@@ -134,7 +134,7 @@ class Lifter:
         """A scale as the lifted block writes it: the name of the compiled block's depth constant that has exactly
         this value in this layer (DeepNorm's ``alpha``), declared in the block, or the number."""
         for name, expr, _, value in getattr(self.traced.module, DEPTH_ATTR, ()):
-            if float(value) == float(v):
+            if value is not None and float(value) == float(v):
                 if f"{name} = {expr}" not in self.block.consts:
                     self.block.consts.append(f"{name} = {expr}")
                 return name

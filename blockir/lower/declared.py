@@ -15,6 +15,7 @@ name (which keys its mask) and its right-hand side with ``{0}`` for the call's r
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from blockir.analyses.equivalence import fold
@@ -42,20 +43,22 @@ def _text(value: Any, defs: dict[str, C.ConstExpr]) -> str:
     return str(value)
 
 
-def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], float | int]) -> dict[str, Any]:
+def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], float | int | None]) -> dict[str, Any]:
     """The attributes the compiled root of ``block`` records (no init record when nothing sets one); ``value``
-    evaluates a constant expression in this layer."""
+    evaluates a constant expression in this layer (None: it reads a size not given)."""
     out: dict[str, Any] = {AXES_ATTR: tuple(tuple(a.name for a in p.type.axes) for p in block.params),
                            RESULTS_ATTR: tuple(tuple(a.name for a in t.axes) for t in block.results),
                            SPAN_ATTR: block.span}
-    facts = tuple(f"{c.name} = {C.format_expr(c.value)}" for c in block.consts if c.name in FACTS)
+    # written back into a lifted program that has none of the file's constants and only its own dims: folded
+    defs = {**{a.name: a.size for a in program.dims if a.size is not None},
+            **{c.name: c.value for c in (*program.consts, *block.consts)}}
+    facts = tuple(f"{c.name} = {_text(c.value, defs)}" for c in block.consts if c.name in FACTS)
     if facts:
         out[FACTS_ATTR] = facts
     given = [(d, [(k, d.arg(k)) for k in INIT_ONLY if d.arg(k) is not None]) for d in block.decls
              if isinstance(d, KindDecl)]
-    defs = {c.name: c.value for c in (*program.consts, *block.consts)}
     init_names = {n for _, args in given for _, v in args if isinstance(v, C.EXPRS) for n in C.names_in(v)}
-    depth = tuple((c.name, C.format_expr(c.value), c.span, value(C.Name(c.name))) for c in block.consts
+    depth = tuple((c.name, _text(c.value, defs), c.span, value(C.Name(c.name))) for c in block.consts
                   if c.name not in FACTS and
                   c.name not in init_names and C.names_in(fold(c.value, defs)) & set(C.LAYER_NAMES))
     if depth:
@@ -66,7 +69,8 @@ def declared(program: Program, block: Block, value: Callable[[C.ConstExpr], floa
             continue
         producer = block.producers.get(op.operand)  # type: ignore[attr-defined]
         if producer is not None and producer.has(Calls) and len(block.users.get(op.operand, ())) == 1:
-            rhs = op.text().split(" = ", 1)[1].replace(op.operand, "{0}", 1)  # type: ignore[attr-defined]
+            zero = dataclasses.replace(op, p=C.Num(0.0)).text()  # type: ignore[type-var]
+            rhs = zero.split(" = ", 1)[1].replace(op.operand, "{0}", 1)  # type: ignore[attr-defined]
             dropped[producer.decl] = (op.result, rhs)  # type: ignore[attr-defined]
     if dropped:
         out[DROPPED_ATTR] = dropped

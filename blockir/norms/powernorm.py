@@ -161,5 +161,8 @@ class PowerNorm(NormFamily):
         return (f"{module.width}, eps={module.eps}, momentum={module.momentum}, padding={module.padding}, "
                 f"running={module.running}")
 
+    def declared(self, module: Any) -> str:
+        return f"{bn.stats_declared(vars(module))}, affine={'true' if module.affine else 'false'}"
+
 
 FAMILY = PowerNorm()

@@ -10,7 +10,7 @@ import math as _math
 from typing import TYPE_CHECKING, Any
 
 from blockir.norms import args as A
-from blockir.norms.base import NormFamily, Value, offset_weight
+from blockir.norms.base import NormFamily, Value, number, offset_weight
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -57,6 +57,10 @@ class ScaleNorm(NormFamily):
 
     def describe(self, module: Any) -> str:
         return f"{module.width}, eps={module.eps}, offset={module.offset}"
+
+    def declared(self, module: Any) -> str:
+        name = f", weight_name={module.keys['scale']}" if "scale" in module.keys else ""
+        return f"eps={number(module.eps)}, offset={module.offset}{name}"
 
 
 FAMILY = ScaleNorm()

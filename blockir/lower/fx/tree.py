@@ -223,7 +223,7 @@ class Lowering:
                 if sub.more_results:
                     stack.carried = len(sub.results)
                 set_nested(root, d.name, stack, d.span)
-        root.__dict__.update(recorded(self.program, block, s.value))
+        root.__dict__.update(recorded(self.program, block, s.known))
         if single:
             root.register_load_state_dict_pre_hook(partial(_reshape_single, tuple(single)))
         sphere = sphere_parameters(block)
