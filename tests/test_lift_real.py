@@ -70,7 +70,10 @@ def _real(build: Callable[[], R.RealLayer]) -> Callable[[], tuple[Program, str, 
     return make
 
 
-def _example(example: str, block: str, memory: bool = False) -> Callable[[], tuple[Program, str, nn.Module, tuple, dict]]:
+Example = Callable[[], tuple[Program, str, nn.Module, tuple, dict]]
+
+
+def _example(example: str, block: str, memory: bool = False) -> Example:
     """A self-contained example block, compiled with its own initialisation and called on a random stream (and,
     with ``memory``, a random memory of another length)."""
     def make() -> tuple[Program, str, nn.Module, tuple, dict]:

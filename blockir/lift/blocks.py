@@ -27,15 +27,6 @@ KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model
 
 
 
-def _restore_init(block: LiftedBlock, module: nn.Module) -> None:
-    """A compiled block's init-only arguments, which its trace does not show, on the declarations it lifted to the
-    same kind (:mod:`blockir.lower.declared`)."""
-    for name, (kind, args) in getattr(module, INIT_ATTR, {}).items():
-        line = block.decls.get(name)
-        if line is not None and line.text.startswith(kind + "("):
-            line.text = f"{line.text[:-1]}, {args})"
-
-
 @dataclass
 class Entry:
     """What one line of the lifted text is: a declaration, an equation, a header or a return."""
@@ -101,8 +92,8 @@ class Session:
                 continue
             self.findings.append(warning(
                 "W0920", f"'{block.name}' uses {name} = {expr}, which depends on the layer or the stack's depth: the "
-                f"trace shows only its value in this compiled layer, {number_text(value)}, and the lift writes that number",
-                span,
+                f"trace shows only its value in this compiled layer, {number_text(value)}, and the lift writes that "
+                "number", span,
                 hint="the lifted block is this layer at this depth; state the constant again to reuse it at another"))
         body = block.body()
         if body not in self.names:
@@ -138,6 +129,15 @@ def _return_span(module: nn.Module) -> Span | None:
             col = len(lines[i]) - len(stripped) + 1
             return Span(path, start + i, col, len(lines[i].rstrip()) + 1)
     return None
+
+
+def _restore_init(block: LiftedBlock, module: nn.Module) -> None:
+    """A compiled block's init-only arguments, which its trace does not show, on the declarations it lifted to the
+    same kind (:mod:`blockir.lower.declared`)."""
+    for name, (kind, args) in getattr(module, INIT_ATTR, {}).items():
+        line = block.decls.get(name)
+        if line is not None and line.text.startswith(kind + "("):
+            line.text = f"{line.text[:-1]}, {args})"
 
 
 def _header_span(module: nn.Module) -> Span | None:
@@ -239,7 +239,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
         add("")
 
     write(root, "", True)
-    dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory or session.seq_names[0] == "T" else []),
+    memory = session.used_memory or session.seq_names[0] == "T"
+    dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if memory else []),
             f"dim D: model = {session.width}", *(f"dim {n}: model = {s}" for s, n in session.model.items()),
             *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
             *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]

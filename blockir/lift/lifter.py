@@ -353,7 +353,8 @@ def check_signature(module: nn.Module) -> None:
     """A compiled block whose inputs or results are not all states: the lift reads one ``[batch, seq, features]``
     result from ``[batch, seq, features]`` inputs, so a stream carried beside the state is not followed. A module
     that is no compiled block but holds compiled layers (a stack) is checked by its first one."""
-    module = next((m for m in module.modules() if hasattr(m, RESULTS_ATTR)), module)
+    if not hasattr(module, RESULTS_ATTR):
+        module = next((m for m in module.children() if hasattr(m, RESULTS_ATTR)), module)
     inputs, results = getattr(module, AXES_ATTR, ()), getattr(module, RESULTS_ATTR, ())
     other = [axes for axes in (*inputs, *results) if len(axes) != 3]
     if len(results) > 1 or other:
