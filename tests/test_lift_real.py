@@ -134,9 +134,9 @@ def test_a_built_in_attention_is_lifted_with_its_settings() -> None:
 
 def test_what_the_trace_cannot_show_is_read_back_from_the_compiled_block() -> None:
     # the target stream's own axis name, init-only arguments and a stated fact, none of them on the graph
-    assert "block DecoderLayer(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {\n" in _lifted_text(
-        "encoder_decoder decoder")
-    assert "  src_attn: cross_attention(heads=4, bias=true, out_bias=true)\n" in _lifted_text("encoder_decoder decoder")
+    text = _lifted_text("encoder_decoder decoder")
+    assert "block DecoderLayer(x: [B, T, D], memory: [B, S, D]) -> [B, T, D] {\n" in text
+    assert "  src_attn: cross_attention(heads=4, bias=true, out_bias=true)\n" in text
     text = _lifted_text("fixup")
     assert "  const fixup = 1\n" in text and "  fixup_bias1a: bias(init=0)\n" in text
     assert "  mlp: mlp(F, act=relu, bias=true, init_scale=(2 * num_layers) ** -0.5, init_zero=true)\n" in text
