@@ -86,12 +86,13 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("config, message", [
     (dict(CONFIGS["granite"], logits_scaling=3.0), "logits_scaling=3 is not a power of two"),
-    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "full_attention", "full_attention"]),
      "this mix of sliding and full attention layers is not supported"),
     (dict(CONFIGS["olmo"], clip_qkv=8.0), "clip_qkv (clamping q, k and v) is not supported"),
-    (dict(CONFIGS["smollm3"], no_rope_layers=[1, 0]), "layers without RoPE (no_rope_layers) are not supported"),
-    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="longrope", rope_theta=1e4)),
-     "RoPE scaling type 'longrope' is not supported"),
+    (dict(CONFIGS["smollm3"], num_hidden_layers=3, no_rope_layers=[1, 0, 0]),
+     "this mix of layers with and without RoPE is not supported"),
+    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="proportional", rope_theta=1e4)),
+     "RoPE scaling type 'proportional' is not supported"),
 ])
 def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
     with pytest.raises(blockir.BlockError) as info:

@@ -173,6 +173,18 @@ def _value(v: Any) -> str:
     return "[" + ", ".join(num(x) for x in v) + "]" if isinstance(v, list) else num(v)
 
 
+def every_nth(flags: list[bool]) -> tuple[int, str] | None:
+    """The period n and an indicator in ``layer`` for ``flags`` that are false on every n-th layer and true on
+    the others (``(layer + 1) % n == 0``: 1 on the true ones), or true only there (``1 - …``); None for flags
+    without such a period. Constant expressions have ``%`` and ``//``, so one block serves every layer."""
+    for flip in (False, True):
+        for period in range(1, len(flags) + 2):
+            if flags == [((i + 1) % period != 0) != flip for i in range(len(flags))]:
+                ind = "0" if period == 1 else f"(((layer + 1) % {period} + {period - 1}) // {period})"
+                return period, (f"(1 - {ind})" if period > 1 else "1") if flip else ind
+    return None
+
+
 def window(c: Config) -> list[str]:
     """The window of every layer; a per-layer mix is written as an expression in ``layer`` (0: no window)."""
     types = c.get("layer_types")
@@ -189,8 +201,12 @@ def window(c: Config) -> list[str]:
     for first, sign in ((True, "+"), (False, "-")):
         if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
             return [f"window={size} * (1 {sign} (-1) ** layer) / 2"]
+    periodic = every_nth(sliding)
+    if periodic is not None:
+        return [f"window={size} * {periodic[1]}"]
     raise fail("this mix of sliding and full attention layers is not supported",
-               "supported: all sliding, all full, or alternating layer by layer", at=("layer_types",))
+               "supported: all sliding, all full, alternating layer by layer, or every n-th layer full or sliding",
+               at=("layer_types",))
 
 
 def padding(c: Config) -> list[str]:
