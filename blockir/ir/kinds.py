@@ -131,6 +131,10 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("rope_short_factor", "numbers", None,
                     doc="longrope: one divisor per frequency while the longest position is within rope_original_max"),
             ArgSpec("rope_long_factor", "numbers", None, doc="longrope: one divisor per frequency past it"),
+            ArgSpec("rope_recache", "bool", None,
+                    doc="longrope: generation drops its cache once, when the sequence first passes "
+                        "rope_original_max, and recomputes every position with the long factors (Phi-3's "
+                        "generation); unset: cached keys keep the factors they were rotated with"),
             ArgSpec("scores_f32", "bool", None, doc="with impl=eager: q and k cast to f32 before the score matmul, so the scores, mask and softmax are f32, and the probabilities are cast to the values' dtype (GPT-J, GPT-Neo); unset: scores in the input dtype"),
             ArgSpec("kv_broadcast", "bool", None, doc="true: keys and values are broadcast to every query head right after the projection, so each head's key is rotated on its own and, with kv_cache, stored as its own copy (Falcon's new architecture); unset: grouped heads read their shared key"),
             ArgSpec("rope_tables", "enum", None, choices=("f32", "input"), doc="with rope_f32=true: input: the cos/sin tables are rounded to the input dtype, and q and k cast to f32, before the rotation (Cohere); unset: f32 tables, q and k as projected")),

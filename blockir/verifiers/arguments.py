@@ -104,7 +104,7 @@ def _longrope_factors(decl: KindDecl, rotated: float | None) -> Diagnostic | Non
 
 
 SCALING_ARGS = ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq", "rope_beta_fast",
-                "rope_beta_slow", "rope_attention_factor", "rope_short_factor", "rope_long_factor")
+                "rope_beta_slow", "rope_attention_factor", "rope_short_factor", "rope_long_factor", "rope_recache")
 SCALING_NEEDS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_original_max"),
                  "yarn": ("rope_factor", "rope_original_max"), "dynamic": ("rope_factor", "rope_original_max"),
                  "longrope": ("rope_factor", "rope_original_max", "rope_short_factor", "rope_long_factor")}
@@ -114,7 +114,7 @@ SCALING_TAKES = {"linear": ("rope_factor",),
                           "rope_attention_factor"),
                  "dynamic": ("rope_factor", "rope_original_max"),
                  "longrope": ("rope_factor", "rope_original_max", "rope_attention_factor", "rope_short_factor",
-                              "rope_long_factor")}
+                              "rope_long_factor", "rope_recache")}
 
 
 def _rope_scaling(decl: KindDecl) -> Diagnostic | None:

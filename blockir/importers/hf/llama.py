@@ -171,6 +171,8 @@ def _phi3(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "Phi3ForCausalLM", "Phi3DecoderLayer"
     norm = c.norm()
     attn = attn_opts(c, exact) + window(c) + ["fused=stacked"]
+    if c.rope()["rope_type"] == "longrope":  # its generation recomputes the sequence when it switches factors
+        attn.append("rope_recache=true")
     mlp = ["F", f"act={c.act()}", "fused=true"]
     update = drop(c.get("resid_pdrop", 0.0))
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})

@@ -207,6 +207,7 @@ class SelfAttention(_Projections):
         rope_scaling: rotary.RopeScaling | None = None,
         rope_tables: str = "f32",
         kv_broadcast: bool = False,
+        rope_recache: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
@@ -215,7 +216,7 @@ class SelfAttention(_Projections):
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
                           rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
                           rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
-                          kv_broadcast=kv_broadcast)
+                          kv_broadcast=kv_broadcast, rope_recache=rope_recache)
         dynamic = rope_scaling is not None and rope_scaling.kind == "dynamic"
         self.dynamic = rotary.DynamicFrequencies(rope_scaling) if dynamic else None  # type: ignore[arg-type]
 

@@ -127,7 +127,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
                   rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
                   rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"), rope_tables=d.arg("rope_tables") or "f32",
-                  kv_broadcast=bool(d.arg("kv_broadcast")))
+                  kv_broadcast=bool(d.arg("kv_broadcast")), rope_recache=bool(d.arg("rope_recache")))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)
