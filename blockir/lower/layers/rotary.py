@@ -83,8 +83,8 @@ def inv_freq(dim: int, theta: float, device: torch.device, scaling: RopeScaling 
 
 
 def _dynamic(dim: int, theta: float, exponents: Tensor, s: RopeScaling, seq_len: Tensor | None) -> Tensor:
-    # unset: the base in Python floats for the original context; else a 0-dim f32 base from the tensor length.
-    # Both round as HF's do, so the first already differs from the unscaled base for some factors.
+    # unset: the original context's base in Python floats; else a 0-dim f32 base from the tensor length, each
+    # computed as HF computes it, so the rounding is the host's
     longest: float | Tensor = s.original_max
     if seq_len is not None:
         longest = torch.maximum(seq_len, torch.tensor(s.original_max, dtype=seq_len.dtype, device=seq_len.device))
