@@ -17,8 +17,8 @@ from blockir.importers.hf.writer import writes
 def _period(c: Config) -> tuple[int, str]:
     """The period of ``layer_types`` (sliding layers, then one full layer) and its sliding-layer indicator."""
     types = c.get("layer_types") or []
-    periodic = every_nth([t == "sliding_attention" for t in types])
-    if periodic is not None and not periodic[1].startswith("1"):  # sliding layers, then one full layer
+    periodic = every_nth([t == "sliding_attention" for t in types], flipped=False)
+    if periodic is not None:
         return periodic
     raise fail("this mix of sliding and full attention layers is not supported",
                 "supported: every n-th layer full, the others sliding", at=("layer_types",))

@@ -173,11 +173,12 @@ def _value(v: Any) -> str:
     return "[" + ", ".join(num(x) for x in v) + "]" if isinstance(v, list) else num(v)
 
 
-def every_nth(flags: list[bool]) -> tuple[int, str] | None:
+def every_nth(flags: list[bool], flipped: bool = True) -> tuple[int, str] | None:
     """The period n and an indicator in ``layer`` for ``flags`` that are false on every n-th layer and true on
-    the others (``(layer + 1) % n == 0``: 1 on the true ones), or true only there (``1 - …``); None for flags
-    without such a period. Constant expressions have ``%`` and ``//``, so one block serves every layer."""
-    for flip in (False, True):
+    the others (``(layer + 1) % n == 0``: 1 on the true ones), or, unless ``flipped`` is false, true only there
+    (``1 - …``); None for flags without such a period. Constant expressions have ``%`` and ``//``, so one block
+    serves every layer."""
+    for flip in (False, True) if flipped else (False,):
         for period in range(1, len(flags) + 2):
             if flags == [((i + 1) % period != 0) != flip for i in range(len(flags))]:
                 ind = "0" if period == 1 else f"(((layer + 1) % {period} + {period - 1}) // {period})"
