@@ -58,6 +58,22 @@ def test_cached_steps_past_the_original_context_equal_hf(pair) -> None:
     assert (short - want[:, :6]).abs().max() > 1e-3  # the scaling acted on the long pass
 
 
+@torch.no_grad()
+def test_exact_mode_steps_bit_for_bit_past_the_original_context(pair, tmp_path: Path) -> None:
+    real, _ = pair
+    real.save_pretrained(tmp_path)
+    exact = blockir.from_pretrained(tmp_path, exact=True)
+    real.set_attn_implementation("eager")
+    try:
+        hf_cache, cache, ids = transformers.DynamicCache(), blockir.KVCache(), PROMPT
+        for _ in range(8):
+            want = real(ids, cache=hf_cache, use_cache=True).logits
+            assert torch.equal(exact(ids, past_key_values=cache, use_cache=True).logits, want)
+            ids = want[:, -1:].argmax(-1)
+    finally:
+        real.set_attn_implementation("sdpa")
+
+
 def test_greedy_generation_with_left_padding_equals_hf(pair) -> None:
     real, lm = pair
     keep = torch.ones_like(PROMPT)
