@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import blockir  # noqa: E402
+from blockir.api import hf_block_text  # noqa: E402
 from blockir.ir.printer import format_program  # noqa: E402
 from blockir.lower.layers.rotary import DynamicFrequencies, RopeScaling, inv_freq, rope_cos_sin  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
@@ -115,3 +116,19 @@ def test_a_number_list_goes_only_where_one_is_taken() -> None:
     with pytest.raises(blockir.BlockError) as info:
         blockir.parse(HEAD.format(args="rope_factor=[1, 2]"))
     assert info.value.diagnostics[0].code == "E0111"
+
+
+@pytest.mark.parametrize("key, short, long, at, message", [
+    ("rope_scaling", [1, 2], [1, 2, 3, 4], "short_factor", "short_factor has 2 factors for the 4 rotated pairs"),
+    ("rope_parameters", [1, 2, 3, 4], [1, 2, 3, 4, 5], "long_factor", "long_factor has 5 factors for the 4 rotated"),
+])
+def test_imported_longrope_factors_must_match_the_rotated_pairs(key, short, long, at, message) -> None:
+    """Phi-3 with 16-channel heads rotating half of them: four factors per list, refused at the list otherwise."""
+    config = dict(model_type="phi3", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                  num_attention_heads=4, partial_rotary_factor=0.5, original_max_position_embeddings=8, pad_token_id=0,
+                  **{key: dict(rope_type="longrope", short_factor=short, long_factor=long)})
+    with pytest.raises(blockir.BlockError) as info:
+        hf_block_text(config)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.filename) == ("E0809", f"<hf config>: $.{key}.{at}")
+    assert d.message.startswith(message)
