@@ -49,6 +49,16 @@ CONFIGS: dict[str, dict] = {
     "qwen2-yarn": dict(COMMON, model_type="qwen2", num_key_value_heads=4, rope_parameters=dict(rope_type="yarn", factor=4.0,
                                                                         original_max_position_embeddings=16,
                                                                         rope_theta=10000.0)),
+    # the 7-token test passes max_position_embeddings (dynamic) and the original context (longrope)
+    "llama-dynamic": dict(COMMON, model_type="llama", num_key_value_heads=2, max_position_embeddings=4,
+                          rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)),
+    "phi3-longrope": dict(COMMON, model_type="phi3", num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0,
+                          original_max_position_embeddings=4, rope_parameters=dict(
+                              rope_type="longrope", short_factor=[1.0, 1.25, 1.5, 2.0],
+                              long_factor=[1.5, 3.0, 6.0, 12.0], rope_theta=10000.0)),
+    # every third layer without RoPE and sliding (no_rope_layers derived from the interval, layer_types from them)
+    "smollm3-nope": dict(COMMON, model_type="smollm3", num_hidden_layers=4, num_key_value_heads=2, pad_token_id=2,
+                         no_rope_layer_interval=3, use_sliding_window=True, sliding_window=3),
 }
 
 FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -36,10 +36,12 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
     "sliding_window": ("kept only with use_sliding_window, which the tested config leaves off",
                        {"qwen2", "qwen3", "smollm3"}),
     "use_sliding_window": ("the tested config has no sliding_window to switch on", {"qwen2", "qwen3", "smollm3"}),
-    "no_rope_layer_interval": ("the no_rope_layers it derives are refused at no_rope_layers", {"smollm3"}),
+    "no_rope_layer_interval": ("the tested config's two layers keep RoPE at intervals 4 and 8 alike "
+                               "(test_rope_fields_reach_the_file changes it where it acts)", {"smollm3"}),
     "tie_word_embeddings": ("the base model of an encoder has no head to tie", ENCODERS),
     "attention_dropout": ("Falcon's rotary attention applies no dropout to the attention weights", {"falcon"}),
-    "original_max_position_embeddings": ("read only by longrope scaling, which is refused", {"phi3"}),
+    "original_max_position_embeddings": ("read only by longrope scaling, which the tested config does not use "
+                                         "(test_rope_fields_reach_the_file changes it where it acts)", {"phi3"}),
     "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
     "num_ln_in_parallel_attn": ("read only with new_decoder_architecture", {"falcon"}),
 }
@@ -67,3 +69,33 @@ def test_a_changed_field_changes_the_file_or_is_refused_there(model_type: str, n
         return
     reason, families = NO_EFFECT.get(name, ("", set()))
     assert (text == block_text(dict(base))) == (model_type in families), (name, reason)
+
+
+# the fields of the scaled and per-layer RoPE configs, changed where they act
+ROPE_FIELDS = [
+    ("llama-dynamic", "max_position_embeddings", 16, "rope_original_max=16"),
+    ("llama-dynamic", "rope_parameters", dict(rope_type="dynamic", factor=3.0), "rope_factor=3"),
+    ("phi3-longrope", "original_max_position_embeddings", 16, "rope_original_max=16"),
+    ("phi3-longrope", "max_position_embeddings", 128, "rope_factor=32"),
+    ("phi3-longrope", "rope_parameters", dict(CONFIGS["phi3-longrope"]["rope_parameters"], attention_factor=1.5),
+     "rope_attention_factor=1.5"),
+    ("phi3-longrope", "rope_parameters", dict(CONFIGS["phi3-longrope"]["rope_parameters"],
+                                              short_factor=[1, 2, 3, 4]), "rope_short_factor=[1, 2, 3, 4]"),
+    ("phi3-longrope", "rope_parameters", dict(CONFIGS["phi3-longrope"]["rope_parameters"],
+                                              long_factor=[5, 6, 7, 8.5]), "rope_long_factor=[5, 6, 7, 8.5]"),
+    ("smollm3-nope", "no_rope_layer_interval", 2, "rotary_dim=16 * (((layer + 1) % 2 + 1) // 2)"),
+    ("smollm3-nope", "no_rope_layers", [1, 1, 1, 0], "rotary_dim=16 * (((layer + 1) % 4 + 3) // 4)"),
+    ("smollm3-nope", "use_sliding_window", False, None),
+]
+
+
+@pytest.mark.parametrize("config, name, value, written", ROPE_FIELDS,
+                         ids=[f"{c}.{n}={v}" for c, n, v, _ in ROPE_FIELDS])
+def test_rope_fields_reach_the_file(config: str, name: str, value: Any, written: str | None) -> None:
+    base = block_text(CONFIGS[config])
+    text = block_text(dict(CONFIGS[config], **{name: value}))
+    assert text != base
+    if written is not None:
+        assert written in text and written not in base
+    else:
+        assert "window=" in base and "window=" not in text

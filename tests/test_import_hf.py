@@ -86,12 +86,13 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("config, message", [
     (dict(CONFIGS["granite"], logits_scaling=3.0), "logits_scaling=3 is not a power of two"),
-    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    (dict(CONFIGS["gemma2"], layer_types=["sliding_attention", "full_attention", "full_attention"]),
      "this mix of sliding and full attention layers is not supported"),
     (dict(CONFIGS["olmo"], clip_qkv=8.0), "clip_qkv (clamping q, k and v) is not supported"),
-    (dict(CONFIGS["smollm3"], no_rope_layers=[1, 0]), "layers without RoPE (no_rope_layers) are not supported"),
-    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="longrope", rope_theta=1e4)),
-     "RoPE scaling type 'longrope' is not supported"),
+    (dict(CONFIGS["smollm3"], num_hidden_layers=3, no_rope_layers=[1, 0, 0]),
+     "this mix of layers with and without RoPE is not supported"),
+    (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="proportional", rope_theta=1e4)),
+     "RoPE scaling type 'proportional' is not supported"),
 ])
 def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
     with pytest.raises(blockir.BlockError) as info:
@@ -126,6 +127,15 @@ def test_periodic_layer_types_become_an_indicator_in_layer(model_type, types, wi
     assert rotated == ([16] * 7 if model_type == "gemma3_text" else [16, 16, 16, 0, 16])
 
 
+def test_layers_without_rope_rotate_nothing_and_slide() -> None:
+    """SmolLM3: every third layer has no RoPE (no_rope_layer_interval=3) and, with use_sliding_window, a window."""
+    text = block_text(CONFIGS["smollm3-nope"])
+    assert "rotary_dim=16 * (((layer + 1) % 3 + 2) // 3), window=3 * (1 - (((layer + 1) % 3 + 2) // 3))" in text
+    layers = list(blockir.compile(blockir.parse(text), "SmolLM3ForCausalLM", seed=0).model.layers)
+    assert [layer.self_attn.rotary_dim for layer in layers] == [16, 16, 0, 16]
+    assert [layer.self_attn.core.window for layer in layers] == [None, None, 3, None]
+
+
 def test_a_layer_mix_without_a_period_is_refused() -> None:
     with pytest.raises(blockir.BlockError) as info:
         block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention",
@@ -133,7 +143,8 @@ def test_a_layer_mix_without_a_period_is_refused() -> None:
     assert info.value.diagnostics[0].message == "this mix of sliding and full attention layers is not supported"
 
 
-@pytest.mark.parametrize("model_type", ["gptj", "codegen", "gemma3_text", "cohere2", "cohere", "olmo"])
+@pytest.mark.parametrize("model_type", ["gptj", "codegen", "gemma3_text", "cohere2", "cohere", "olmo", "phi3-longrope",
+                                        "smollm3-nope"])
 def test_imported_file_round_trips_through_the_printer(model_type: str) -> None:
     """The per-layer expressions and the norm and rotary options print and parse back unchanged."""
     from blockir.ir.printer import format_program

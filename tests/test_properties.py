@@ -391,6 +391,9 @@ class BlockGen:
             return r.pick(prog.by_role["hidden"] if a.name == "hidden" else [t.last])
         if a.kind == "name":
             return r.pick(["proj", "dense", "c_proj", "fc_1"])
+        if a.kind == "numbers":
+            items = [r.pick(["1", "1.5", "2e0", ".25", "3."]) for _ in range(r.int(1, 4))]
+            return "[" + r.odd(", ", ",").join(items) + r.odd("", ",") + "]"
         if a.kind != "expr":
             raise AssertionError(f"the generator does not know argument kind {a.kind!r}; teach it")
         if a.name in ("eps", "ln_eps"):

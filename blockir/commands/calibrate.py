@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = RunConfig(dims=row_dims(program, args.dims), backend=args.backend)
         check_options(cfg)
         if args.resume:
-            cfg = checkpoint.resumed_config(args.resume, cfg)
+            # calibration takes no optimizer step: the checkpoint's stepping carries on into the one it saves
+            cfg = checkpoint.resumed_config(args.resume, cfg, carry=("accum", "dtype"))
             checkpoint.check_program(args.resume, program, block.name)
         data = load_corpus(args.data, "calibrate")
         # the calibration data may differ from the training data: the saved checkpoint names the former

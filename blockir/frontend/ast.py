@@ -32,6 +32,14 @@ class AxesLit:
 
 
 @dataclass(frozen=True)
+class NumbersLit:
+    """A list of numbers, ``[1.0, 1.25, 2]``."""
+
+    values: tuple[float, ...]
+    span: Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class BinOp:
     """A binary arithmetic expression."""
 
@@ -69,7 +77,7 @@ class Call:
     callee_span: Span = field(compare=False)
 
 
-Expr = Union[Num, Ref, AxesLit, BinOp, Neg, Call]
+Expr = Union[Num, Ref, AxesLit, NumbersLit, BinOp, Neg, Call]
 
 
 @dataclass(frozen=True)

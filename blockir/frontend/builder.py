@@ -118,6 +118,11 @@ class Builder:
                 self.err("E0107", f"'{spec.name}' must be one of {', '.join(map(str, spec.choices))}, got {value}", e.span)
                 return None
             return int(value)
+        if spec.kind == "numbers":
+            if isinstance(e, ast.NumbersLit):
+                return e.values
+            self.err("E0107", f"'{spec.name}' must be a list of numbers [a, b, …]", e.span)
+            return None
         if spec.kind == "bool":
             if word in ("true", "false"):
                 return word == "true"

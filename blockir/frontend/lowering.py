@@ -137,7 +137,7 @@ class Lowerer:
             return self._sub(e, name)
         if isinstance(e, ast.Call):
             return self._call(e, name)
-        what = {ast.Num: "a number", ast.AxesLit: "an axis list"}.get(type(e), f"'{getattr(e, 'op', '-')}'")
+        what = {ast.Num: "a number", ast.AxesLit: "an axis list", ast.NumbersLit: "a list of numbers"}.get(type(e), f"'{getattr(e, 'op', '-')}'")
         if isinstance(e, (ast.BinOp, ast.Neg)):
             self.err("E0111", f"{what} does not apply to tensors", e.span, TENSOR_OPS_HINT)
         else:

@@ -275,6 +275,13 @@ class _ToAst(Transformer):
         lsqb, names, rsqb = c
         return self._keep(ast.AxesLit(tuple(names or ()), self._span(lsqb, rsqb)), lsqb, rsqb)
 
+    def numbers(self, c):
+        lsqb, values, rsqb = c
+        return self._keep(ast.NumbersLit(values, self._span(lsqb, rsqb)), lsqb, rsqb)
+
+    def number_list(self, c):
+        return tuple(float(str(t)) for t in c)
+
     def call(self, c):
         callee, args, rpar = c
         pos, kws = args if args is not None else ((), ())

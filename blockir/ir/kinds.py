@@ -47,7 +47,7 @@ _COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER
 _UNFUSED_V = tuple(Implies("fused", layout, "init_scale", None, "init_scale rescales the value projection alone; a "
                            f"fused={layout} layout stores it inside one q/k/v matrix") for layout in ("stacked", "heads"))
 ROPE_STYLES = ("half", "interleaved")
-ROPE_SCALINGS = ("linear", "llama3", "yarn")
+ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 QKV_LAYOUTS = ("none", "stacked", "heads", "qvk_groups")
 QK_NORMS = ("none", *norms.QK_NORMS)
 ATTENTION_IMPLS = ("sdpa", "eager")
@@ -118,15 +118,25 @@ KINDS: dict[str, KindSpec] = {
                         "by model.to(dtype)); unset: f32"),
             ArgSpec("rope_f32", "bool", None, doc="true: rotate with f32 tables, then cast back (OLMo 2)"),
             ArgSpec("rope_scaling", "enum", None, choices=ROPE_SCALINGS,
-                    doc="context extension: linear (position interpolation), llama3, yarn; unset: none"),
+                    doc="context extension: linear (position interpolation), llama3, yarn, dynamic (NTK base grown "
+                        "with the sequence), longrope (per-frequency factors); unset: none"),
             ArgSpec("rope_factor", "expr", None, doc="the extension factor of rope_scaling"),
-            ArgSpec("rope_original_max", "expr", None, doc="the context before extension (llama3, yarn)"),
+            ArgSpec("rope_original_max", "expr", None, doc="the context before extension (llama3, yarn, longrope; "
+                    "dynamic: the length past which the base grows)"),
             ArgSpec("rope_low_freq", "expr", None, doc="llama3: low_freq_factor; unset: 1"),
             ArgSpec("rope_high_freq", "expr", None, doc="llama3: high_freq_factor; unset: 4"),
             ArgSpec("rope_beta_fast", "expr", None, doc="yarn: beta_fast; unset: 32"),
             ArgSpec("rope_beta_slow", "expr", None, doc="yarn: beta_slow; unset: 1"),
             ArgSpec("rope_attention_factor", "expr", None,
-                    doc="yarn: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1"),
+                    doc="yarn, longrope: cos/sin multiplied by this; unset: 0.1 ln(rope_factor) + 1 (yarn), "
+                        "sqrt(1 + ln(rope_factor) / ln(rope_original_max)) (longrope)"),
+            ArgSpec("rope_short_factor", "numbers", None,
+                    doc="longrope: one divisor per frequency while the longest position is within rope_original_max"),
+            ArgSpec("rope_long_factor", "numbers", None, doc="longrope: one divisor per frequency past it"),
+            ArgSpec("rope_recache", "bool", None,
+                    doc="longrope: generation drops its cache once, when the sequence first passes "
+                        "rope_original_max, and recomputes every position with the long factors (Phi-3's "
+                        "generation); unset: cached keys keep the factors they were rotated with"),
             ArgSpec("scores_f32", "bool", None, doc="with impl=eager: q and k cast to f32 before the score matmul, so the scores, mask and softmax are f32, and the probabilities are cast to the values' dtype (GPT-J, GPT-Neo); unset: scores in the input dtype"),
             ArgSpec("kv_broadcast", "bool", None, doc="true: keys and values are broadcast to every query head right after the projection, so each head's key is rotated on its own and, with kv_cache, stored as its own copy (Falcon's new architecture); unset: grouped heads read their shared key"),
             ArgSpec("rope_tables", "enum", None, choices=("f32", "input"), doc="with rope_f32=true: input: the cos/sin tables are rounded to the input dtype, and q and k cast to f32, before the rotation (Cohere); unset: f32 tables, q and k as projected")),

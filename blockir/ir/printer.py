@@ -28,6 +28,8 @@ def _value(kind: str, v: Any) -> str:
         return "true" if v else "false"
     if kind == "axes":
         return v[0] if len(v) == 1 else "[" + ", ".join(v) + "]"
+    if kind == "numbers":
+        return "[" + ", ".join(repr(x) for x in v) + "]"
     if isinstance(v, (Num,)) or hasattr(v, "op") or hasattr(v, "operand") or hasattr(v, "name") and not isinstance(v, str):
         return format_expr(v)
     return str(v)

@@ -16,7 +16,7 @@ class ArgSpec:
     """One argument of a kind: its value kind, default, choices and documentation."""
 
     name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int | name (a parameter's name, dotted for a nested one)
+    kind: str  # axes | dim | expr | bool | enum | dtype | int | numbers | name (a parameter's name, dotted for a nested one)
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     positional: bool = False

@@ -27,7 +27,7 @@ import torch
 
 from blockir.lifecycle import atomic, state_check
 from blockir.lifecycle.artifact_files import MAX_RECORD_BYTES, RUN, STATE_FILES, file_in, where
-from blockir.lifecycle.run_record import FROZEN, parse_record
+from blockir.lifecycle.run_record import FROZEN, SETTINGS, parse_record
 from blockir.lifecycle.session import RunConfig, Trainer
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.printer import format_program
@@ -53,7 +53,7 @@ def program_digest(program: Program) -> str:
 def save(trainer: Trainer, directory: str | Path, source: str) -> dict[str, Any]:
     """Write the trainer's state to ``directory`` (whole, replacing it); returns the ``run.json`` record."""
     state = trainer.state_dict()
-    cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN}
+    cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN + SETTINGS}
     return write(directory, trainer.program, trainer.block.name, source, cfg,
                  {"data": trainer.corpus.source, "data_sha256": trainer.corpus.digest}, state)
 
@@ -129,10 +129,27 @@ def check_program(directory: str | Path, program: Program, block: str) -> dict[s
     return record
 
 
-def resumed_config(directory: str | Path, cfg: RunConfig) -> RunConfig:
-    """``cfg`` with the frozen fields taken from the checkpoint."""
+def resumed_config(directory: str | Path, cfg: RunConfig, carry: tuple[str, ...] = ()) -> RunConfig:
+    """``cfg`` with the frozen fields, and the recorded ``carry`` settings, taken from the checkpoint; refused
+    (E0849) where it steps otherwise than the checkpoint's run did."""
     record = read_record(directory)
-    return replace(cfg, **record["config"])
+    config = record["config"]
+    resumed = replace(cfg, **{k: config[k] for k in (*FROZEN, *carry) if k in config})
+    _same_stepping(Path(directory), config, resumed)
+    return resumed
+
+
+# --accum and --dtype decide what one optimizer step averages and the precision its gradients had
+STEPPING = {"accum": "--accum", "dtype": "--dtype"}
+
+
+def _same_stepping(path: Path, config: dict[str, Any], cfg: RunConfig) -> None:
+    for key, option in STEPPING.items():
+        if key in config and config[key] != getattr(cfg, key):
+            raise BlockError([error("E0849", f"the checkpoint was trained with {option} {config[key]}; this run "
+                                    f"asks for {option} {getattr(cfg, key)}", where(path / RUN, f"config.{key}"),
+                                    hint=f"resume with {option} {config[key]}, or start a new run (without "
+                                         f"--resume) to train with another")])
 
 
 def restore(trainer: Trainer, directory: str | Path) -> None:
@@ -157,7 +174,8 @@ def load(trainer: Trainer, directory: str | Path) -> None:
         raise _refuse(path, f"the checkpoint was trained on {record['data']} (different bytes from "
                       f"{trainer.corpus.source})", "resume with the same --data")
     frozen = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN}
-    if frozen != record["config"]:
+    if frozen != {k: record["config"][k] for k in FROZEN}:
         changed = sorted(k for k in FROZEN if frozen.get(k) != record["config"].get(k))
         raise _refuse(path, f"the run's {', '.join(changed)} differ from the checkpoint's")
+    _same_stepping(path, record["config"], trainer.cfg)
     restore(trainer, path)

@@ -17,6 +17,8 @@ from blockir.lifecycle.session import RunConfig, config_problems
 from blockir.diagnostics import BlockError, error
 
 FROZEN = ("seed", "lr", "warmup", "batch", "dims", "backend")
+# recorded since: how the run stepped (a resumed run keeps accum and dtype, may move to another device)
+SETTINGS = ("accum", "dtype", "device")
 HEX = re.compile(r"[0-9a-f]{64}")
 FIELDS: dict[str, str] = {"file": "text", "block": "text", "program_sha256": "sha256", "config": "table",
                           "data": "text", "data_sha256": "sha256", "step": "count", "sha256": "table"}
@@ -62,9 +64,11 @@ def parse_record(text: bytes, path: Path) -> dict[str, Any]:
         if name not in hashes:
             raise record_error(path, "sha256", f"records no sha256 for {name}")
     config = record["config"]
-    if sorted(config) != sorted(FROZEN):
+    if sorted(config) not in (sorted(FROZEN), sorted(FROZEN + SETTINGS)):  # records before SETTINGS hold FROZEN
         raise record_error(path, "config", f"holds {', '.join(map(str, config))}; a checkpoint's configuration is "
-                           f"{', '.join(FROZEN)}")
+                           f"{', '.join(FROZEN + SETTINGS)}")
     for field, problem in config_problems(RunConfig(**config)):
         raise record_error(path, f"config.{field}", problem)
+    if config.get("device") is not None and not isinstance(config["device"], str):
+        raise record_error(path, "config.device", f"is {json.dumps(config['device'])[:60]}, not a device name or null")
     return record

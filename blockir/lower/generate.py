@@ -9,7 +9,9 @@ reaches ``top_p`` (HF's warpers, in that order); a sequence that has produced an
 token continues with ``pad_token_id``, and decoding stops once every sequence has finished, so
 the result holds at most ``S + max_new_tokens`` columns. Unset ``eos_token_id`` and
 ``pad_token_id`` take the folder's generation config, then its config; with an end-of-sequence
-token and no pad token, the first end-of-sequence token pads.
+token and no pad token, the first end-of-sequence token pads. A model whose LongRoPE attention has
+``rope_recache=true`` drops its cache at the first step whose sequence is longer than the original
+context and recomputes every position there, as Phi-3's ``prepare_inputs_for_generation`` does.
 """
 from __future__ import annotations
 
@@ -116,6 +118,10 @@ def _decode(lm: "CausalLM", ids: Tensor, keep: Tensor, padded: bool, step_positi
     stops = torch.tensor(eos, dtype=torch.long, device=ids.device)
     step_ids = ids
     for _ in range(max_new_tokens):
+        if lm.recache_at is not None and ids.shape[1] > lm.recache_at >= cache.get_seq_length():
+            # the first step past the original context recomputes every position, as Phi-3's generation does
+            cache = KVCache(capacity=cache.capacity)
+            step_ids, step_positions = ids, (keep.cumsum(-1) - 1).masked_fill(keep == 0, 0)
         # without padding the mask says nothing the causal kernels do not: leave it out, as HF does
         logits = lm(step_ids, attention_mask=keep if padded else None, position_ids=step_positions,
                     past_key_values=cache).logits

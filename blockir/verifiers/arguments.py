@@ -84,17 +84,37 @@ def _attention(block: Block, decl: KindDecl, env: Env) -> Diagnostic | None:
     if decl.arg("rope") and head_dim is not None and head_dim % 2:
         return error("E0211", f"the rotary embedding of '{decl.name}' needs an even head_dim, got {head_dim}",
                      decl.span, hint="rotary embeddings rotate pairs of channels")
+    return _longrope_factors(decl, rotary if rotary is not None else head_dim)
+
+
+def _longrope_factors(decl: KindDecl, rotated: float | None) -> Diagnostic | None:
+    """LongRoPE divides each rotated pair's frequency by its own factor: one positive factor per pair."""
+    for name in ("rope_short_factor", "rope_long_factor"):
+        factors = decl.arg(name)
+        if factors is None:
+            continue
+        if rotated and len(factors) != int(rotated) // 2:  # 0: this layer rotates nothing
+            return error("E0847", f"{name} of '{decl.name}' has {len(factors)} factors for {int(rotated)} rotated "
+                         f"channels", decl.span, hint=f"give one factor per rotated pair: {int(rotated) // 2}")
+        bad = next((f for f in factors if not f > 0), None)
+        if bad is not None:
+            return error("E0848", f"{name} of '{decl.name}' holds {bad:g}; every factor must be positive",
+                         decl.span, hint="each factor divides a frequency")
     return None
 
 
 SCALING_ARGS = ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq", "rope_beta_fast",
-                "rope_beta_slow", "rope_attention_factor")
+                "rope_beta_slow", "rope_attention_factor", "rope_short_factor", "rope_long_factor", "rope_recache")
 SCALING_NEEDS = {"linear": ("rope_factor",), "llama3": ("rope_factor", "rope_original_max"),
-                 "yarn": ("rope_factor", "rope_original_max")}
+                 "yarn": ("rope_factor", "rope_original_max"), "dynamic": ("rope_factor", "rope_original_max"),
+                 "longrope": ("rope_factor", "rope_original_max", "rope_short_factor", "rope_long_factor")}
 SCALING_TAKES = {"linear": ("rope_factor",),
                  "llama3": ("rope_factor", "rope_original_max", "rope_low_freq", "rope_high_freq"),
                  "yarn": ("rope_factor", "rope_original_max", "rope_beta_fast", "rope_beta_slow",
-                          "rope_attention_factor")}
+                          "rope_attention_factor"),
+                 "dynamic": ("rope_factor", "rope_original_max"),
+                 "longrope": ("rope_factor", "rope_original_max", "rope_attention_factor", "rope_short_factor",
+                              "rope_long_factor", "rope_recache")}
 
 
 def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
@@ -104,7 +124,7 @@ def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
     if kind is None:
         if given:
             return error("E0801", f"'{decl.name}' sets {given[0]} but no rope_scaling", decl.span,
-                         hint="rope_scaling=linear|llama3|yarn chooses the scheme these parameters belong to")
+                         hint="rope_scaling=linear|llama3|yarn|dynamic|longrope chooses the scheme these parameters belong to")
         return None
     if not decl.arg("rope"):
         return error("E0801", f"'{decl.name}' sets rope_scaling={kind} but rope=false", decl.span,

@@ -192,3 +192,9 @@ def _rotary(ch: Checker, values: dict[str, Any], keys: dict[str, str], head_dim:
             ch.add("E0809", (keys[where] if where in keys else where,), f"RoPE would rotate {int(head_dim * fraction)} "
                    f"channels of each head ({fraction:g} of {head_dim}), an odd number",
                    "RoPE rotates pairs of channels: pick a factor that gives an even count")
+        for name in ("short_factor", "long_factor"):  # LongRoPE: one factor per rotated pair
+            factors, pairs = part.get(name), int(head_dim * fraction) // 2
+            if isinstance(factors, list) and len(factors) != pairs and part is rope:  # per layer type: refused later
+                field = keys.get("rope_scaling") or keys.get("rope_parameters", "rope_parameters")
+                ch.add("E0809", (field, name), f"{name} has {len(factors)} factors for the {pairs} rotated pairs "
+                       f"of each head", "LongRoPE divides each rotated pair's frequency by its own factor")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl, drop, fail, header, num, rms,
-                                       window)
+from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl, drop, every_nth, fail, header,
+                                       num, rms, window)
 from blockir.importers.hf.writer import register, writes
 
 
@@ -20,11 +20,7 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: boo
     def write(c: Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
-        layers = c.need("num_hidden_layers")
-        if not all((c.get("no_rope_layers") or [1])[:layers]):
-            raise fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
-                       at=("no_rope_layers",))
-        attn = attn_opts(c, exact) + window(c)
+        attn = no_rope(c, attn_opts(c, exact)) + window(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
         if rope_f32:
@@ -57,6 +53,24 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: boo
             model[-2] = f"  return {logits}lm_head(model.norm(model.layers(model.embed_tokens(input_ids){emb})))"
         return "\n".join(lines + model) + "\n"
     return write
+
+
+def no_rope(c: Config, attn: list[str]) -> list[str]:
+    """SmolLM3's ``no_rope_layers`` (HF reads one flag per layer, a prefix of the list): the layers flagged 0 rotate
+    nothing, written as the rotated channels times an indicator in ``layer``."""
+    layers = c.need("num_hidden_layers")
+    flags = [bool(f) for f in (c.get("no_rope_layers") or [1] * layers)[:layers]]
+    if all(flags):
+        return attn
+    periodic = every_nth(flags)
+    if periodic is None:
+        raise fail("this mix of layers with and without RoPE is not supported",
+                   "supported: every layer, none, or all but every n-th layer", at=("no_rope_layers",))
+    h = c.need("num_attention_heads")
+    hd = c.get("head_dim") or c.need("hidden_size") // h
+    rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
+    kept = [o for o in attn if not o.startswith("rotary_dim=")]
+    return kept + [f"rotary_dim={rotated} * {periodic[1]}" if any(flags) else "rotary_dim=0"]
 
 
 def _multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
@@ -157,6 +171,8 @@ def _phi3(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "Phi3ForCausalLM", "Phi3DecoderLayer"
     norm = c.norm()
     attn = attn_opts(c, exact) + window(c) + ["fused=stacked"]
+    if c.rope()["rope_type"] == "longrope":  # its generation recomputes the sequence when it switches factors
+        attn.append("rope_recache=true")
     mlp = ["F", f"act={c.act()}", "fused=true"]
     update = drop(c.get("resid_pdrop", 0.0))
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from blockir.importers.hf.gpt import COHERE_NORM
 from blockir.importers.hf.llama import sandwich_text
-from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms
+from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, every_nth, fail, header, num, rms
 from blockir.importers.hf.writer import writes
 
 
 def _period(c: Config) -> tuple[int, str]:
     """The period of ``layer_types`` (sliding layers, then one full layer) and its sliding-layer indicator."""
     types = c.get("layer_types") or []
-    sliding = [t == "sliding_attention" for t in types]
-    for period in range(1, len(types) + 2):
-        if sliding == [(i + 1) % period != 0 for i in range(len(types))]:
-            if period == 1:
-                return 1, "0"
-            return period, f"(((layer + 1) % {period} + {period - 1}) // {period})"
+    periodic = every_nth([t == "sliding_attention" for t in types], flipped=False)
+    if periodic is not None:
+        return periodic
     raise fail("this mix of sliding and full attention layers is not supported",
                 "supported: every n-th layer full, the others sliding", at=("layer_types",))
 

@@ -45,11 +45,14 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                ("factor", "low_freq_factor", "high_freq_factor")),
     "yarn": (("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
               "mscale_all_dim", "truncate"), ()),
+    "dynamic": (("factor",), ("factor",)),
+    "longrope": (("factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor"),
+                 ("short_factor", "long_factor")),
 }
 ROPE_KINDS = {"rope_theta": "positive", "partial_rotary_factor": "fraction", "factor": "positive",
               "original_max_position_embeddings": "size", "low_freq_factor": "positive", "high_freq_factor": "positive",
               "beta_fast": "positive", "beta_slow": "positive", "attention_factor": "positive", "mscale": "real",
-              "mscale_all_dim": "real", "truncate": "bool"}
+              "mscale_all_dim": "real", "truncate": "bool", "short_factor": "positives", "long_factor": "positives"}
 ROPE_LAYER_KEYS = LAYER_TYPES  # a dict of RoPE parameters per layer type (Gemma 3)
 
 Path = tuple[str | int, ...]
@@ -183,6 +186,7 @@ STRUCTURED: dict[str, Callable[[Checker, Path, Any], None]] = {
     "tokens": lambda ch, p, v: _list_of(ch, p, v, "token", "token ids") if isinstance(v, list)
     else check_kind(ch, p, "token", v),
     "strs": lambda ch, p, v: _list_of(ch, p, v, "str", "strings"),
+    "positives": lambda ch, p, v: _list_of(ch, p, v, "positive", "positive numbers"),
 }
 
 

@@ -12,14 +12,18 @@ from typing import Any, Callable, Mapping
 from blockir.diagnostics import BlockError, error, json_span
 from blockir.importers.hf.family import ACTS
 
-ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 # rope_parameters key -> the attention argument that states it
 ROPE_ARGS = {"factor": "rope_factor", "original_max_position_embeddings": "rope_original_max",
              "low_freq_factor": "rope_low_freq", "high_freq_factor": "rope_high_freq", "beta_fast": "rope_beta_fast",
-             "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor"}
+             "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor",
+             "short_factor": "rope_short_factor", "long_factor": "rope_long_factor"}
 READS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
                                            "high_freq_factor"),
-         "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")}
+         "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"),
+         "dynamic": ("factor", "original_max_position_embeddings"),
+         "longrope": ("factor", "original_max_position_embeddings", "attention_factor", "short_factor",
+                      "long_factor")}
 SOURCE = "<hf config>"  # the name diagnostics carry until the import knows the file
 
 
@@ -153,12 +157,33 @@ def _rope_scaling(c: Config, rope: dict[str, Any]) -> list[str]:
     if kind == "default":
         return []
     values = dict(rope)
-    if kind == "yarn" and values.get("factor") is None:  # HF derives it from the two context lengths
+    if kind in ("llama3", "yarn", "longrope"):
+        # a class with a top-level original_max_position_embeddings (Phi-3) puts it over the dict's
+        values["original_max_position_embeddings"] = c.get("original_max_position_embeddings") or \
+            values.get("original_max_position_embeddings") or c.get("max_position_embeddings")
+    if kind == "dynamic":  # the base grows past max_position_embeddings, the context the class was built for
+        values["original_max_position_embeddings"] = c.need("max_position_embeddings")
+    if kind in ("yarn", "longrope") and values.get("factor") is None:  # HF derives it from the two context lengths
         values["factor"] = c.need("max_position_embeddings") / values["original_max_position_embeddings"]
-    if kind in ("llama3", "yarn"):
-        values.setdefault("original_max_position_embeddings", c.get("max_position_embeddings"))
-    return [f"rope_scaling={kind}"] + [f"{ROPE_ARGS[k]}={num(values[k])}" for k in READS[kind]
+    return [f"rope_scaling={kind}"] + [f"{ROPE_ARGS[k]}={_value(values[k])}" for k in READS[kind]
                                        if values.get(k) is not None]
+
+
+def _value(v: Any) -> str:
+    return "[" + ", ".join(num(x) for x in v) + "]" if isinstance(v, list) else num(v)
+
+
+def every_nth(flags: list[bool], flipped: bool = True) -> tuple[int, str] | None:
+    """The period n and an indicator in ``layer`` for ``flags`` that are false on every n-th layer and true on
+    the others (``(layer + 1) % n == 0``: 1 on the true ones), or, unless ``flipped`` is false, true only there
+    (``1 - …``); None for flags without such a period. Constant expressions have ``%`` and ``//``, so one block
+    serves every layer."""
+    for flip in (False, True) if flipped else (False,):
+        for period in range(1, len(flags) + 2):
+            if flags == [((i + 1) % period != 0) != flip for i in range(len(flags))]:
+                ind = "0" if period == 1 else f"(((layer + 1) % {period} + {period - 1}) // {period})"
+                return period, (f"(1 - {ind})" if period > 1 else "1") if flip else ind
+    return None
 
 
 def window(c: Config) -> list[str]:
@@ -177,8 +202,12 @@ def window(c: Config) -> list[str]:
     for first, sign in ((True, "+"), (False, "-")):
         if sliding == [(i % 2 == 0) == first for i in range(len(types))]:
             return [f"window={size} * (1 {sign} (-1) ** layer) / 2"]
+    periodic = every_nth(sliding)
+    if periodic is not None:
+        return [f"window={size} * {periodic[1]}"]
     raise fail("this mix of sliding and full attention layers is not supported",
-               "supported: all sliding, all full, or alternating layer by layer", at=("layer_types",))
+               "supported: all sliding, all full, alternating layer by layer, or every n-th layer full or sliding",
+               at=("layer_types",))
 
 
 def padding(c: Config) -> list[str]:

@@ -207,6 +207,7 @@ class SelfAttention(_Projections):
         rope_scaling: rotary.RopeScaling | None = None,
         rope_tables: str = "f32",
         kv_broadcast: bool = False,
+        rope_recache: bool = False,
         **options: object,
     ) -> None:
         core = options.pop("core", None) or AttentionCore(causal=causal)
@@ -215,7 +216,9 @@ class SelfAttention(_Projections):
         vars(self).update(causal=causal, rope=rope, rope_theta=rope_theta, rope_style=rope_style,
                           rotary_dim=self.head_dim if rotary_dim is None else rotary_dim, rope_freqs=rope_freqs,
                           rope_f32=rope_f32, rope_scaling=rope_scaling, alibi=alibi, rope_tables=rope_tables,
-                          kv_broadcast=kv_broadcast)
+                          kv_broadcast=kv_broadcast, rope_recache=rope_recache)
+        dynamic = rope_scaling is not None and rope_scaling.kind == "dynamic"
+        self.dynamic = rotary.DynamicFrequencies(rope_scaling) if dynamic else None  # type: ignore[arg-type]
 
     @property
     def blockir_context(self) -> frozenset[str]:
@@ -251,8 +254,10 @@ class SelfAttention(_Projections):
             if position_embeddings is None:
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
+                grown = self.dynamic.update(self.rotary_dim, self.rope_theta, x.device, position_ids, x.shape[1]) \
+                    if self.dynamic is not None else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs, self.rope_scaling, position_ids)
+                                                   interleaved, freqs, self.rope_scaling, position_ids, grown)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             dtype = q.dtype

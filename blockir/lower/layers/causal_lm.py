@@ -57,6 +57,9 @@ class CausalLM(nn.Module):
         # OPT counts positions over the kept tokens of the mask; every other family from the cache's length
         self.mask_positions = any(getattr(m, "positions", False) and getattr(m, "mask_positions", False)
                                   for m in module.modules())
+        # Phi-3 decodes past its original context by recomputing the sequence once, with the long factors
+        self.recache_at: int | None = min((m.rope_scaling.original_max for m in module.modules()
+                                           if getattr(m, "rope_recache", False)), default=None)
 
     def train(self, mode: bool = True) -> "CausalLM":
         self.compiled.training = mode  # the compiled graph reads its own flag

@@ -98,8 +98,10 @@ def _rope_scaling(d: KindDecl, s: Sizes) -> rotary.RopeScaling | None:
     given = {field: _opt_float(s, d, arg) for field, arg in (
         ("low_freq", "rope_low_freq"), ("high_freq", "rope_high_freq"), ("beta_fast", "rope_beta_fast"),
         ("beta_slow", "rope_beta_slow"), ("attention_factor", "rope_attention_factor"))}
+    lists = {field: tuple(float(v) for v in d.arg(arg)) for field, arg in (
+        ("short_factor", "rope_short_factor"), ("long_factor", "rope_long_factor")) if d.arg(arg) is not None}
     return rotary.RopeScaling(kind, float(s.value(d.arg("rope_factor"))), _opt_int(s, d, "rope_original_max"),
-                              **{k: v for k, v in given.items() if v is not None})
+                              **{k: v for k, v in given.items() if v is not None}, **lists)
 
 
 def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
@@ -125,7 +127,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
                   rope_freqs=d.arg("rope_freqs") or "f32", rope_f32=bool(d.arg("rope_f32")),
                   rope_scaling=_rope_scaling(d, s), alibi=d.arg("alibi"), rope_tables=d.arg("rope_tables") or "f32",
-                  kv_broadcast=bool(d.arg("kv_broadcast")))
+                  kv_broadcast=bool(d.arg("kv_broadcast")), rope_recache=bool(d.arg("rope_recache")))
     cls = branches.SelfAttention if d.kind == "self_attention" else branches.CrossAttention
     # each module gets its own core
     return lambda: cls(width, core=branches.AttentionCore(**core), **kw)

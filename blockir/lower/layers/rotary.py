@@ -11,6 +11,12 @@ tables of an imported model equal the host model's bit for bit:
 * ``yarn``: per-dimension blend of interpolated and original frequencies with the cos/sin tables
   scaled by an attention factor ("YaRN: Efficient Context Window Extension of Large Language
   Models", arXiv:2309.00071).
+* ``dynamic``: NTK-aware scaling whose base grows with the longest sequence seen past the original
+  context, recomputed as the sequence grows (HF's ``dynamic_rope_update``), so earlier keys keep the
+  frequencies they were rotated with (:class:`DynamicFrequencies`).
+* ``longrope``: one factor per frequency, a short set within the original context and a long set past
+  it, chosen per call by the longest position, with the tables scaled by an attention factor
+  (Phi-3; "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens", arXiv:2402.13753).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-SCALINGS = ("linear", "llama3", "yarn")
+SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -29,25 +35,43 @@ class RopeScaling:
 
     kind: str
     factor: float
-    original_max: int | None = None  # the pre-extension context (llama3, yarn)
+    original_max: int | None = None  # the pre-extension context (llama3, yarn, longrope; dynamic: where it starts)
     low_freq: float = 1.0  # llama3
     high_freq: float = 4.0  # llama3
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn; unset: 0.1 ln(factor) + 1
+    attention_factor: float | None = None  # yarn: unset 0.1 ln(factor) + 1; longrope: unset sqrt(1 + ln f / ln max)
+    short_factor: tuple[float, ...] = ()  # longrope, one per frequency
+    long_factor: tuple[float, ...] = ()  # longrope
 
     def table_factor(self) -> float:
-        """What the cos/sin tables are multiplied by (one for every scheme but YaRN)."""
-        if self.kind != "yarn":
+        """What the cos/sin tables are multiplied by (one for every scheme but YaRN and LongRoPE)."""
+        if self.kind not in ("yarn", "longrope"):
             return 1.0
         if self.attention_factor is not None:
             return self.attention_factor
-        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0
+        if self.factor <= 1:
+            return 1.0
+        if self.kind == "yarn":
+            return 0.1 * math.log(self.factor) + 1.0
+        return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max))
 
 
-def inv_freq(dim: int, theta: float, device: torch.device, scaling: RopeScaling | None = None) -> Tensor:
-    """The ``dim // 2`` inverse frequencies of ``dim`` rotated coordinates, in fp32."""
+def inv_freq(dim: int, theta: float, device: torch.device, scaling: RopeScaling | None = None,
+             seq_len: Tensor | None = None) -> Tensor:
+    """The ``dim // 2`` inverse frequencies of ``dim`` rotated coordinates, in fp32.
+
+    ``seq_len`` (a 0-dim integer tensor, the longest position plus one) picks LongRoPE's factor set and
+    grows the dynamic base; unset, both schemes give their frequencies within the original context.
+    """
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    if scaling is not None and scaling.kind == "longrope":
+        long = seq_len is not None and bool(seq_len > scaling.original_max)
+        factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32,
+                               device=device)
+        return 1.0 / (factors * theta ** exponents)
+    if scaling is not None and scaling.kind == "dynamic":
+        return _dynamic(dim, theta, exponents, scaling, seq_len)
     base = 1.0 / (theta ** exponents)
     if scaling is None:
         return base
@@ -56,6 +80,39 @@ def inv_freq(dim: int, theta: float, device: torch.device, scaling: RopeScaling 
     if scaling.kind == "llama3":
         return _llama3(base, scaling)
     return _yarn(dim, theta, exponents, scaling)
+
+
+def _dynamic(dim: int, theta: float, exponents: Tensor, s: RopeScaling, seq_len: Tensor | None) -> Tensor:
+    # unset: the original context's base in Python floats; else a 0-dim f32 base from the tensor length, each
+    # computed as HF computes it, so the rounding is the host's
+    longest: float | Tensor = s.original_max
+    if seq_len is not None:
+        longest = torch.maximum(seq_len, torch.tensor(s.original_max, dtype=seq_len.dtype, device=seq_len.device))
+    base = theta * ((s.factor * longest / s.original_max) - (s.factor - 1)) ** (dim / (dim - 2))
+    if isinstance(base, Tensor):
+        base = base.to(exponents.device)
+    return 1.0 / (base ** exponents)
+
+
+class DynamicFrequencies:
+    """The dynamic scheme's state between calls, as HF's rotary module keeps it: the longest sequence seen
+    (never below the original context) and the frequencies grown for it. A call past it grows them; a call
+    back below the original context after growing returns to the original frequencies."""
+
+    def __init__(self, scaling: RopeScaling) -> None:
+        self.scaling, self.longest, self.grown = scaling, scaling.original_max, None  # type: ignore[assignment]
+
+    def update(self, dim: int, theta: float, device: torch.device, positions: Tensor | None,
+               seq: int) -> Tensor | None:
+        """The grown frequencies this call rotates by, or None for the original ones."""
+        seq_len = positions.max() + 1 if positions is not None else torch.tensor(seq)
+        longest, original = self.longest, self.scaling.original_max
+        if seq_len > longest:
+            self.grown = inv_freq(dim, theta, device, self.scaling, seq_len)
+            self.longest = seq_len
+        if seq_len < original and longest > original:
+            self.grown, self.longest = None, original
+        return self.grown
 
 
 def _llama3(freqs: Tensor, s: RopeScaling) -> Tensor:
@@ -86,7 +143,7 @@ def _yarn(dim: int, theta: float, exponents: Tensor, s: RopeScaling) -> Tensor:
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
     interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: RopeScaling | None = None,
-    positions: Tensor | None = None,
+    positions: Tensor | None = None, frequencies: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -97,10 +154,17 @@ def rope_cos_sin(
     module's ``inv_freq`` buffer after ``model.to(dtype)``, whose angles then differ in bf16.
     ``scaling`` is a context-extension scheme (see above). ``positions`` (``[B or 1, S]``, HF's
     ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
+    ``frequencies`` are ones a dynamic scheme grew (:class:`DynamicFrequencies`): used as they are, in
+    f32, as HF registers them.
     """
-    frequencies = inv_freq(head_dim, theta, device, scaling)
-    if freqs_dtype is not None:
-        frequencies = frequencies.to(freqs_dtype).float()
+    if frequencies is None:
+        longest = None
+        if scaling is not None and scaling.kind == "longrope":
+            longest = positions.max() + 1 if positions is not None else torch.tensor(seq_len)
+        frequencies = inv_freq(head_dim, theta, device, scaling, longest)
+        if freqs_dtype is not None:
+            frequencies = frequencies.to(freqs_dtype).float()
+    frequencies = frequencies.to(device)  # grown ones stay where they were made, as HF's plain attribute does
     if positions is None:
         freqs = torch.arange(seq_len, device=device, dtype=torch.float32)[None, :, None] * frequencies
     else:
