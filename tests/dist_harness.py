@@ -1,6 +1,7 @@
 """Spawn gloo process groups on the loopback interface and compare a parallelised module with one process."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -30,8 +31,30 @@ def _gather_batch(t: torch.Tensor, group: Any) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def data_ranks(dp: int | tuple[int, ...]) -> int:
+    """How many data-parallel ranks a case's ``dp`` means: a number, or (replicate, shard) of an HSDP mesh."""
+    return math.prod(dp) if isinstance(dp, tuple) else dp
+
+
+def _mesh(dp: int | tuple[int, ...]) -> tuple[Any, Any, dict[str, Any]]:
+    """The case's mesh, the process group of this rank's data-parallel peers, and parallelize's mesh keywords."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from blockir.lower.distributed.tp import DATA_AXES
+    world = dist.get_world_size()
+    if dp == 1:
+        return init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)), None, {}
+    sizes = dp if isinstance(dp, tuple) else (dp,)
+    axes = DATA_AXES[len(sizes) + 1]
+    mesh = init_device_mesh("cpu", (*sizes, world // data_ranks(dp)), mesh_dim_names=(*axes, "tp"))
+    if len(axes) == 1:
+        return mesh, mesh["dp"].get_group(), {}
+    # the data-parallel peers of each tensor-parallel rank, numbered replica group first (as parallelize does)
+    groups = [dist.new_group(mesh.mesh[..., t].flatten().tolist()) for t in range(mesh.size(len(axes)))]
+    return mesh, groups[mesh["tp"].get_local_rank()], {}
+
+
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
-         mode: str, dp: int = 1) -> dict[str, Any]:
+         mode: str, dp: int | tuple[int, ...] = 1) -> dict[str, Any]:
     import blockir
     m = blockir.compile(program, name, dims=dims, seed=0)
     m.train(mode == "train")
@@ -39,20 +62,20 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
         torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     group, rows, index = None, shape[0], 0
+    n = data_ranks(dp)
     if layout is not None:
-        from torch.distributed.device_mesh import init_device_mesh
         from blockir.lower.distributed import parallelize
-        world = dist.get_world_size()
-        if dp == 1:
-            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-        else:
-            mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("dp", "tp"))
-            group = mesh["dp"].get_group()
+        from blockir.lower.distributed.tp import DATA_AXES, data_rank
+        mesh, group, options = _mesh(dp)
+        if group is not None:
             # each data-parallel rank takes its slice of the batch; FSDP averages gradients over dp, so the
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
-            rows, index = shape[0] // dp, mesh["dp"].get_local_rank()
+            rows, index = shape[0] // n, data_rank(mesh[DATA_AXES[mesh.ndim]])[0]
             x = x[index * rows:(index + 1) * rows]
-        parallelize(m, mesh, program, name, layout=layout, dims=dims)
+        if mode.endswith("bf16"):  # FSDP2 mixed precision: bf16 compute, fp32 gradient reduction
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        parallelize(m, mesh, program, name, layout=layout, dims=dims, **options)
     x = x.clone().requires_grad_(not tokens)
     seen: dict[str, str] = {}
 
@@ -78,12 +101,12 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         y = m(x)
     # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
     grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
-    y.backward(grad_out[index * rows:(index + 1) * rows] * dp)
+    y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
     for h in hooks:
         h.remove()
-    y, dx = y.detach(), None if tokens else x.grad.detach()
+    y, dx = y.detach().float(), None if tokens else x.grad.detach()
     if group is not None:
-        y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / dp
+        y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / n
     return dict(y=y, dx=dx,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
@@ -91,7 +114,9 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
-Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, int]  # program, block, dims, layout, shape, mode, dp
+# program, block, dims, layout, shape, mode (eval, train, or eval-bf16: FSDP2 mixed precision), dp (a number of
+# data-parallel ranks, or (replicate, shard) for HSDP)
+Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, Any]
 
 
 def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> None:
@@ -114,7 +139,8 @@ def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> N
 def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
 
-    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks; a
+    A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
+    is a pair, else on one ``tp`` axis of all ranks; a
     ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import ROOT
-from dist_harness import compare
+from dist_harness import compare, data_ranks
 
 LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
@@ -30,11 +30,16 @@ WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout 
 # GPT-2 trains with dropout there too: each dp rank keys its masks by its rows of the global batch
 WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", mode, 2) for mode in ("eval", "train")] + \
     [("llama", layout, "eval", 1) for layout in ("sequence", "hidden")]
+# HSDP on ("dp_replicate", "dp_shard", "tp") meshes: two replicas of two shards, and two replicas of the plan over
+# tp=2 (GPT-2 training with dropout: four data-parallel slices draw one process's masks); FSDP2 mixed precision
+HSDP = [("llama", "sequence", "eval", (2, 2)), ("gpt2", "sequence", "train", (2, 1))]
+MIXED = [("llama", "sequence", "eval-bf16", 2)]
+WORLD4 += HSDP + MIXED
 
 
-def _case(model: str, layout: str, mode: str, dp: int) -> tuple[Any, ...]:
+def _case(model: str, layout: str, mode: str, dp: Any) -> tuple[Any, ...]:
     program, name = MODELS[model]
-    batch = 2 * dp
+    batch = 2 * data_ranks(dp)
     return program, name, {"B": batch, "S": 8, "D": 64}, layout, (batch, 8, 64), mode, dp
 
 
@@ -122,7 +127,7 @@ def test_data_parallel_training_draws_the_whole_batchs_masks(world4: dict) -> No
     assert _rel(train["y"], evaluated["y"]) > 1e-2
 
 
-@pytest.mark.parametrize("case", WORLD4[5:], ids=lambda c: c[1])
+@pytest.mark.parametrize("case", WORLD4[5:7], ids=lambda c: c[1])
 def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tuple[Any, ...]) -> None:
     """Two key/value heads over four ranks: each rank keeps the whole k/v weight and computes its head."""
     ref, par = world4[case]
@@ -132,3 +137,28 @@ def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tu
     assert params["layers.0.self_attn.k_proj.weight"] == params["layers.1.self_attn.v_proj.weight"] == "R"
     assert par["inputs"]["layers.0"] == STREAM[case[1]]
     assert par["comms"] == par["planned"]
+
+
+@pytest.mark.parametrize("case", HSDP, ids=lambda c: "-".join(map(str, c[:3])))
+def test_hsdp_on_a_replicate_shard_tp_mesh(world4: dict, case: tuple[Any, ...]) -> None:
+    """FSDP2 shards over dp_shard and replicates over dp_replicate; the four data slices of (2, 2) and the two
+    of (2, 1) with the plan over tp=2 together give one process's result on the whole batch."""
+    ref, par = world4[case]
+    _matches(ref, par)
+    params = par["params"]
+    # HSDP placements: replicated over the first data axis, sharded (or strided) over the second, then tp
+    assert all(p.startswith(("R,S(0),", "R,_S(0,")) for p in params.values()), params
+    if case[3][1] == 1:  # the plan's own placements on the tp axis
+        assert params[next(k for k in params if k.endswith("q_proj.weight"))].endswith(",S(0)")
+        assert params[next(k for k in params if k.endswith("fc2.weight"))].endswith(",S(1)")
+        # training really dropped: the whole batch's masks, drawn by two data-parallel slices
+        assert _rel(par["y"], world4[("gpt2", "hidden", "eval", 2)][0]["y"]) > 1e-2
+
+
+def test_fsdp_mixed_precision_composes_with_the_plan(world4: dict) -> None:
+    """bf16 compute with fp32 master weights and fp32 gradient reduction: within bf16's rounding of fp32."""
+    ref, par = world4[MIXED[0]]
+    assert 0 < _rel(par["y"], ref["y"]) < 2e-2
+    for key, g in ref["grads"].items():
+        assert par["grads"][key].dtype == torch.float32
+        assert _rel(par["grads"][key], g) < 5e-2, key

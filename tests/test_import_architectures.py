@@ -44,7 +44,7 @@ def test_the_causal_lm_named_is_the_class_written_by_default() -> None:
 
 @pytest.mark.parametrize("name, architecture, supported", [
     ("llama", "LlamaForSequenceClassification", "LlamaForCausalLM, LlamaModel"),
-    ("bert", "BertForMaskedLM", "BertModel"),
+    ("bert", "BertForSequenceClassification", "BertModel, BertForMaskedLM"),
 ])
 def test_an_architecture_not_written_is_refused_with_the_supported_ones(name: str, architecture: str,
                                                                         supported: str) -> None:

@@ -61,7 +61,9 @@ def llama() -> nn.Module:
     ("unknown block", "name", "no block named 'Llama'"),
     ("program", "program", "expected a Program or a path, got int"),
     ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden"),
-    ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')"),
+    ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a 3-D one "
+     "named ('dp_replicate', 'dp_shard', 'tp')"),
+    ("mp_policy", "mp_policy", "expected a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
 ])
 def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, case: str, where: str,
                                                              message: str) -> None:
@@ -81,20 +83,11 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
     elif case == "layout":
         layout = "rows"
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    d = _refused(module, (2, 2), program, name, layout=layout)
+    extra = {"mp_policy": "bf16"} if case == "mp_policy" else {}
+    d = _refused(module, (2, 2), program, name, layout=layout, **extra)
     assert (d.code, str(d.span), d.message) == ("E0722", f"blockir.parallelize({where}=…)", message)
     after = module.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-
-
-class _Slice:
-    """A data-parallel mesh axis as ``_batch_slice`` reads it: this rank's index and the axis size."""
-
-    def get_local_rank(self) -> int:
-        return 1
-
-    def size(self) -> int:
-        return 2
 
 
 def _masks() -> torch.Tensor:
@@ -106,7 +99,7 @@ def _masks() -> torch.Tensor:
 def test_a_forward_that_raises_under_the_batch_slice_leaves_later_modules_their_own_masks() -> None:
     fresh = _masks()  # what any module draws with no data-parallel slice set
     m = blockir.compile(blockir.parse(DROPOUT, "d.block"), "T", seed=0).train()
-    _batch_slice(m, _Slice())
+    _batch_slice(m, 1, 2)  # the second of two data-parallel ranks
     torch.manual_seed(7)
     sliced = m(torch.ones(2, 3, 8)) == 1  # rows 2-3 of a batch of 4: other masks than rows 0-1
     assert not torch.equal(sliced, fresh)

@@ -69,6 +69,21 @@ def token_table(block: Block) -> str | None:
                  and not d.arg("positions")), None)
 
 
+def head_aliases(block: Block) -> tuple[tuple[str, str], ...]:
+    """``(name, second name)`` of every tensor a head of the compiled block shares: a tied head's weight is the
+    token embedding's table, and a ``shared_bias`` is the vector of a ``bias`` declaration (HF's masked-LM heads
+    hold ``cls.predictions.bias`` also as ``cls.predictions.decoder.bias``)."""
+    table = token_table(block)
+    pairs: list[tuple[str, str]] = []
+    for d in block.decls:
+        if isinstance(d, KindDecl) and d.kind == "head":
+            if d.arg("tied") and table is not None:
+                pairs.append((f"{table}.weight", f"{d.name}.weight"))
+            if d.arg("shared_bias") is not None:
+                pairs.append((d.arg("shared_bias"), f"{d.name}.bias"))
+    return tuple(pairs)
+
+
 def key_role(block: Block, decl: KindDecl, suffix: str, shape: tuple[int, ...], prefix: str,
              top: bool) -> KeyRole:
     """The role of key ``prefix + decl.name + "." + suffix``; ``top``: ``block`` is the compiled block."""
@@ -78,7 +93,10 @@ def key_role(block: Block, decl: KindDecl, suffix: str, shape: tuple[int, ...], 
         return _projection_role(decl, suffix, shape)
     if decl.kind == "embedding":
         return KeyRole("parameter", "rows")
+    if decl.kind == "head" and top:
+        source = {alias: name for name, alias in head_aliases(block)}.get(f"{decl.name}.{suffix}")
+        alias = f"{prefix}{source}" if source else None
+        return KeyRole("parameter", "out,in" if suffix == "weight" else "channel", alias_of=alias)
     if decl.kind in ("head", "linear") and suffix == "weight":
-        table = token_table(block) if decl.kind == "head" and decl.arg("tied") and top else None
-        return KeyRole("parameter", "out,in", alias_of=f"{prefix}{table}.weight" if table else None)
+        return KeyRole("parameter", "out,in")
     return KeyRole("parameter", "scalar" if not shape else "channel")

@@ -128,7 +128,7 @@ class Builder:
                 return word == "true"
             self.err("E0107", f"'{spec.name}' must be true or false", e.span)
             return None
-        if spec.kind == "name":
+        if spec.kind in ("name", "decl"):
             if word is None or word in ("true", "false"):
                 self.err("E0107", f"'{spec.name}' must be a parameter name (an identifier, or a dotted path)", e.span)
                 return None
@@ -310,6 +310,7 @@ class Builder:
                     decls.append(d)
                 else:
                     scope.poisoned.add(s.name)
+        self._references(decls, scope)
         lower = Lowerer(scope, signatures, lambda e: self.evaluate(e, env, report=True))
         lower.ops.extend(inputs)
         lower.reserved = {t for s in b.body if isinstance(s, ast.EquationAst)
@@ -338,6 +339,23 @@ class Builder:
             return None
         return Block(b.name, b.keyword, tuple(params), sig.result, tuple(consts), tuple(decls),
                      tuple(lower.ops) + (output,), b.span, result_layout or (), sig.more)
+
+    def _references(self, decls: list[Decl], scope: Scope) -> None:
+        """Arguments that name another declaration of the block name one of the categories they accept."""
+        for d in decls:
+            if not isinstance(d, KindDecl):
+                continue
+            for aspec in d.spec.args:
+                target = d.arg(aspec.name) if aspec.kind == "decl" else None
+                if target is None or target in scope.poisoned:
+                    continue
+                other = scope.decls.get(target)
+                if other is None or other.category not in aspec.choices:
+                    what = "names no declaration of this block" if other is None else \
+                        f"names '{target}', a {other.category} declaration"
+                    kinds = " or ".join(k for k, spec in KINDS.items() if spec.category in aspec.choices)
+                    self.err("E0126", f"'{aspec.name}' of '{d.name}' {what}", d.span,
+                             (suggest(target, scope.decls) if other is None else None) or f"name a {kinds} declaration")
 
     def _equation(self, s: ast.EquationAst, scope: Scope, lower: Lowerer) -> None:
         inplace = False

@@ -183,8 +183,12 @@ KINDS: dict[str, KindSpec] = {
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),
             ArgSpec("tied", "bool", False, doc="share the weight of the token embedding declared in the same model"),
-            ArgSpec("softcap", "expr", None, doc="logits become softcap * tanh(logits / softcap) (Gemma 2)")),
-            "the output projection to vocabulary logits (HF's lm_head)"),
+            ArgSpec("softcap", "expr", None, doc="logits become softcap * tanh(logits / softcap) (Gemma 2)"),
+            ArgSpec("shared_bias", "decl", None, choices=("shift",),
+                    doc="the bias is the vector of this bias(V) declaration of the same block, one tensor under both "
+                        "names (HF's masked-LM heads: cls.predictions.bias is cls.predictions.decoder.bias)")),
+            "the output projection to vocabulary logits (HF's lm_head)",
+            (Implies("bias", False, "shared_bias", None, "a head without a bias has none to share"),)),
         KindSpec("scalar", "scale", (ArgSpec("init", "expr", Num(1.0)), _offset("the scalar")),
                  "a learned scalar gain (ReZero: init=0)"),
         KindSpec("vector", "scale", (ArgSpec("axis", "dim", positional=True), ArgSpec("init", "expr", Num(1.0)),

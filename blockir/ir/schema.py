@@ -16,7 +16,9 @@ class ArgSpec:
     """One argument of a kind: its value kind, default, choices and documentation."""
 
     name: str
-    kind: str  # axes | dim | expr | bool | enum | dtype | int | numbers | name (a parameter's name, dotted for a nested one)
+    # axes | dim | expr | bool | enum | dtype | int | numbers | name (a parameter's name, dotted for a nested one) |
+    # decl (another declaration of the same block, of a category in ``choices``)
+    kind: str
     default: Any = REQUIRED
     choices: tuple[Any, ...] = ()
     positional: bool = False

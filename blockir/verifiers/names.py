@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from blockir.diagnostics import Diagnostic, warning
+from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
 
@@ -10,7 +11,8 @@ from blockir.verifiers.registry import verifier
 def verify_names(program: Program) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for block in program.blocks:
-        used_decls = {d for op in block.ops for d in op.applied}
+        used_decls = {d for op in block.ops for d in op.applied} | {
+            d.arg(a.name) for d in block.decls if isinstance(d, KindDecl) for a in d.spec.args if a.kind == "decl"}
         for d in block.decls:
             if d.name not in used_decls:
                 out.append(warning("W0103", f"declaration '{d.name}' is never used", d.span,

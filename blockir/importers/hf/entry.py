@@ -13,6 +13,7 @@ from blockir.diagnostics import BlockError, error, json_span
 from blockir.frontend.parser import MAX_BYTES
 from blockir.importers.hf.config import read_fields, role
 from blockir.importers.hf.family import BASES
+from blockir.importers.hf.more import MASKED
 from blockir.importers.hf.schema import FAMILIES
 from blockir.importers.hf.text import SOURCE, Config
 from blockir.importers.hf.writer import NORMS, WRITERS
@@ -55,7 +56,8 @@ def _architecture(text: str, model_type: str, architectures: list[str] | None, s
         return text
     if architectures[0] == base:
         return base_model_text(text, written, base, prefix)
-    supported = [written] + ([base] if base != written else [])
+    supported = [written] + ([base] if base != written else []) + \
+        ([MASKED[model_type].cls] if model_type in MASKED and MASKED[model_type].cls != written else [])
     raise BlockError([error("E0812", f"architecture '{architectures[0]}' is not one blockir writes for model type "
                             f"'{model_type}'", json_span(source, ("architectures", 0)),
                             hint="supported: " + ", ".join(supported))])

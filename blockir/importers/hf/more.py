@@ -2,9 +2,13 @@
 
 Encoders are written as their ``*Model`` class without the pooler, returning the last hidden
 state ``[B, S, D]``; the pooler (a tanh dense on the first token that only classification heads
-read) is left out, so a checkpoint's ``pooler.*`` keys are not part of the file.
+read) is left out, so a checkpoint's ``pooler.*`` keys are not part of the file. Where ``architectures``
+names the masked LM, the file is that class: the encoder under its attribute name and the head
+(dense, activation, norm, vocabulary projection) that HF's masked-LM class stacks on it.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from blockir.importers.hf.text import Config, Norm, attn_opts, decl, exact_impl, fail, num
 from blockir.importers.hf.writer import writes
@@ -13,6 +17,52 @@ ENCODERS = {"bert": ("BertModel", "BertLayer", "bert"), "roberta": ("RobertaMode
             "xlm-roberta": ("XLMRobertaModel", "XLMRobertaLayer", "roberta"),
             "camembert": ("CamembertModel", "CamembertLayer", "roberta"),
             "electra": ("ElectraModel", "ElectraLayer", "bert")}
+
+
+@dataclass(frozen=True)
+class MaskedHead:
+    """A masked-LM class: the attribute its encoder sits under and its head's layers, as HF names them."""
+
+    cls: str
+    encoder: str
+    dense: str
+    norm: str
+    decoder: str
+    bias: str | None = None  # the vector HF registers beside the decoder as well, one tensor with the decoder's bias
+    act: str | None = None  # the config field naming the activation; unset: gelu, fixed by HF's code
+
+
+_ROBERTA = dict(encoder="roberta", dense="lm_head.dense", norm="lm_head.layer_norm", decoder="lm_head.decoder",
+                bias="lm_head.bias")
+MASKED = {"bert": MaskedHead("BertForMaskedLM", "bert", "cls.predictions.transform.dense",
+                             "cls.predictions.transform.LayerNorm", "cls.predictions.decoder", "cls.predictions.bias",
+                             act="hidden_act"),
+          "roberta": MaskedHead("RobertaForMaskedLM", **_ROBERTA),
+          "xlm-roberta": MaskedHead("XLMRobertaForMaskedLM", **_ROBERTA),
+          "camembert": MaskedHead("CamembertForMaskedLM", **_ROBERTA),
+          "electra": MaskedHead("ElectraForMaskedLM", "electra", "generator_predictions.dense",
+                                "generator_predictions.LayerNorm", "generator_lm_head"),
+          "distilbert": MaskedHead("DistilBertForMaskedLM", "distilbert", "vocab_transform", "vocab_layer_norm",
+                                   "vocab_projector", act="activation")}
+
+
+def _masked(c: Config, model_type: str) -> MaskedHead | None:
+    """The masked-LM head to write, where ``architectures`` names that class."""
+    head = MASKED[model_type]
+    return head if (c.get("architectures") or [None])[0] == head.cls else None
+
+
+def _head_lines(c: Config, head: MaskedHead, hidden: str, width: str) -> list[str]:
+    """The masked-LM head on the encoder's output ``hidden``: dense D → ``width``, activation, norm, decoder."""
+    tied = bool(c.get("tie_word_embeddings", True))
+    # HF ties the decoder's bias to the head's vector together with the embedding; untied, the vector is unused
+    shared = [f"shared_bias={head.bias}"] if head.bias and tied else []
+    act = c.act(head.act, "gelu") if head.act else "gelu"
+    lines = [f"  {head.dense}: linear(D, {width})", f"  {head.norm}: {c.norm(width)}"]
+    lines += [f"  {head.bias}: bias(V)"] if head.bias else []
+    lines += [decl(head.decoder, "head", ["V", "bias=true"] + (["tied=true"] if tied else []) + shared),
+              f"  t = {head.norm}({act}({head.dense}({hidden})))", f"  return {head.decoder}(t)"]
+    return lines
 
 
 def _dims(cls: str, model_type: str, dims: dict[str, int], layers: int) -> list[str]:
@@ -42,6 +92,8 @@ def _attention(c: Config, heads: int, exact: bool, **names: str) -> list[str]:
 def _encoder(c: Config, model_type: str, exact: bool) -> str:
     """BERT's Post-LN encoder; RoBERTa-style types differ only in their position offset."""
     cls, layer, style = ENCODERS[model_type]
+    head = _masked(c, model_type)
+    cls, pre, out = (head.cls, head.encoder + ".", "V") if head else (cls, "", "D")
     d, e = c.need("hidden_size"), c.get("embedding_size", c.need("hidden_size"))
     p = num(c.get("hidden_dropout_prob", 0.1))
     dims = {"D": d, "E": e, "F": c.need("intermediate_size"), "V": c.need("vocab_size"),
@@ -62,29 +114,32 @@ def _encoder(c: Config, model_type: str, exact: bool) -> str:
               f"  i = {c.act('hidden_act', 'gelu')}(intermediate.dense(h))",
               f"  y = output.LayerNorm(dropout(output.dense(i), p={p}) + h)",
               "  return y", "}", "",
-              f"model {cls}(input_ids: [B, S], token_type_ids: [B, S]) -> [B, S, D] {{",
-              f"  embeddings.word_embeddings: embedding(V, {width}{_pad(c)})",
-              f"  embeddings.token_type_embeddings: embedding(T, {width})",
-              decl("embeddings.position_embeddings", "embedding",
+              f"model {cls}(input_ids: [B, S], token_type_ids: [B, S]) -> [B, S, {out}] {{",
+              f"  {pre}embeddings.word_embeddings: embedding(V, {width}{_pad(c)})",
+              f"  {pre}embeddings.token_type_embeddings: embedding(T, {width})",
+              decl(f"{pre}embeddings.position_embeddings", "embedding",
                     ["P", width, "positions=true"] + ([f"position_offset={offset}"] if offset else [])),
-              f"  embeddings.LayerNorm: {c.norm(width)}"]
-    project = "embeddings_project(e)" if e != d else "e"
+              f"  {pre}embeddings.LayerNorm: {c.norm(width)}"]
+    project = f"{pre}embeddings_project(e)" if e != d else "e"
     if e != d:
-        lines.append(f"  embeddings_project: linear({width}, D)")
-    lines += [f"  encoder.layer: {layer} * L",
-              "  w = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)",
-              "  s = w + embeddings.position_embeddings(input_ids)",
+        lines.append(f"  {pre}embeddings_project: linear({width}, D)")
+    lines += [f"  {pre}encoder.layer: {layer} * L",
+              f"  w = {pre}embeddings.word_embeddings(input_ids) + {pre}embeddings.token_type_embeddings(token_type_ids)",
+              f"  s = w + {pre}embeddings.position_embeddings(input_ids)",
               f"  # the embeddings' dropout (p={p} while training) is not written: the verifiers read the sum of",
               "  # the lookups as a residual add. Evaluation is unaffected.",
-              "  e = embeddings.LayerNorm(s)",
-              f"  return encoder.layer({project})", "}"]
-    return "\n".join(lines) + "\n"
+              f"  e = {pre}embeddings.LayerNorm(s)"]
+    final = f"{pre}encoder.layer({project})"
+    lines += _head_lines(c, head, final, width) if head else [f"  return {final}"]
+    return "\n".join(lines + ["}"]) + "\n"
 
 
 @writes("distilbert", norm=Norm("layernorm", 1e-12))
 def _distilbert(c: Config, model_type: str, exact: bool) -> str:
     """DistilBERT: BERT without token types, its attention's output projection inside the attention."""
-    cls, layer = "DistilBertModel", "TransformerBlock"
+    head = _masked(c, model_type)
+    cls, layer = head.cls if head else "DistilBertModel", "TransformerBlock"
+    pre, out = ("distilbert.", "V") if head else ("", "D")
     d, p = c.need("dim"), num(c.get("dropout", 0.1))
     attn = _attention(c, c.need("n_heads"), exact, q="q_lin", k="k_lin", v="v_lin", o="out_lin")
     # DistilBERT drops the FFN update only: p=0 on the attention update says so beside its probabilities' dropout
@@ -98,14 +153,15 @@ def _distilbert(c: Config, model_type: str, exact: bool) -> str:
               f"  h = sa_layer_norm({update} + x)",
               f"  y = output_layer_norm(dropout(ffn(h), p={p}) + h)",
               "  return y", "}", "",
-              f"model {cls}(input_ids: [B, S]) -> [B, S, D] {{",
-              f"  embeddings.word_embeddings: embedding(V, D{_pad(c)})",
-              "  embeddings.position_embeddings: embedding(P, D, positions=true)",
-              f"  embeddings.LayerNorm: {c.norm()}", f"  transformer.layer: {layer} * L",
+              f"model {cls}(input_ids: [B, S]) -> [B, S, {out}] {{",
+              f"  {pre}embeddings.word_embeddings: embedding(V, D{_pad(c)})",
+              f"  {pre}embeddings.position_embeddings: embedding(P, D, positions=true)",
+              f"  {pre}embeddings.LayerNorm: {c.norm()}", f"  {pre}transformer.layer: {layer} * L",
               f"  # the embeddings' dropout (p={p} while training) is not written, as for BERT.",
-              "  s = embeddings.word_embeddings(input_ids) + embeddings.position_embeddings(input_ids)",
-              "  return transformer.layer(embeddings.LayerNorm(s))", "}"]
-    return "\n".join(lines) + "\n"
+              f"  s = {pre}embeddings.word_embeddings(input_ids) + {pre}embeddings.position_embeddings(input_ids)"]
+    final = f"{pre}transformer.layer({pre}embeddings.LayerNorm(s))"
+    lines += _head_lines(c, head, final, "D") if head else [f"  return {final}"]
+    return "\n".join(lines + ["}"]) + "\n"
 
 
 def _causal_attention(c: Config, exact: bool, bias: bool, *extra: str) -> list[str]:

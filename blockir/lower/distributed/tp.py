@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -187,21 +187,35 @@ def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, sty
         (module.get_submodule(owner) if owner else module).register_parameter(leaf, placed[id(param)])
 
 
-def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
-    """FSDP2 over the data-parallel axis: each stacked layer is one unit, the root holds the rest."""
+# the data-parallel axes a mesh may name before its tensor-parallel one: FSDP2, or HSDP (replicated groups of shards)
+DATA_AXES = {2: ("dp",), 3: ("dp_replicate", "dp_shard")}
+
+
+def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, mp_policy: Any) -> None:
+    """FSDP2 over the data-parallel mesh (2-D: HSDP, replicated over the first axis and sharded over the
+    second): each stacked layer is one unit, the root holds the rest."""
     from torch.distributed.fsdp import fully_shard
+    options = {} if mp_policy is None else {"mp_policy": mp_policy}
     for path in plan.layers:
-        fully_shard(module.get_submodule(path), mesh=mesh)
-    fully_shard(module, mesh=mesh)
+        fully_shard(module.get_submodule(path), mesh=mesh, **options)
+    fully_shard(module, mesh=mesh, **options)
 
 
-def _batch_slice(module: nn.Module, dp: DeviceMesh) -> None:
+def data_rank(dp: DeviceMesh) -> tuple[int, int]:
+    """This rank's index among the data-parallel ranks and their number: over a replicate × shard mesh the
+    ranks of a replica group come first, so each holds the batch slice in that order."""
+    index = 0
+    for dim in range(dp.ndim):
+        index = index * dp.size(dim) + dp.get_local_rank(dim)
+    return index, dp.size()
+
+
+def _batch_slice(module: nn.Module, index: int, count: int) -> None:
     """While the module runs, dropout masks are keyed by global batch rows: this rank's slice is offset by
     its data-parallel index, so the ranks together draw the masks of one process on the whole batch.
 
     The forward runs inside ``batch_slice``, which restores the slice however the forward ends: a call that
     raises leaves every later module of the process drawing its own masks."""
-    index, count = dp.get_local_rank(), dp.size()
     forward = type(module).forward
 
     def sliced(*args: object, **kwargs: object) -> object:
@@ -217,7 +231,8 @@ def _fused(module: nn.Module) -> bool:
                for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
 
 
-def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
+def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
+                     mp_policy: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
@@ -243,25 +258,38 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
-        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')",
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise _bad("mp_policy", f"expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {type(mp_policy).__name__}",
+                   "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2, 3):
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a "
+                   "3-D one named ('dp_replicate', 'dp_shard', 'tp')",
                    f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
-    if mesh.ndim == 2 and mesh.mesh_dim_names != ("dp", "tp"):
-        raise _bad("mesh", f"a 2-D mesh must name its axes ('dp', 'tp'), not {mesh.mesh_dim_names}",
-                   "init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp'))")
+    if mesh.ndim > 1 and mesh.mesh_dim_names != (*DATA_AXES[mesh.ndim], "tp"):
+        names = ", ".join(f"'{a}'" for a in (*DATA_AXES[mesh.ndim], "tp"))
+        sizes = ", ".join(a for a in (*DATA_AXES[mesh.ndim], "tp"))
+        raise _bad("mesh", f"a {mesh.ndim}-D mesh must name its axes ({names}), not {mesh.mesh_dim_names}",
+                   f"init_device_mesh(device, ({sizes}), mesh_dim_names=({names}))")
+    if mp_policy is not None and mesh.ndim == 1:
+        raise _bad("mp_policy", "mixed precision is FSDP2's: a 1-D mesh has no data-parallel axis to shard over",
+                   "give a ('dp', 'tp') mesh, or leave mp_policy out")
     return program
 
 
 @public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
-                layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
+                layout: str = "sequence", dims: Mapping[str, int] | None = None, mp_policy: Any = None) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
     runs over ``tp`` and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
     parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch (equal, consecutive slices
     of axis 0, in ``dp`` rank order), gradients are averaged over ``dp``, and dropout masks are those of the
-    whole batch on one process.
+    whole batch on one process. A 3-D mesh named ``("dp_replicate", "dp_shard", "tp")`` shards the parameters
+    over ``dp_shard`` and replicates those shards over ``dp_replicate`` (HSDP); the data-parallel ranks are
+    numbered replica group first. ``mp_policy`` (FSDP2's ``MixedPrecisionPolicy``: the dtype parameters are
+    computed in and the dtype gradients are reduced in) is handed to ``fully_shard``.
 
     ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
     parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
@@ -269,9 +297,9 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
     """
-    program = _check_arguments(module, mesh, program, name, layout)
+    program = _check_arguments(module, mesh, program, name, layout, mp_policy)
     block = program.block(name)
-    dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
+    dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh["tp"]) if mesh.ndim > 1 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
     stream = _stream(block, program, layout)
     styles = _styles(plan, stream, module, mesh)
@@ -284,8 +312,8 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
         _replicate_rest(module, mesh, plan, set(styles))
         _boundary(module, mesh, program, block, stream)
     if dp is not None:
-        _fully_shard(module, dp, plan)
-        _batch_slice(module, dp)
+        _fully_shard(module, dp, plan, mp_policy)
+        _batch_slice(module, *data_rank(dp))
         # FSDP2 may compute in another dtype than it stores (mixed precision) and casts the inputs itself
         vars(module)[CONTRACT_ATTR] = vars(module)[CONTRACT_ATTR]._replace(dtype=None, probe=None)
     module.blockir_plan = plan

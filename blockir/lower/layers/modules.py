@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from blockir.analyses.key_roles import token_table
+from blockir.analyses.key_roles import head_aliases
 from blockir.analyses.sizes import Sizes
 from blockir.lower.layers import branches, numerics, rotary
 from blockir.lower.layers.norm_module import norm_factory
@@ -191,21 +191,19 @@ def make_kind(d: KindDecl, input_type: TensorType | None, s: Sizes) -> nn.Module
 
 
 def tie_heads(module: nn.Module, block: Block) -> None:
-    """Give every ``head(tied=true)`` of ``block`` the weight of the block's token embedding (one tensor).
+    """Give every head of ``block`` the tensors it shares (``head_aliases``): one tensor under two names.
 
     The state dict then holds the tensor under both names, and ``load_state_dict`` (strict or not)
     accepts a checkpoint that stores either name or both: a load-time hook copies the one given to
     the one omitted. Given both, each is copied into the one shared tensor in declaration order, so the
     later declaration's tensor is the one kept.
     """
-    table = token_table(block)
-    pairs = []
-    for d in block.decls:
-        if isinstance(d, KindDecl) and d.kind == "head" and d.arg("tied") and table is not None:
-            module.get_submodule(d.name).weight = module.get_submodule(table).weight
-            pairs.append((f"{table}.weight", f"{d.name}.weight"))
+    pairs = head_aliases(block)
+    for source, alias in pairs:
+        owner, _, attr = alias.rpartition(".")
+        setattr(module.get_submodule(owner), attr, module.get_parameter(source))
     if pairs:
-        module.register_load_state_dict_pre_hook(partial(_fill_alias, tuple(pairs)))
+        module.register_load_state_dict_pre_hook(partial(_fill_alias, pairs))
 
 
 def _fill_alias(pairs: tuple[tuple[str, str], ...], module: nn.Module, state_dict: dict[str, Any],
