@@ -18,6 +18,7 @@ from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
+from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.numerics import batch_slice
@@ -140,6 +141,10 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
         elif m.style == "branch":
             out[m.path] = BranchInput(stream)
+        elif m.style == "vocab_embedding":
+            out[m.path] = VocabRows(stream)
+        elif m.style == "vocab_head":
+            out[m.path] = VocabColumns()
         elif m.style == "norm" and plan.layout == "sequence":
             out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
         elif m.style == "embedding" and sharded:
@@ -217,7 +222,8 @@ def _fused(module: nn.Module) -> bool:
                for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
 
 
-def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
+def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
+                     vocab: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
@@ -243,6 +249,8 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if not isinstance(vocab, bool):
+        raise _bad("vocab", f"vocab must be True or False, got {vocab!r}")
     if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
         raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')",
                    f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
@@ -254,7 +262,7 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
 
 @public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
-                layout: str = "sequence", dims: Mapping[str, int] | None = None) -> nn.Module:
+                layout: str = "sequence", dims: Mapping[str, int] | None = None, vocab: bool = False) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
@@ -268,12 +276,17 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     split). The module still takes and returns full tensors: its input is sliced to the stream's
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
+
+    ``vocab=True`` splits the token embedding and the head by vocabulary rows (a tied table once): the
+    module then returns its logits as a ``Shard(-1)`` DTensor, never gathered, for a cross-entropy under
+    ``loss_parallel`` (``blockir.lower.distributed.loss.cross_entropy``); ``.full_tensor()`` gathers them.
     """
-    program = _check_arguments(module, mesh, program, name, layout)
+    program = _check_arguments(module, mesh, program, name, layout, vocab)
     block = program.block(name)
     dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
-    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
+    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
     stream = _stream(block, program, layout)
+    shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
     styles = _styles(plan, stream, module, mesh)
     if styles:
         parallelize_module(module, mesh, styles)
