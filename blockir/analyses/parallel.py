@@ -94,6 +94,9 @@ class ParallelPlan:
     collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
     layers: list[str] = field(default_factory=list)  # module path of every stacked layer, in order
     vocab: bool = False  # token embeddings and heads split by vocabulary rows, logits left split
+    # with vocab, the cross-entropy of the split logits under loss_parallel: the row maximum, the row sum of
+    # exponentials and the target's logit, one all-reduce of B·S values each (its backward sends nothing)
+    loss: list[Collective] = field(default_factory=list)
 
     def styles(self) -> dict[str, str]:
         return {m.path: m.style for m in self.modules}
@@ -225,6 +228,8 @@ class _Planner:
             self._param(f"{path}.bias", "shard(0)")
         if head:
             self._gathered(layer, path)
+            rows = self.elements // sizes.dim(self.stream_axis)
+            self.plan.loss = [Collective("loss", "all-reduce", rows) for _ in range(3)]
         else:
             self._collective(layer, Collective(path, REDUCE[self.layout], self.elements))
 
