@@ -43,7 +43,8 @@ def _stream(block: Block, program: Program, layout: str) -> Placement:
 
 def _boundary(module: nn.Module, mesh: DeviceMesh, program: Program, block: Block, stream: Placement) -> None:
     """The module takes and returns full tensors: a stream-typed input is sliced to the stream's layout and a
-    stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head)."""
+    stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head),
+    but for logits a vocab-parallel head leaves split by vocabulary."""
     state = stream_type(program, block)
     if block.params and block.params[0].type.names == state.names:
         parallelize_module(module, mesh, PrepareModuleInput(
