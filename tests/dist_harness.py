@@ -57,6 +57,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
             rows, index = shape[0] // dp, mesh["dp"].get_local_rank()
             x = x[index * rows:(index + 1) * rows]
+            window = None if window is None else window[index * rows:(index + 1) * rows]
         parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab)
     x = x.clone().requires_grad_(not tokens)
     seen: dict[str, str] = {}
@@ -108,9 +109,13 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     for h in hooks:
         h.remove()
     y, dx = y.detach(), None if tokens else x.grad.detach()
+    if loss is not None:
+        loss = loss.detach()
     if group is not None:
         y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / dp
-    return dict(y=y, dx=dx, loss=None if loss is None else loss.detach(),
+        # each dp rank's loss is the mean over its slice; FSDP averages their gradients, as the whole batch's mean
+        loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
+    return dict(y=y, dx=dx, loss=loss,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
 
