@@ -50,7 +50,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     from blockir.api import hf_block_text
     from hf_configs import CONFIGS
     lm = tmp_path_factory.mktemp("vocab") / "llama.block"
-    lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64)))
+    lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
     vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
     return dict(zip(WORLD4 + [VOCAB_DP], compare([_case(*c) for c in WORLD4] + [vocab], world=4)))
 
