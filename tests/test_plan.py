@@ -223,7 +223,8 @@ def test_a_language_models_collectives_carry_the_stream_it_embeds(tmp_path) -> N
     assert "       128 B payload" in out  # one token of the stream, 64 bf16 elements
 
 
-def test_the_vocab_parallel_plan_lists_the_embedding_head_and_loss_collectives(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_vocab_parallel_plan_lists_the_embedding_head_and_loss_collectives(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Split by vocabulary rows, the embedding reduces its pending sum onto the stream, the head gathers the
     stream's rows (none under the replicated layout) and the loss all-reduces three values per row."""
     from blockir.api import hf_block_text as block_text
@@ -241,7 +242,8 @@ def test_the_vocab_parallel_plan_lists_the_embedding_head_and_loss_collectives(t
         plan = json.loads(out)
         assert plan["vocab_parallel"] is True
         assert plan["collectives"]["LlamaForCausalLM"] == model
-        assert plan["loss_collectives"] == [dict(site="loss", op="all-reduce", elements=16, bytes=64, wire_bytes=64)] * 3
+        loss = dict(site="loss", op="all-reduce", elements=16, bytes=64, wire_bytes=64)  # B·S fp32 values
+        assert plan["loss_collectives"] == [loss] * 3
         assert plan["params"]["model.embed_tokens.weight"] == plan["params"]["lm_head.weight"] == "shard(0)"
         assert plan["modules"]["model.embed_tokens"] == "vocab_embedding" and plan["modules"]["lm_head"] == "vocab_head"
     code, out, _ = _run("plan", str(path), "--tp", "2", "--format", "json")

@@ -219,8 +219,9 @@ class _Planner:
         if rows % self.world:
             raise BlockError([error(
                 "E0608", f"{d.kind} '{d.name}' has a vocabulary of {rows} rows, which {self.world} ranks cannot "
-                f"split evenly", d.span, hint=f"pad the vocabulary to a multiple of {self.world} (Megatron-LM pads "
-                "to a multiple of 128 times the degree), or keep the embedding and head replicated (no vocab-parallelism)")])
+                f"split evenly", d.span,
+                hint=f"pad the vocabulary to a multiple of {self.world} (Megatron-LM pads to a multiple of 128 times "
+                     "the degree), or keep the embedding and head replicated (no vocab-parallelism)")])
         head = d.kind == "head"
         self.plan.modules.append(ModuleStyle(path, "vocab_head" if head else "vocab_embedding", d.kind))
         self._param(f"{path}.weight", "shard(0)")
