@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {layer}:")
             for c in cs:
                 print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
+        if plan.vocab:
+            backward = "the head: one all-reduce of the stream; the embedding: none" if args.layout == "replicated" \
+                else "the head: one reduce-scatter of the stream; the embedding: one all-gather"
+            print(f"vocabulary split by rows; backward of {backward}; the loss: none")
         forms = ", ".join(f"{n} {op}" for op, n in CLOSED_FORM[args.layout].items())
         print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: one all-reduce per norm of its row sums, Σx² or Σx and Σx²)")
         return EXIT_OK
