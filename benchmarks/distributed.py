@@ -10,7 +10,15 @@ every functional collective a forward issues inside a layer, by kind and payload
 moves), against the plan's closed form per layer; and, with ``CommDebugMode``, every collective of a whole
 forward and backward with its operand bytes, derived against hand-written.
 
+The same count compares the language model around that decoder (token ids in, a next-token loss out) with
+its embedding and head split by vocabulary: the derived plan (``parallelize(..., vocab=True)``, the loss
+through ``blockir.lower.distributed.loss.cross_entropy``) against torchtitan's hand-written one
+(``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))`` on the embedding,
+``ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1))`` on the head, the cross-entropy and its
+backward under ``loss_parallel()``), over a whole forward and backward.
+
     python benchmarks/distributed.py [--world 2] [--dims B=4,S=128,D=256,F=512,H=8] [--layers 4] [--steps 15]
+                                     [--vocab-size 8192]
 """
 from __future__ import annotations
 
@@ -28,10 +36,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from torch.distributed.tensor.debug import CommDebugMode
 
 import blockir
+from blockir.api import hf_block_text
 from blockir.lower.distributed.comms import LayerCollectives
+from blockir.lower.distributed.loss import cross_entropy
 
 LAYOUTS = ("replicated", "sequence", "hidden")
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
@@ -64,19 +75,27 @@ def traffic(model: torch.nn.Module, x: torch.Tensor) -> Traffic:
     return mode
 
 
-def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
-    """torchtitan's sequence-parallel plan for a LLaMA decoder, under the HF module names."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleInputOutput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    layer_plan = {
+def lm_traffic(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor, hand: bool) -> Traffic:
+    """The collectives of one next-token loss and its backward: the derived model's loss through blockir's
+    ``cross_entropy``, the hand-written one's as torchtitan writes it, forward and backward under
+    ``loss_parallel()``."""
+    from torch.distributed.tensor.parallel import loss_parallel
+    with Traffic() as mode:
+        if hand:
+            with loss_parallel():
+                logits = model(ids)
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1)).backward()
+        else:
+            cross_entropy(model(ids), target).backward()
+    model.zero_grad()
+    return mode
+
+
+def _layer_plan(gather):  # type: ignore[no-untyped-def]
+    """torchtitan's sequence-parallel styles of one decoder layer; ``gather`` brings a branch its full rows."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    return {
         "input_layernorm": SequenceParallel(), "self_attn": gather,
         "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
@@ -84,8 +103,43 @@ def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ig
         "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
     }
+
+
+def hand_written_lm(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan's plan for a LLaMA causal LM with loss parallelism, under the HF module names: the token
+    table split by rows, reduce-scattered onto the sequence; the head split by columns, its logits left
+    ``Shard(-1)``. Its styles take ``nn.Embedding`` and ``nn.Linear``, so the compiled table and head are
+    handed to them as those, holding the same tensors."""
+    from torch import nn
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    table, head = model.get_submodule("model.embed_tokens"), model.get_submodule("lm_head")
+    embedding = nn.Embedding(*table.weight.shape, _weight=table.weight.data)
+    linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
+    linear.weight = nn.Parameter(head.weight.data)
+    model.get_submodule("model").embed_tokens, model.lm_head = embedding, linear
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     for i in range(layers):
-        parallelize_module(model.get_submodule(f"layers.{i}"), mesh, layer_plan)
+        parallelize_module(model.get_submodule(f"model.layers.{i}"), mesh, _layer_plan(gather))
+    parallelize_module(model, mesh, {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
+
+
+def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan's sequence-parallel plan for a LLaMA decoder, under the HF module names."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    for i in range(layers):
+        parallelize_module(model.get_submodule(f"layers.{i}"), mesh, _layer_plan(gather))
     parallelize_module(model, mesh, {"norm": SequenceParallel(use_local_output=True)})
     parallelize_module(model, mesh, PrepareModuleInputOutput(
         input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_input=True,
@@ -124,6 +178,18 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
         mode = traffic(m, x)
         result.setdefault("traffic", {})[name] = (mode.calls, mode.moved)
     result["time"] = step_times(models, x, args.steps)
+    lm, lm_dims = build_lm(args, dims)
+    ids, target = (torch.randint(0, args.vocab_size, (dims["B"], dims["S"]), generator=torch.Generator().manual_seed(i))
+                   for i in (1, 2))
+    for layout in LAYOUTS:
+        m = blockir.compile(lm, "LlamaForCausalLM", dims=lm_dims, seed=0)
+        blockir.parallelize(m, mesh, lm, "LlamaForCausalLM", layout=layout, dims=lm_dims, vocab=True)
+        mode = lm_traffic(m, ids, target, hand=False)
+        result.setdefault("lm_traffic", {})[f"derived, {layout}, vocab=True"] = (mode.calls, mode.moved)
+    m = blockir.compile(lm, "LlamaForCausalLM", dims=lm_dims, seed=0)
+    hand_written_lm(m, mesh, args.layers)
+    mode = lm_traffic(m, ids, target, hand=True)
+    result["lm_traffic"]["hand-written (torchtitan-style, sequence, loss_parallel)"] = (mode.calls, mode.moved)
     if rank == 0:
         torch.save(result, out)
     dist.destroy_process_group()
@@ -138,6 +204,25 @@ def build(args: argparse.Namespace) -> tuple[blockir.ir.program.Program, dict[st
     return blockir.parse(text, "llama.block"), dims
 
 
+def build_lm(args: argparse.Namespace, dims: dict[str, int]) -> tuple[blockir.ir.program.Program, dict[str, int]]:
+    """The causal LM around the same decoder (the importer's text of a LLaMA config: no weights read)."""
+    config = dict(model_type="llama", vocab_size=args.vocab_size, hidden_size=dims["D"], intermediate_size=dims["F"],
+                  num_hidden_layers=args.layers, num_attention_heads=dims["H"], num_key_value_heads=args.kv_heads,
+                  max_position_embeddings=dims["S"], rms_norm_eps=1e-6)
+    return blockir.parse(hf_block_text(config), "llama_lm.block"), {"B": dims["B"], "S": dims["S"]}
+
+
+def traffic_table(traffic: dict, base: str) -> None:  # type: ignore[type-arg]
+    hand_calls, hand_bytes = traffic[base]
+    print("\n| plan | forward collectives | backward collectives | forward bytes | backward bytes | "
+          "bytes / hand-written |\n|---|---:|---:|---:|---:|---:|")
+    total = sum(hand_bytes["forward"].values()) + sum(hand_bytes["backward"].values())
+    for name, (calls, moved) in traffic.items():
+        fwd, bwd = sum(moved["forward"].values()), sum(moved["backward"].values())
+        print(f"| {name} | {sum(calls['forward'].values())} | {sum(calls['backward'].values())} | {fwd} | {bwd} | "
+              f"{(fwd + bwd) / total:.2f} |")
+
+
 def fmt(c: Counter) -> str:
     return ", ".join(f"{n}× {k} {e}" for (k, e), n in sorted(c.items()))
 
@@ -149,6 +234,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--vocab-size", type=int, default=8192)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
@@ -172,14 +258,11 @@ def main() -> None:
         expected = Counter((c.op, c.elements) for c in plan.collectives["layers.0"])
         mb, pb = (4 * sum(e * n for (_, e), n in c.items()) for c in (measured, expected))
         print(f"| {layout} | {fmt(measured)} | {fmt(expected)} | {mb} | {pb} | {measured == expected} |")
-    hand_calls, hand_bytes = result["traffic"]["hand-written"]
-    print("\n| plan | forward collectives | backward collectives | forward bytes | backward bytes | "
-          "bytes / hand-written |\n|---|---:|---:|---:|---:|---:|")
-    total = sum(hand_bytes["forward"].values()) + sum(hand_bytes["backward"].values())
-    for name, (calls, moved) in result["traffic"].items():
-        fwd, bwd = sum(moved["forward"].values()), sum(moved["backward"].values())
-        print(f"| {name} | {sum(calls['forward'].values())} | {sum(calls['backward'].values())} | {fwd} | {bwd} | "
-              f"{(fwd + bwd) / total:.2f} |")
+    traffic_table(result["traffic"], "hand-written")
+    print(f"\nLlamaForCausalLM, vocabulary {args.vocab_size}, next-token loss:")
+    traffic_table(result["lm_traffic"], "hand-written (torchtitan-style, sequence, loss_parallel)")
+    for name, (calls, _) in result["lm_traffic"].items():
+        print(f"# {name}: forward {dict(calls['forward'])}, backward {dict(calls['backward'])}")
 
 
 if __name__ == "__main__":

@@ -54,13 +54,18 @@ def _mesh(dp: int | tuple[int, ...]) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
-         mode: str, dp: int | tuple[int, ...] = 1) -> dict[str, Any]:
+         mode: str, dp: int | tuple[int, ...] = 1, vocab: bool = False) -> dict[str, Any]:
     import blockir
+    from blockir.lifecycle.lm import Layout
+    from blockir.lifecycle.token_lm import TokenLM
     m = blockir.compile(program, name, dims=dims, seed=0)
     m.train(mode == "train")
     tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
         torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    # a vocab case trains on windows: the model reads S ids and is scored on the next id at every position
+    window = torch.cat([x, torch.randint(0, VOCAB, (shape[0], 1), generator=torch.Generator().manual_seed(4))], 1) \
+        if vocab else None
     group, rows, index = None, shape[0], 0
     n = data_ranks(dp)
     if layout is not None:
@@ -72,10 +77,11 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
             rows, index = shape[0] // n, data_rank(mesh[DATA_AXES[mesh.ndim]])[0]
             x = x[index * rows:(index + 1) * rows]
+            window = None if window is None else window[index * rows:(index + 1) * rows]
         if mode.endswith("bf16"):  # FSDP2 mixed precision: bf16 compute, fp32 gradient reduction
             from torch.distributed.fsdp import MixedPrecisionPolicy
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        parallelize(m, mesh, program, name, layout=layout, dims=dims, **options)
+        parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab, **options)
     x = x.clone().requires_grad_(not tokens)
     seen: dict[str, str] = {}
 
@@ -86,28 +92,53 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 
     hooks = [sub.register_forward_pre_hook(record(path)) for path, sub in m.named_modules()
              if path.count(".") <= 1 and path]
+    lm = TokenLM(m, Layout((shape[1],), 0), causal=True) if vocab else None
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output and, for a vocab case, the training loss of ``run`` (the logits caught on their way)."""
+        if lm is None:
+            return m(x), None
+        caught = []
+        hook = m.register_forward_hook(lambda module, args, out: caught.append(out))
+        loss = lm(window)
+        hook.remove()
+        return caught[0], loss
+
     # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
     torch.manual_seed(3)
     comms, planned = {}, {}
     if layout is not None and dp == 1:
         from collections import Counter
         from blockir.lower.distributed.comms import LayerCollectives
-        with LayerCollectives(m, m.blockir_plan.layers, dist.get_world_size()) as counter:
-            y = m(x)
+        plan = m.blockir_plan
+        # a vocab-parallel embedding and head are counted as sites of their own, outside the stacked layers
+        tables = [s.path for s in plan.modules if s.style in ("vocab_embedding", "vocab_head")]
+        with LayerCollectives(m, plan.layers + tables, dist.get_world_size()) as counter:
+            y, loss = forward()
         comms = counter.seen
-        planned = {layer: Counter((c.op, c.elements) for c in cs) for layer, cs in m.blockir_plan.collectives.items()
+        planned = {layer: Counter((c.op, c.elements) for c in cs) for layer, cs in plan.collectives.items()
                    if layer in comms}
+        planned |= {path: Counter((c.op, c.elements) for c in plan.collectives.get("", []) if c.site == path)
+                    for path in tables}
     else:
-        y = m(x)
-    # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
-    grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
-    y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
+        y, loss = forward()
+    if loss is not None:
+        loss.backward()
+        y = _full(y)
+    else:
+        # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
+        grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
+        y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
     for h in hooks:
         h.remove()
     y, dx = y.detach().float(), None if tokens else x.grad.detach()
+    if loss is not None:
+        loss = loss.detach()
     if group is not None:
         y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / n
-    return dict(y=y, dx=dx,
+        # each dp rank's loss is the mean over its slice; FSDP averages their gradients, as the whole batch's mean
+        loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
+    return dict(y=y, dx=dx, loss=loss,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
 
@@ -115,8 +146,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
 # program, block, dims, layout, shape, mode (eval, train, or eval-bf16: FSDP2 mixed precision), dp (a number of
-# data-parallel ranks, or (replicate, shard) for HSDP)
-Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, Any]
+# data-parallel ranks, or (replicate, shard) for HSDP), and optionally vocab (embedding and head split by vocabulary)
+Case = tuple[Any, ...]
 
 
 def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> None:
@@ -145,9 +176,14 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
-    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. One spawn for many cases: starting ranks costs more than running them.
+    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. A case
+    with ``vocab`` set splits the embedding and head by vocabulary, back-propagates the cross-entropy against
+    fixed targets through ``run``'s training loss (``TokenLM``) instead of a random output gradient, returns
+    that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their
+    own. One spawn for many cases: starting ranks costs more than running them.
     """
-    refs = [_run(program, name, dims, None, shape, mode) for program, name, dims, _, shape, mode, _ in cases]
+    refs = [_run(program, name, dims, None, shape, mode, 1, *vocab) for program, name, dims, _, shape, mode, _, *vocab
+            in cases]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         ranks = mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=False)

@@ -34,7 +34,8 @@ WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidde
 # tp=2 (GPT-2 training with dropout: four data-parallel slices draw one process's masks); FSDP2 mixed precision
 HSDP = [("llama", "sequence", "eval", (2, 2)), ("gpt2", "sequence", "train", (2, 1))]
 MIXED = [("llama", "sequence", "eval-bf16", 2)]
-WORLD4 += HSDP + MIXED
+# and an imported LLaMA causal LM with its embedding and head split by vocabulary, trained on the 2×2 mesh
+VOCAB_DP = ("llama-lm", "sequence", "vocab", 2)
 
 
 def _case(model: str, layout: str, mode: str, dp: Any) -> tuple[Any, ...]:
@@ -49,8 +50,14 @@ def world2() -> dict[tuple[Any, ...], tuple[Any, Any]]:
 
 
 @pytest.fixture(scope="module")
-def world4() -> dict[tuple[Any, ...], tuple[Any, Any]]:
-    return dict(zip(WORLD4, compare([_case(*c) for c in WORLD4], world=4)))
+def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+    from blockir.api import hf_block_text
+    from hf_configs import CONFIGS
+    lm = tmp_path_factory.mktemp("vocab") / "llama.block"
+    lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
+    vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
+    cases = WORLD4 + HSDP + MIXED
+    return dict(zip(cases + [VOCAB_DP], compare([_case(*c) for c in cases] + [vocab], world=4)))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,7 +134,20 @@ def test_data_parallel_training_draws_the_whole_batchs_masks(world4: dict) -> No
     assert _rel(train["y"], evaluated["y"]) > 1e-2
 
 
-@pytest.mark.parametrize("case", WORLD4[5:7], ids=lambda c: c[1])
+def test_fsdp_and_a_vocab_parallel_plan_train_as_one_process_on_the_whole_batch(world4: dict) -> None:
+    """Each dp rank trains on half the windows through ``run``'s loss under ``loss_parallel``; the mean of
+    their losses and the dp-averaged gradients are those of one process on all of them."""
+    ref, par = world4[VOCAB_DP]
+    assert _close(par["y"], ref["y"])
+    assert abs(par["loss"].item() - ref["loss"].item()) <= 1e-5 * ref["loss"].item()
+    assert set(par["grads"]) == set(ref["grads"])
+    for key, g in ref["grads"].items():
+        assert _close(par["grads"][key], g), (key, _rel(par["grads"][key], g))
+    # the tables are split over dp by FSDP and by vocabulary rows over tp
+    assert par["params"]["model.embed_tokens.weight"] == par["params"]["lm_head.weight"] == "_S(0, 2),S(0)"
+
+
+@pytest.mark.parametrize("case", WORLD4[5:], ids=lambda c: c[1])
 def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tuple[Any, ...]) -> None:
     """Two key/value heads over four ranks: each rank keeps the whole k/v weight and computes its head."""
     ref, par = world4[case]

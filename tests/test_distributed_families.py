@@ -4,7 +4,9 @@ The families cover what the importer writes: grouped key/value heads and a tied 
 transposed Conv1D weights with q, k, v stacked in one matrix and a tied head, GPT-NeoX's per-head
 interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked gate/up, OLMo-2's q/k norms over
 the whole width. Logits and every parameter gradient must equal the single-process module, and each stacked
-layer must issue exactly the plan's forward collectives. All cases share one spawned world of two ranks.
+layer must issue exactly the plan's forward collectives. LLaMA (untied head) and GPT-2 (tied) also run with
+the embedding and head split by vocabulary, trained through ``run``'s loss under ``loss_parallel``. All cases
+share one spawned world of two ranks.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ MODELS = {"qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "G
 LAYOUTS = ("replicated", "sequence", "hidden")
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
+# vocab-parallel cases: a vocabulary of 64 splits over two ranks, and the token ids (below 50) hit both halves
+VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +37,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
     for model in MODELS:
         files[model] = folder / f"{model}.block"
         files[model].write_text(block_text(CONFIGS[model]))
+    for model in VOCAB_MODELS:
+        files[model, "vocab"] = folder / f"{model}-vocab.block"
+        files[model, "vocab"].write_text(block_text(dict(CONFIGS[model], vocab_size=64)))
     cases = [(str(files[model]), MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "eval", 1) for model, layout in CASES]
-    return dict(zip(CASES, compare(cases, world=2)))
+    cases += [(str(files[model, "vocab"]), VOCAB_MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "eval", 1, True)
+              for model, layout, _ in VOCAB_CASES]
+    return dict(zip(CASES + VOCAB_CASES, compare(cases, world=2)))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -83,3 +93,30 @@ def test_a_q_k_norm_over_the_whole_width_is_split_with_the_heads(world: dict) ->
     planned = world[("olmo2", "replicated")][1]["planned"]["model.layers.0"]
     # the row moments of q and of k: one all-reduce of Σx² per row each (B·S = 16), beside the stream's two
     assert planned[("all-reduce", 16)] == 2 and planned[("all-reduce", 2 * 8 * 64)] == 2
+
+
+# the embedding's pending sum reduced onto the stream, the head's input gathered to full rows; B·S·D = 2·8·64
+TABLES = {"replicated": ([("all-reduce", 1024)], []),
+          "sequence": ([("reduce-scatter", 1024)], [("all-gather", 1024)]),
+          "hidden": ([("reduce-scatter", 1024)], [("all-gather", 1024)])}
+
+
+@pytest.mark.parametrize("case", VOCAB_CASES, ids="-".join)
+def test_a_vocab_parallel_model_trains_as_one_process(world: dict, case: tuple[str, str, str]) -> None:
+    ref, par = world[case]
+    assert _close(par["y"], ref["y"])
+    assert abs(par["loss"].item() - ref["loss"].item()) <= 1e-5 * ref["loss"].item()
+    assert set(par["grads"]) == set(ref["grads"])
+    for key, g in ref["grads"].items():
+        assert _close(par["grads"][key], g), key
+    assert par["comms"] == par["planned"]
+    model, layout = case[:2]
+    embedding, head = ("transformer.wte", "lm_head") if model == "gpt2" else ("model.embed_tokens", "lm_head")
+    assert [(k, e) for (k, e), n in par["comms"][embedding].items() for _ in range(n)] == TABLES[layout][0]
+    assert [(k, e) for (k, e), n in par["comms"][head].items() for _ in range(n)] == TABLES[layout][1]
+    params = par["params"]
+    assert params[f"{embedding}.weight"] == "S(0)"
+    if model == "gpt2":  # tied: one table, split once, that the head reads too
+        assert not any(k.startswith("lm_head") for k in params)
+    else:
+        assert params["lm_head.weight"] == "S(0)"

@@ -3,7 +3,9 @@
 Both plans parallelise the same compiled LLaMA (examples/llama.block) over two gloo ranks under sequence
 parallelism; ``benchmarks/distributed.py`` owns the hand-written plan and the counter, and prints the same
 comparison at larger sizes. Each branch's input gradient is reduced once, however many projections read
-the branch input, so the derived plan moves no more than the hand-written one, forward or backward.
+the branch input, so the derived plan moves no more than the hand-written one, forward or backward. The
+causal LM around that decoder, its embedding and head split by vocabulary and its next-token loss under
+``loss_parallel``, sends exactly what torchtitan's hand-written plan sends.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -53,6 +56,17 @@ def _worker(rank: int, store: str, out: str) -> None:
         bench.hand_written(hand, mesh, 2)
         mode = bench.traffic(hand, x)
         results["hand"] = (mode.calls, mode.moved)
+        lm, dims = bench.build_lm(SimpleNamespace(vocab_size=64, layers=2, kv_heads=2),
+                                  dict(DIMS, D=64, F=128, H=4))
+        ids, target = (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+        for name in ("vocab", "vocab hand"):
+            m = blockir.compile(lm, "LlamaForCausalLM", dims=dims, seed=0)
+            if name == "vocab":
+                blockir.parallelize(m, mesh, lm, "LlamaForCausalLM", layout="sequence", dims=dims, vocab=True)
+            else:
+                bench.hand_written_lm(m, mesh, 2)
+            mode = bench.lm_traffic(m, ids, target, hand=name != "vocab")
+            results[name] = (mode.calls, mode.moved)
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -93,3 +107,15 @@ def test_a_replicated_stream_reduces_each_branch_input_gradient_once(traffic: di
     assert calls["backward"] == {"all_reduce": 4}
     stream = 2 * 8 * 64 * 4  # bytes of one B·S·D fp32 stream
     assert moved["backward"]["all_reduce"] == 4 * stream
+
+
+def test_a_vocab_parallel_language_model_sends_what_torchtitans_plan_sends(traffic: dict[str, Any]) -> None:
+    calls, moved = traffic["vocab"]
+    assert (calls, moved) == traffic["vocab hand"]
+    stream, rows = 2 * 8 * 64 * 4, 2 * 8 * 4  # bytes of the B·S·D stream and of one value per row, fp32
+    # forward: per layer 2 all-gathers and 2 reduce-scatters, the embedding's reduce-scatter, the head's
+    # all-gather, the loss's three all-reduces of one value per row; backward mirrors the stream's, loss-free
+    assert calls["forward"] == {"all_gather_into_tensor": 5, "reduce_scatter_tensor": 5, "all_reduce": 3}
+    assert calls["backward"] == {"all_gather_into_tensor": 5, "reduce_scatter_tensor": 5}
+    assert moved["forward"]["all_reduce"] == 3 * rows
+    assert moved["forward"]["reduce_scatter_tensor"] == 5 * stream

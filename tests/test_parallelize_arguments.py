@@ -61,13 +61,14 @@ def llama() -> nn.Module:
     ("unknown block", "name", "no block named 'Llama'"),
     ("program", "program", "expected a Program or a path, got int"),
     ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden"),
+    ("vocab", "vocab", "vocab must be True or False, got 'yes'"),
+    ("mp_policy", "mp_policy", "expected a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
     ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a 3-D one "
      "named ('dp_replicate', 'dp_shard', 'tp')"),
-    ("mp_policy", "mp_policy", "expected a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
 ])
 def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, case: str, where: str,
                                                              message: str) -> None:
-    module, program, name, layout = llama, LLAMA, "LlamaModel", "sequence"
+    module, program, name, layout, vocab = llama, LLAMA, "LlamaModel", "sequence", False
     if case == "linear":
         module = nn.Linear(64, 64)
     elif case == "layer":
@@ -82,9 +83,11 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
         program = 3
     elif case == "layout":
         layout = "rows"
+    elif case == "vocab":
+        vocab = "yes"
     before = {k: v.clone() for k, v in module.state_dict().items()}
     extra = {"mp_policy": "bf16"} if case == "mp_policy" else {}
-    d = _refused(module, (2, 2), program, name, layout=layout, **extra)
+    d = _refused(module, (2, 2), program, name, layout=layout, vocab=vocab, **extra)
     assert (d.code, str(d.span), d.message) == ("E0722", f"blockir.parallelize({where}=…)", message)
     after = module.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

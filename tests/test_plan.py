@@ -221,3 +221,50 @@ def test_a_language_models_collectives_carry_the_stream_it_embeds(tmp_path) -> N
     code, out, _ = _run("plan", str(path), "--tp", "2", "--dtype", "bf16")
     assert code == 0 and "stream [B, S, D; tp=shard(S)]" in out
     assert "       128 B payload" in out  # one token of the stream, 64 bf16 elements
+
+
+def test_the_vocab_parallel_plan_lists_the_embedding_head_and_loss_collectives(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Split by vocabulary rows, the embedding reduces its pending sum onto the stream, the head gathers the
+    stream's rows (none under the replicated layout) and the loss all-reduces three values per row."""
+    from blockir.api import hf_block_text as block_text
+    from hf_configs import CONFIGS
+    path = tmp_path / "llama.block"
+    path.write_text(block_text(dict(CONFIGS["llama"], vocab_size=64)))  # D = 64, B·S = 16
+    stream = dict(elements=1024, bytes=4096)
+    expected = {"replicated": [dict(site="model.embed_tokens", op="all-reduce", wire_bytes=4096, **stream)],
+                "sequence": [dict(site="model.embed_tokens", op="reduce-scatter", wire_bytes=2048, **stream),
+                             dict(site="lm_head", op="all-gather", wire_bytes=2048, **stream)]}
+    for layout, model in expected.items():
+        code, out, _ = _run("plan", str(path), "--tp", "2", "--layout", layout, "--vocab-parallel",
+                            "--dims", "B=2,S=8", "--dtype", "f32", "--format", "json")
+        assert code == 0
+        plan = json.loads(out)
+        assert plan["vocab_parallel"] is True
+        assert plan["collectives"]["LlamaForCausalLM"] == model
+        loss = dict(site="loss", op="all-reduce", elements=16, bytes=64, wire_bytes=64)  # B·S fp32 values
+        assert plan["loss_collectives"] == [loss] * 3
+        assert plan["params"]["model.embed_tokens.weight"] == plan["params"]["lm_head.weight"] == "shard(0)"
+        assert plan["modules"]["model.embed_tokens"] == "vocab_embedding" and plan["modules"]["lm_head"] == "vocab_head"
+    code, out, _ = _run("plan", str(path), "--tp", "2", "--format", "json")
+    assert json.loads(out)["loss_collectives"] == [] and json.loads(out)["params"]["lm_head.weight"] == "replicate"
+    code, out, _ = _run("plan", str(path), "--tp", "2", "--layout", "replicated", "--vocab-parallel")
+    assert "vocabulary split by rows; backward of the head: one all-reduce of the stream; the embedding: none; " \
+           "the loss: none\n" in out
+
+
+def test_a_vocabulary_the_ranks_cannot_split_is_a_located_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from blockir.api import hf_block_text as block_text
+    from hf_configs import CONFIGS
+    path = tmp_path / "gpt2.block"
+    path.write_text(block_text(CONFIGS["gpt2"]))  # V = 97
+    code, out, err = _run("plan", str(path), "--tp", "2", "--vocab-parallel")
+    assert code == 1 and out == ""
+    assert err.startswith(f"{path}:23:3: error[E0608]: embedding 'transformer.wte' has a vocabulary of 97 rows, "
+                          "which 2 ranks cannot split evenly\n")
+    prog = blockir.load(LLAMA)
+    with pytest.raises(blockir.BlockError) as info:
+        derive_plan(prog, prog.block("LlamaModel"), Sizes.of(prog, {"B": 2, "S": 8}), "sequence", 2, vocab=True)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.line, d.message) == (
+        "E0609", 34, "model 'LlamaModel' has no token embedding or head to split by vocabulary")

@@ -19,7 +19,13 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
 * embeddings and heads of a language model: replicated, computed on full
   tensors; an embedding's output is sliced to the stream's layout, a head's
   input is all-gathered (the stream is then the type of the stacked layers'
-  input, not of the token ids the model takes).
+  input, not of the token ids the model takes);
+* with ``vocab``, split by vocabulary rows instead (Megatron-LM's vocab-parallel
+  embedding, torchtitan's loss parallelism): each rank looks up the ids of its
+  rows, zero elsewhere, and the pending sum is reduced to the stream's layout
+  (all-reduce, or reduce-scatter onto a shard); the head is column-parallel and
+  its logits stay split by vocabulary for the cross-entropy; a tied table is
+  one parameter split once.
 
 Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
 key no style can place (CodeGen's q/v/k row groups, a q/k norm over the whole
@@ -62,6 +68,7 @@ class ModuleStyle:
 
     path: str
     style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
+    # | vocab_embedding | vocab_head
     kind: str
 
 
@@ -86,6 +93,10 @@ class ParallelPlan:
     params: dict[str, str] = field(default_factory=dict)  # state_dict key → placement
     collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
     layers: list[str] = field(default_factory=list)  # module path of every stacked layer, in order
+    vocab: bool = False  # token embeddings and heads split by vocabulary rows, logits left split
+    # with vocab, the cross-entropy of the split logits under loss_parallel: the row maximum, the row sum of
+    # exponentials and the target's logit, one all-reduce of B·S values each (its backward sends nothing)
+    loss: list[Collective] = field(default_factory=list)
 
     def styles(self) -> dict[str, str]:
         return {m.path: m.style for m in self.modules}
@@ -132,10 +143,11 @@ def _kv_replicated(d: KindDecl, kv: int, world: int) -> bool:
 
 
 class _Planner:
-    def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int, stream_axis: str):
+    def __init__(self, program: Program, sizes: Sizes, layout: str, world: int, elements: int, stream_axis: str,
+                 vocab: bool):
         self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
         self.stream_axis = stream_axis  # the stream's model axis: elements over its size are the rows
-        self.plan = ParallelPlan(layout, world)
+        self.plan = ParallelPlan(layout, world, vocab=vocab)
 
     def block(self, block: Block, prefix: str, layer: str) -> None:
         sizes = self.sizes.for_block(block)
@@ -182,6 +194,9 @@ class _Planner:
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return
+        if self.plan.vocab and _by_vocab(d):
+            self.vocab_rows(d, path, layer, sizes)
+            return
         # an embedding starts the stream and a head ends it: both compute on full tensors
         style = d.kind if d.kind in ("embedding", "head") else "replicate"
         self.plan.modules.append(ModuleStyle(path, style, d.kind))
@@ -195,6 +210,29 @@ class _Planner:
             self._param(f"{path}.weight", "replicate")
         elif d.category in ("scale", "shift"):
             self._param(path, "replicate")
+
+    def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+        """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank
+        contributes the rows of the ids it holds), reduced to the stream's layout; the head reads full rows
+        and leaves its logits split by vocabulary, so none is sent after it."""
+        rows = sizes.dim(d.arg("vocab"))
+        if rows % self.world:
+            raise BlockError([error(
+                "E0608", f"{d.kind} '{d.name}' has a vocabulary of {rows} rows, which {self.world} ranks cannot "
+                f"split evenly", d.span,
+                hint=f"pad the vocabulary to a multiple of {self.world} (Megatron-LM pads to a multiple of 128 times "
+                     "the degree), or keep the embedding and head replicated (no vocab-parallelism)")])
+        head = d.kind == "head"
+        self.plan.modules.append(ModuleStyle(path, "vocab_head" if head else "vocab_embedding", d.kind))
+        self._param(f"{path}.weight", "shard(0)")
+        if head and d.arg("bias"):
+            self._param(f"{path}.bias", "shard(0)")
+        if head:
+            self._gathered(layer, path)
+            rows = self.elements // sizes.dim(self.stream_axis)
+            self.plan.loss = [Collective("loss", "all-reduce", rows) for _ in range(3)]
+        else:
+            self._collective(layer, Collective(path, REDUCE[self.layout], self.elements))
 
     def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
@@ -303,8 +341,26 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
                  "tensor parallelism")])
 
 
-def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int) -> ParallelPlan:
-    """The plan for ``block`` with its stream ``layout`` over ``world`` ranks.
+def _by_vocab(d: KindDecl) -> bool:
+    """Whether ``d`` has one row per vocabulary entry: a head, or an embedding of token ids (not positions)."""
+    return d.kind == "head" or (d.kind == "embedding" and not d.arg("positions"))
+
+
+def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
+    """The token embeddings and heads ``block`` holds, its callees' included."""
+    found = []
+    for d in block.decls:
+        if isinstance(d, InstanceDecl):
+            found += _vocab_decls(program, program.block(d.block))
+        elif isinstance(d, KindDecl) and _by_vocab(d):
+            found.append(d)
+    return found
+
+
+def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int,
+                vocab: bool = False) -> ParallelPlan:
+    """The plan for ``block`` with its stream ``layout`` over ``world`` ranks; with ``vocab``, its token
+    embeddings and heads split by vocabulary rows.
 
     ``sizes`` must know the stream's batch and sequence sizes for the collective counts."""
     if layout not in LAYOUTS:
@@ -322,7 +378,12 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
                         "choose a sequence length divisible by the tensor-parallel degree")
     if layout == "hidden" and sizes.dim(state.names[-1]) % world:
         raise _fail(block.span, f"the model axis of {state} does not split evenly over {world} ranks")
-    planner = _Planner(program, sizes, layout, world, elements, state.names[-1])
+    if vocab and not _vocab_decls(program, block):
+        raise BlockError([error(
+            "E0609", f"{block.kind} '{block.name}' has no token embedding or head to split by vocabulary", block.span,
+            hint="vocab-parallelism applies to a language model that takes token ids or returns logits; "
+                 "parallelise this block without it")])
+    planner = _Planner(program, sizes, layout, world, elements, state.names[-1], vocab)
     planner.plan.per_token = per_token
     planner.block(block, "", "")
     _check_placed(program, block, sizes, planner.plan)

@@ -1,6 +1,7 @@
-"""`blockir plan FILE [--block B] --tp N [--layout sequence|hidden|replicated] [--dims …] [--dtype …]`:
-the tensor-parallel plan a block implies — each parameter's placement, the stream's layout at block
-boundaries, and each layer's collectives with the bytes they move."""
+"""`blockir plan FILE [--block B] --tp N [--layout sequence|hidden|replicated] [--vocab-parallel] [--dims …]
+[--dtype …]`: the tensor-parallel plan a block implies — each parameter's placement, the stream's layout at
+block boundaries, and each layer's collectives with the bytes they move (with ``--vocab-parallel``, also those
+of the embedding, the head and the cross-entropy of logits split by vocabulary)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,8 @@ from blockir.ir.types import DType
 # Closed forms per layer and forward pass, stream of B·S·D elements (Korthikanti et al., 2022, table 2):
 # tensor parallelism all-reduces the attention and MLP outputs; sequence parallelism replaces each
 # all-reduce by an all-gather before the branch and a reduce-scatter after it.
+# the cross-entropy casts the logits to fp32 (blockir.lower.distributed.loss), whatever the activations' dtype
+FP32 = 4
 CLOSED_FORM = {"replicated": {"all-reduce": 2}, "sequence": {"all-gather": 2, "reduce-scatter": 2},
                "hidden": {"all-gather": 2, "reduce-scatter": 2, "all-reduce": 2}}
 
@@ -24,17 +27,21 @@ def run(args: argparse.Namespace) -> int:
     def show(program: Program, block: Block) -> int:
         from blockir.analyses.parallel import STREAM, derive_plan, stream_type
         from blockir.analyses.sizes import Sizes
-        plan = derive_plan(program, block, Sizes.of(program, args.dims), args.layout, args.tp)
+        plan = derive_plan(program, block, Sizes.of(program, args.dims), args.layout, args.tp,
+                           vocab=args.vocab_parallel)
         itemsize = DType(args.dtype).itemsize
         unit = "per token" if plan.per_token else "per step"
-        layers = {layer or block.name: [dict(site=c.site, op=c.op, elements=c.elements,
-                                             bytes=c.elements * itemsize, wire_bytes=c.wire_bytes(args.tp, itemsize))
-                                        for c in cs] for layer, cs in plan.collectives.items()}
+
+        def rows(cs: list, size: int = itemsize) -> list[dict]:  # type: ignore[type-arg]
+            return [dict(site=c.site, op=c.op, elements=c.elements, bytes=c.elements * size,
+                         wire_bytes=c.wire_bytes(args.tp, size)) for c in cs]
+        layers = {layer or block.name: rows(cs) for layer, cs in plan.collectives.items()}
         stream = STREAM[args.layout]
         if args.format == "json":
-            print_json({"block": block.name, "tp": args.tp, "layout": args.layout, "dtype": args.dtype,
-                        "sizes": unit, "stream": stream, "params": plan.params, "modules": plan.styles(),
-                        "collectives": layers, "closed_form": CLOSED_FORM[args.layout]})
+            print_json({"block": block.name, "tp": args.tp, "layout": args.layout, "vocab_parallel": plan.vocab,
+                        "dtype": args.dtype, "sizes": unit, "stream": stream, "params": plan.params,
+                        "modules": plan.styles(), "collectives": layers, "loss_collectives": rows(plan.loss, FP32),
+                        "closed_form": CLOSED_FORM[args.layout]})
             return EXIT_OK
         print(f"{block.kind} {block.name}: tp={args.tp}, layout {args.layout}, stream [{', '.join(stream_type(program, block).names)}; "
               f"tp={stream}] at every block boundary")
@@ -43,10 +50,17 @@ def run(args: argparse.Namespace) -> int:
         for key, placement in plan.params.items():
             print(f"  {key.ljust(width)}  {placement}")
         print(f"collectives (forward; backward mirrors them), {args.dtype}, {unit}:")
-        for layer, cs in layers.items():
+        shown = dict(layers)
+        if plan.loss:
+            shown["cross-entropy of the split logits (loss_parallel, f32)"] = rows(plan.loss, FP32)
+        for layer, cs in shown.items():
             print(f"  {layer}:")
             for c in cs:
                 print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
+        if plan.vocab:
+            backward = "the head: one all-reduce of the stream; the embedding: none" if args.layout == "replicated" \
+                else "the head: one reduce-scatter of the stream; the embedding: one all-gather"
+            print(f"vocabulary split by rows; backward of {backward}; the loss: none")
         forms = ", ".join(f"{n} {op}" for op, n in CLOSED_FORM[args.layout].items())
         print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: one all-reduce per norm of its row sums, Σx² or Σx and Σx²)")
         return EXIT_OK
@@ -60,6 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     s.add_argument("--layout", choices=("sequence", "hidden", "replicated"), default="sequence",
                    help="where the residual stream lives between blocks (default: sequence)")
+    s.add_argument("--vocab-parallel", action="store_true",
+                   help="split the token embedding and the head by vocabulary rows; the logits stay split for a "
+                        "cross-entropy under loss_parallel (blockir.parallelize(..., vocab=True))")
     s.add_argument("--dtype", choices=[d.value for d in DType], default="bf16", help="activation dtype for bytes")
     add_dims_option(s, "B=8,S=2048")
     add_format_option(s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
@@ -20,6 +19,7 @@ from blockir.ir.program import Block, Program
 from blockir.ir.types import Role
 from blockir.lifecycle.lm import VOCAB, Layout
 from blockir.lower.boundary import reads
+from blockir.lower.distributed.loss import cross_entropy
 
 
 def takes_tokens(block: Block) -> bool:
@@ -80,7 +80,7 @@ class TokenLM(nn.Module):
         return {k: v for k, v in ctx.items() if reads(self.core, k)}
 
     def forward(self, window: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) over the window, computed in fp32."""
+        """Mean next-token cross-entropy (nats) over the window, computed in fp32; logits a vocab-parallel head
+        leaves split by vocabulary (``blockir.parallelize(..., vocab=True)``) go through ``loss_parallel``."""
         (ids,), target = self.split(window)
-        logits = self.core(ids, **self.context())
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+        return cross_entropy(self.core(ids, **self.context()), target)

@@ -18,6 +18,7 @@ from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
+from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.numerics import batch_slice
@@ -42,7 +43,8 @@ def _stream(block: Block, program: Program, layout: str) -> Placement:
 
 def _boundary(module: nn.Module, mesh: DeviceMesh, program: Program, block: Block, stream: Placement) -> None:
     """The module takes and returns full tensors: a stream-typed input is sliced to the stream's layout and a
-    stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head)."""
+    stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head),
+    but for logits a vocab-parallel head leaves split by vocabulary."""
     state = stream_type(program, block)
     if block.params and block.params[0].type.names == state.names:
         parallelize_module(module, mesh, PrepareModuleInput(
@@ -140,6 +142,10 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
         elif m.style == "branch":
             out[m.path] = BranchInput(stream)
+        elif m.style == "vocab_embedding":
+            out[m.path] = VocabRows(stream)
+        elif m.style == "vocab_head":
+            out[m.path] = VocabColumns()
         elif m.style == "norm" and plan.layout == "sequence":
             out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
         elif m.style == "embedding" and sharded:
@@ -232,7 +238,7 @@ def _fused(module: nn.Module) -> bool:
 
 
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
-                     mp_policy: object) -> Program:
+                     mp_policy: object, vocab: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
@@ -258,6 +264,8 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if not isinstance(vocab, bool):
+        raise _bad("vocab", f"vocab must be True or False, got {vocab!r}")
     from torch.distributed.fsdp import MixedPrecisionPolicy
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise _bad("mp_policy", f"expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {type(mp_policy).__name__}",
@@ -279,7 +287,8 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
 
 @public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
-                layout: str = "sequence", dims: Mapping[str, int] | None = None, mp_policy: Any = None) -> nn.Module:
+                layout: str = "sequence", dims: Mapping[str, int] | None = None, vocab: bool = False,
+                mp_policy: Any = None) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
@@ -296,12 +305,17 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     split). The module still takes and returns full tensors: its input is sliced to the stream's
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
+
+    ``vocab=True`` splits the token embedding and the head by vocabulary rows (a tied table once): the
+    module then returns its logits as a ``Shard(-1)`` DTensor, never gathered, for a cross-entropy under
+    ``loss_parallel`` (``blockir.lower.distributed.loss.cross_entropy``); ``.full_tensor()`` gathers them.
     """
-    program = _check_arguments(module, mesh, program, name, layout, mp_policy)
+    program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab)
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh["tp"]) if mesh.ndim > 1 else (None, mesh)
-    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
+    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
     stream = _stream(block, program, layout)
+    shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
     styles = _styles(plan, stream, module, mesh)
     if styles:
         parallelize_module(module, mesh, styles)
