@@ -4,6 +4,8 @@ from __future__ import annotations
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+MOE = dict(COMMON, hidden_size=32, intermediate_size=48, num_key_value_heads=2, num_experts_per_tok=2,
+           experts_implementation="eager")
 CONFIGS: dict[str, dict] = {
     "llama": dict(COMMON, model_type="llama", num_key_value_heads=2, attention_bias=True, rms_norm_eps=1e-5),
     "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=5),
@@ -49,6 +51,12 @@ CONFIGS: dict[str, dict] = {
     "qwen2-yarn": dict(COMMON, model_type="qwen2", num_key_value_heads=4, rope_parameters=dict(rope_type="yarn", factor=4.0,
                                                                         original_max_position_embeddings=16,
                                                                         rope_theta=10000.0)),
+    # mixtures of experts, 4 experts of which each token takes 2, compared with HF's reference loop over experts
+    "mixtral": dict(MOE, model_type="mixtral", num_local_experts=4, sliding_window=4),
+    "qwen2_moe": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40),
+    "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
+    "olmoe": dict(MOE, model_type="olmoe", num_experts=4, attention_bias=True),
 }
 
 FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
