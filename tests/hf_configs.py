@@ -57,6 +57,8 @@ CONFIGS: dict[str, dict] = {
                       shared_expert_intermediate_size=40),
     "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
     "olmoe": dict(MOE, model_type="olmoe", num_experts=4, attention_bias=True),
+    "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,
+                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
 }
 
 FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -55,6 +55,8 @@ FAMILIES: dict[str, dict] = {
                       shared_expert_intermediate_size=40),
     "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
     "olmoe": dict(MOE, model_type="olmoe", num_experts=4),
+    "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,
+                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
 }
 EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
 SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index

@@ -30,7 +30,11 @@ WEIGHTS = (("model.safetensors", None), ("model.safetensors.index.json", "safete
 # load (and back on save)
 RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"gpt_neox": (("embed_out.", "lm_head."),)}
 # a part of a stored name -> the model's, anywhere in the name
-INFIX_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"mixtral": ((".block_sparse_moe.", ".mlp."),)}
+INFIX_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mixtral": ((".block_sparse_moe.", ".mlp."),),
+    "granitemoe": ((".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
+                   (".block_sparse_moe.output_linear.weight", ".block_sparse_moe.experts.down_proj"),
+                   (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"))}
 
 
 def model_key(model_type: str, stored: str) -> str:

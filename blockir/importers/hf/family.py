@@ -96,6 +96,7 @@ BASES: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
     "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),
+    "granitemoe": ("GraniteMoeModel", "model."),
     "helium": ("HeliumModel", "model."), "llama": ("LlamaModel", "model."),
     "ministral": ("MinistralModel", "model."), "mistral": ("MistralModel", "model."),
     "mixtral": ("MixtralModel", "model."), "olmo": ("OlmoModel", "model."), "olmo2": ("Olmo2Model", "model."),

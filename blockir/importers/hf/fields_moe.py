@@ -1,4 +1,4 @@
-"""The config fields of the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), as their
+"""The config fields of the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE), as their
 transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
@@ -14,6 +14,18 @@ _ROPE = dict(rope_parameters=('rope?', None), rope_scaling=('rope?', None, 'rope
 _ROUTER = dict(output_router_logits=('bool', False, 'aux'), router_aux_loss_coef=('real', 0.001, 'aux'))
 
 FAMILIES: dict[str, Family] = {
+    "granitemoe": Family("GraniteMoeConfig", {}, dict(
+        head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        vocab_size=('size', 32000), hidden_size=('size', 4096), intermediate_size=('size', 11008),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 2048), initializer_range=('real', 0.02, 'init'),
+        rms_norm_eps=('eps', 1e-06), use_cache=('bool', True), pad_token_id=('token?', None, 'row'),
+        bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False),
+        attention_bias=('bool', False), attention_dropout=('prob', 0.0),
+        embedding_multiplier=('real', 1.0), logits_scaling=('real', 1.0), residual_multiplier=('real', 1.0),
+        attention_multiplier=('real', 1.0), num_local_experts=('size', 8), num_experts_per_tok=('size', 2),
+        **_ROUTER, rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
     "mixtral": Family("MixtralConfig", {"num_experts": "num_local_experts"}, dict(
         vocab_size=('size', 32000), hidden_size=('size', 4096), intermediate_size=('size', 14336),
         num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),

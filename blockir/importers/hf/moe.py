@@ -2,12 +2,13 @@
 
 Mixtral renormalises the top-k routing weights and scales the experts by them in f32; Qwen2-MoE,
 Qwen3-MoE and OLMoE renormalise only with ``norm_topk_prob`` and round the weights to the input dtype
-first. Qwen2-MoE adds a shared expert behind a sigmoid gate, Qwen3-MoE normalises each query and key
+first; GraniteMoE takes the softmax of the top-k logits, inside Granite's multipliers. Qwen2-MoE adds a shared expert behind a sigmoid gate, Qwen3-MoE normalises each query and key
 head, OLMoE the whole query and key widths. Every layer is sparse: the dense layers ``mlp_only_layers``
 and ``decoder_sparse_step`` ask for are refused.
 """
 from __future__ import annotations
 
+from blockir.importers.hf.llama import multipliers
 from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms, window
 from blockir.importers.hf.writer import writes
 
@@ -23,15 +24,21 @@ def _all_sparse(c: Config) -> None:
 
 
 def _text(cls: str, layer: str, model_type: str, c: Config, attn: list[str], moe: list[str],
-          dims: dict[str, int]) -> str:
+          dims: dict[str, int], branch: str = "mlp") -> str:
     n = c.norm()
+    attn_scale, res, emb, logits = multipliers(c, model_type)
+    if attn_scale is not None:
+        attn = attn + [f"scale={num(attn_scale)}"]
     lines = header(cls, model_type, c, {**dims, "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: {n}", decl("self_attn", "self_attention", attn),
-              f"  post_attention_layernorm: {n}", decl("mlp", "moe", moe),
-              "  h = x + self_attn(input_layernorm(x))", "  y = h + mlp(post_attention_layernorm(h))",
+              f"  post_attention_layernorm: {n}", decl(branch, "moe", moe),
+              f"  h = x + self_attn(input_layernorm(x)){res}", f"  y = h + {branch}(post_attention_layernorm(h)){res}",
               "  return y", "}", ""]
-    return "\n".join(lines + causal_lm(cls, "model", layer, c)) + "\n"
+    model = causal_lm(cls, "model", layer, c)
+    if emb or logits:
+        model[-2] = f"  return {logits}lm_head(model.norm(model.layers(model.embed_tokens(input_ids){emb})))"
+    return "\n".join(lines + model) + "\n"
 
 
 def _routing(c: Config, experts: str, norm_topk: bool, weights: str) -> list[str]:
@@ -75,3 +82,12 @@ def _olmoe(c: Config, model_type: str, exact: bool) -> str:
     return _text("OlmoeForCausalLM", "OlmoeDecoderLayer", model_type, c, attn,
                  _routing(c, "num_experts", c.get("norm_topk_prob", False), "input"),
                  {"F": c.need("intermediate_size")})
+
+
+@writes("granitemoe", norm=rms())
+def _granitemoe(c: Config, model_type: str, exact: bool) -> str:
+    """Granite's multipliers around Mixtral's layout; the router takes the top-k logits, then their softmax."""
+    attn = attn_opts(c, exact) + (["bias=true", "out_bias=true"] if c.get("attention_bias", False) else [])
+    moe = _routing(c, "num_local_experts", False, "input") + ["routing=topk_softmax", "router=router"]
+    return _text("GraniteMoeForCausalLM", "GraniteMoeDecoderLayer", model_type, c, attn, moe,
+                 {"F": c.need("intermediate_size")}, branch="block_sparse_moe")
