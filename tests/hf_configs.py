@@ -55,6 +55,10 @@ CONFIGS: dict[str, dict] = {
     "mixtral": dict(MOE, model_type="mixtral", num_local_experts=4, sliding_window=4),
     "qwen2_moe": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
                       shared_expert_intermediate_size=40),
+    # layers 0 and 2 slide (odd-numbered, below max_window_layers), layer 1 does not
+    "qwen2_moe-window": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
+                             shared_expert_intermediate_size=40, num_hidden_layers=3, use_sliding_window=True,
+                             sliding_window=3),
     "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
     "olmoe": dict(MOE, model_type="olmoe", num_experts=4, attention_bias=True),
     "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,

@@ -45,6 +45,7 @@ IGNORED = {
     "replaced": "derived by the config class from other fields; a given value is replaced",
     "hf": "a setting of HF's own runtime (return types, attention kernel, logging), not of the model",
     "aux": "the router's load-balancing loss, added to the training loss only: the logits do not read it",
+    "flash": "passed to the flash-attention kernels only: the causal mask of the eager and SDPA paths has no window",
     "stored": "the class's attribute_map stores it under another field, the one its config.json holds and the "
               "code reads",
     "dense": "read only by the dense MLP layers of mlp_only_layers and decoder_sparse_step, which are refused",

@@ -45,7 +45,7 @@ FAMILIES: dict[str, Family] = {
         rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), pad_token_id=('token?', 1, 'row'),
         bos_token_id=('token?', None, 'gen'), eos_token_id=('tokens?', 50279, 'gen'),
         tie_word_embeddings=('bool', False), attention_bias=('bool', False), attention_dropout=('prob', 0.0),
-        clip_qkv=('real?', None), sliding_window=('window?', None), num_experts_per_tok=('size', 8),
+        clip_qkv=('real?', None), sliding_window=('window?', None, 'flash'), num_experts_per_tok=('size', 8),
         num_experts=('size', 64), norm_topk_prob=('bool', False),
         output_router_logits=('bool', False, 'aux'), router_aux_loss_coef=('real', 0.01, 'aux'),
         rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),

@@ -75,7 +75,7 @@ def _qwen3_moe(c: Config, model_type: str, exact: bool) -> str:
 
 @writes("olmoe", norm=rms())
 def _olmoe(c: Config, model_type: str, exact: bool) -> str:
-    attn = attn_opts(c, exact) + window(c) + ["qk_norm=rmsnorm", "qk_norm_axis=width",
+    attn = attn_opts(c, exact) + ["qk_norm=rmsnorm", "qk_norm_axis=width",
                                               f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-5))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
