@@ -1,5 +1,5 @@
-"""The config fields of the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE), as their
-transformers config classes declare them.
+"""The config fields of the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE), as
+their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -30,7 +30,8 @@ FAMILIES: dict[str, Family] = {
         vocab_size=('size', 32000), hidden_size=('size', 4096), intermediate_size=('size', 14336),
         num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
         num_key_value_heads=('heads?', 8, '=num_attention_heads'),
-        head_dim=('size?', None), hidden_act=('act', 'silu'), max_position_embeddings=('size', 131072), initializer_range=('real', 0.02, 'init'),
+        head_dim=('size?', None), hidden_act=('act', 'silu'), max_position_embeddings=('size', 131072),
+        initializer_range=('real', 0.02, 'init'),
         rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), pad_token_id=('token?', None, 'row'),
         bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False),
         sliding_window=('window?', None), attention_dropout=('prob', 0.0), num_experts_per_tok=('size', 2),
@@ -74,7 +75,8 @@ FAMILIES: dict[str, Family] = {
         attention_bias=('bool', False), use_sliding_window=('bool', False),
         sliding_window=('window?', 4096, '=if use_sliding_window'), attention_dropout=('prob', 0.0),
         decoder_sparse_step=('size', 1), moe_intermediate_size=('size', 768), num_experts_per_tok=('size', 8),
-        num_experts=('size', 128, 'stored'), num_local_experts=('size', 128), norm_topk_prob=('bool', False), mlp_only_layers=('layer_list?', []),
+        num_experts=('size', 128, 'stored'), num_local_experts=('size', 128), norm_topk_prob=('bool', False),
+        mlp_only_layers=('layer_list?', []),
         pad_token_id=('token?', None, 'row'), bos_token_id=('token?', None, 'gen'),
         eos_token_id=('tokens?', None, 'gen'), **_ROUTER,
         rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),

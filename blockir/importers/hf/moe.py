@@ -2,8 +2,9 @@
 
 Mixtral renormalises the top-k routing weights and scales the experts by them in f32; Qwen2-MoE,
 Qwen3-MoE and OLMoE renormalise only with ``norm_topk_prob`` and round the weights to the input dtype
-first; GraniteMoE takes the softmax of the top-k logits, inside Granite's multipliers. Qwen2-MoE adds a shared expert behind a sigmoid gate, Qwen3-MoE normalises each query and key
-head, OLMoE the whole query and key widths. Every layer is sparse: the dense layers ``mlp_only_layers``
+first; GraniteMoE takes the softmax of the top-k logits, inside Granite's multipliers. Qwen2-MoE adds a
+shared expert behind a sigmoid gate, Qwen3-MoE normalises each query and key head, OLMoE the whole query
+and key widths. Every layer is sparse: the dense layers ``mlp_only_layers``
 and ``decoder_sparse_step`` ask for are refused.
 """
 from __future__ import annotations

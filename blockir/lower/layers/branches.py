@@ -20,7 +20,8 @@ from blockir.lower.layers.embedding import Embedding, Head
 from blockir.lower.layers.mlp import MLP, GatedMLP
 from blockir.lower.layers.moe import MoE
 
-__all__ = ["AttentionCore", "BRANCH_KINDS", "CrossAttention", "Embedding", "GatedMLP", "Head", "MLP", "MoE", "SelfAttention"]
+__all__ = ["AttentionCore", "BRANCH_KINDS", "CrossAttention", "Embedding", "GatedMLP", "Head", "MLP", "MoE",
+           "SelfAttention"]
 
 BRANCH_KINDS: dict[str, type[nn.Module]] = {
     "self_attention": SelfAttention,
