@@ -91,3 +91,20 @@ def test_an_incomplete_or_misshapen_expert_is_refused(change, code: str, message
         blockir.from_pretrained(_folder(saved, tmp_path, state))
     (d,) = info.value.diagnostics
     assert (d.code, d.message) == (code, message)
+
+
+@pytest.mark.parametrize("family, change, code, path, message", [
+    ("qwen2_moe", dict(mlp_only_layers=[1]), "E0800", "$.mlp_only_layers",
+     "dense MLP layers (mlp_only_layers) are not supported"),
+    ("qwen3_moe", dict(decoder_sparse_step=2), "E0800", "$.decoder_sparse_step",
+     "decoder_sparse_step=2 (dense MLP layers between the sparse ones) is not supported"),
+    ("mixtral", dict(num_experts_per_tok=5), "E0809", "$.num_experts_per_tok",
+     "num_experts_per_tok=5 exceeds num_local_experts=4"),
+    ("olmoe", dict(num_experts_per_tok=5), "E0809", "$.num_experts_per_tok", "num_experts_per_tok=5 exceeds num_experts=4"),
+])
+def test_a_config_the_mixture_cannot_state_is_refused_at_its_field(family: str, change: dict, code: str, path: str,
+                                                                   message: str) -> None:
+    with pytest.raises(blockir.BlockError) as info:
+        blockir.from_hf_config(dict(FAMILIES[family], **change))
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.filename.rpartition(": ")[2], d.message) == (code, path, message)
