@@ -4,7 +4,8 @@ Released MoE checkpoints, and the folders transformers 5 itself saves, store eac
 matrices apart (Mixtral's ``experts.3.w1.weight``, Qwen's ``experts.3.gate_proj.weight``);
 transformers stacks them on load, as this module does: the gate matrices of all experts, then
 their up matrices, become ``gate_up_proj`` [E, 2H, D] (each expert's gate rows first), and the down
-matrices ``down_proj`` [E, D, H].
+matrices ``down_proj`` [E, D, H]. A stacked tensor is built as soon as its last matrix is read and
+its parts are dropped, so loading holds at most one stack's parts besides the weights loaded.
 """
 from __future__ import annotations
 
@@ -32,32 +33,35 @@ def expert_slot(key: str) -> tuple[str, int, int] | None:
 
 
 class Stacks:
-    """Collects the per-expert matrices of each stacked key, then builds the stacked tensors."""
+    """Collects the per-expert matrices of each stacked key until they are complete."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, dict[tuple[int, int], tuple[torch.Tensor, str, Path]]] = {}
+        self.parts: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
+        self.first: dict[str, Path] = {}  # the file each stack's first matrix came from
 
-    def add(self, stacked: str, expert: int, part: int, tensor: torch.Tensor, stored: str, path: Path) -> None:
-        self.parts.setdefault(stacked, {})[(part, expert)] = tensor, stored, path
-
-    def build(self, stacked: str, meta: torch.Tensor) -> torch.Tensor | None:
-        """The stacked tensor of ``stacked`` in ``meta``'s shape and dtype; None when no part was stored."""
-        found = self.parts.get(stacked)
-        if not found:
+    def add(self, stacked: str, expert: int, part: int, tensor: torch.Tensor, meta: torch.Tensor, stored: str,
+            path: Path) -> torch.Tensor | None:
+        """Keep one matrix of ``stacked``; the stacked tensor, in ``meta``'s dtype, once every matrix is kept."""
+        experts, parts = meta.shape[0], 2 if stacked.endswith("gate_up_proj") else 1
+        want = (meta.shape[1] // parts, meta.shape[2])
+        if expert >= experts or tuple(tensor.shape) != want:
+            raise fail("E0836", f"{path}: {stored}", f"{stored} has shape {list(tensor.shape)} in {path.name}, but "
+                       f"the model built from config.json stacks {experts} experts of {list(want)}",
+                       "the weights were saved from another configuration; pair them with their own config.json")
+        found = self.parts.setdefault(stacked, {})
+        self.first.setdefault(stacked, path)
+        found[(part, expert)] = tensor
+        if len(found) < parts * experts:
             return None
-        experts, rows = meta.shape[0], meta.shape[1]
-        parts = 2 if stacked.endswith("gate_up_proj") else 1
-        want = (rows // parts, meta.shape[2])
-        for (part, expert), (tensor, stored, path) in sorted(found.items()):
-            if expert >= experts or tuple(tensor.shape) != want:
-                raise fail("E0836", f"{path}: {stored}", f"{stored} has shape {list(tensor.shape)} in {path.name}, "
-                           f"but the model built from config.json stacks {experts} experts of {list(want)}",
-                           "the weights were saved from another configuration; pair them with their own config.json")
-        missing = [(p, e) for p in range(parts) for e in range(experts) if (p, e) not in found]
-        if missing:
-            tensor, stored, path = next(iter(found.values()))
-            raise fail("E0834", str(path.parent), f"the checkpoint stores {len(found)} of the {parts * experts} "
-                       f"expert matrices of {stacked} (none for expert {missing[0][1]})",
-                       "the checkpoint is incomplete, or config.json describes another model")
-        blocks = [torch.stack([found[(p, e)][0] for e in range(experts)]) for p in range(parts)]
+        del self.parts[stacked]
+        blocks = [torch.stack([found[(p, e)] for e in range(experts)]) for p in range(parts)]
         return torch.cat(blocks, dim=1).to(dtype=meta.dtype)
+
+    def check_complete(self, metas: dict[str, torch.Tensor]) -> None:
+        """A stack some of whose matrices no file holds is refused (E0834)."""
+        for stacked, found in self.parts.items():
+            experts, parts = metas[stacked].shape[0], 2 if stacked.endswith("gate_up_proj") else 1
+            part, expert = next((p, e) for p in range(parts) for e in range(experts) if (p, e) not in found)
+            raise fail("E0834", str(self.first[stacked].parent), f"the checkpoint stores {len(found)} of the "
+                       f"{parts * experts} expert matrices of {stacked} (none for expert {expert})",
+                       "the checkpoint is incomplete, or config.json describes another model")

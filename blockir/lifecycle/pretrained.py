@@ -84,7 +84,10 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
             slot = slots.get(key)
             expert = expert_slot(key) if slot is None else None
             if expert is not None and expert[0] in slots:
-                stacks.add(*expert, tensor.to(device=device or tensor.device), stored, path)
+                meta = slots[expert[0]][2]
+                stacked = stacks.add(*expert, tensor.to(device=device or tensor.device), meta, stored, path)
+                if stacked is not None:
+                    loaded[id(meta)] = stacked
                 continue
             if slot is None:
                 unexpected.append((stored, path))
@@ -102,10 +105,7 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise fail("E0835", f"{path}: {key}", f"{path.name} holds {key}{more}, which the model built from "
                    f"config.json does not have", "the weights belong to another architecture or class")
-    for key, (_, _, meta) in slots.items():
-        stacked = stacks.build(key, meta) if id(meta) not in loaded else None
-        if stacked is not None:
-            loaded[id(meta)] = stacked
+    stacks.check_complete({key: meta for key, (_, _, meta) in slots.items()})
     missing = [keys[0] for ident, keys in aliases.items() if ident not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
