@@ -4,6 +4,8 @@ from __future__ import annotations
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+MOE = dict(COMMON, hidden_size=32, intermediate_size=48, num_key_value_heads=2, num_experts_per_tok=2,
+           experts_implementation="eager")
 CONFIGS: dict[str, dict] = {
     "llama": dict(COMMON, model_type="llama", num_key_value_heads=2, attention_bias=True, rms_norm_eps=1e-5),
     "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=5),
@@ -59,6 +61,18 @@ CONFIGS: dict[str, dict] = {
     # every third layer without RoPE and sliding (no_rope_layers derived from the interval, layer_types from them)
     "smollm3-nope": dict(COMMON, model_type="smollm3", num_hidden_layers=4, num_key_value_heads=2, pad_token_id=2,
                          no_rope_layer_interval=3, use_sliding_window=True, sliding_window=3),
+    # mixtures of experts, 4 experts of which each token takes 2, compared with HF's reference loop over experts
+    "mixtral": dict(MOE, model_type="mixtral", num_local_experts=4, sliding_window=4),
+    "qwen2_moe": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40),
+    # layers 0 and 2 slide (odd-numbered, below max_window_layers), layer 1 does not
+    "qwen2_moe-window": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
+                             shared_expert_intermediate_size=40, num_hidden_layers=3, use_sliding_window=True,
+                             sliding_window=3),
+    "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
+    "olmoe": dict(MOE, model_type="olmoe", num_experts=4, attention_bias=True),
+    "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,
+                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
 }
 
 FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

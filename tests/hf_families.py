@@ -5,6 +5,8 @@ COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_la
               max_position_embeddings=64)
 FALCON = dict(model_type="falcon", vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+# 4 experts, 2 per token; HF's reference loop over the experts, which the default grouped kernel may replace
+MOE = dict(COMMON, num_key_value_heads=2, num_experts_per_tok=2, experts_implementation="eager")
 FAMILIES: dict[str, dict] = {
     "llama": dict(COMMON, model_type="llama", num_key_value_heads=2),
     "llama-tied": dict(COMMON, model_type="llama", num_key_value_heads=2, tie_word_embeddings=True),
@@ -48,6 +50,13 @@ FAMILIES: dict[str, dict] = {
     "gpt_neo": dict(model_type="gpt_neo", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                     max_position_embeddings=64, attention_types=[[["global", "local"], 1]], window_size=3),
     "biogpt": dict(COMMON, model_type="biogpt"),
+    "mixtral": dict(MOE, model_type="mixtral", num_local_experts=4),
+    "qwen2_moe": dict(MOE, model_type="qwen2_moe", num_experts=4, moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40),
+    "qwen3_moe": dict(MOE, model_type="qwen3_moe", num_local_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
+    "olmoe": dict(MOE, model_type="olmoe", num_experts=4),
+    "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,
+                       residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
 }
 EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
 SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index

@@ -12,6 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 from blockir.lower.layers.attention import CrossAttention, SelfAttention
 from blockir.lower.layers.branches import BRANCH_KINDS
 from blockir.lower.layers.mlp import MLP, GatedMLP
+from blockir.lower.layers.moe import MoE
 from blockir.lower.layers.rotary import rope_cos_sin
 
 B, S, D, H, KV, F_HIDDEN = 2, 7, 64, 4, 2, 128
@@ -227,5 +228,6 @@ def test_branch_kinds_registry() -> None:
         "cross_attention": CrossAttention,
         "mlp": MLP,
         "gated_mlp": GatedMLP,
+        "moe": MoE,
     }
     assert all(issubclass(kind, nn.Module) for kind in BRANCH_KINDS.values())

@@ -32,9 +32,9 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
                                 ROPE - {"gptj", "codegen"}),
     "n_positions": ("GPT-J-style rotary positions are computed, not looked up", {"gptj", "codegen"}),
     "use_cache": ("read only by the exact mode (kv_cache=true), not by the default SDPA path", set(FAMILIES)),
-    "max_window_layers": ("without use_sliding_window no layer slides", {"qwen2", "qwen3"}),
+    "max_window_layers": ("without use_sliding_window no layer slides", {"qwen2", "qwen3", "qwen2_moe"}),
     "sliding_window": ("kept only with use_sliding_window, which the tested config leaves off",
-                       {"qwen2", "qwen3", "smollm3"}),
+                       {"qwen2", "qwen3", "smollm3", "qwen3_moe"}),
     "use_sliding_window": ("the tested config has no sliding_window to switch on", {"qwen2", "qwen3", "smollm3"}),
     "no_rope_layer_interval": ("the tested config's two layers keep RoPE at intervals 4 and 8 alike "
                                "(test_rope_fields_reach_the_file changes it where it acts)", {"smollm3"}),

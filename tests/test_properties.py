@@ -407,6 +407,10 @@ class BlockGen:
             if dims and r.coin():
                 return r.pick(dims)
             return self.file_constant(positive_int(64), lambda: literal(r, True, 1, 8))
+        if a.name in ("experts", "top_k"):  # top_k from 1 to 4 of 4 to 8 experts (E0121)
+            low, high = (4, 8) if a.name == "experts" else (1, 4)
+            return self.file_constant(lambda v: float(v).is_integer() and low <= v <= high,
+                                      lambda: literal(r, True, low, high))
         if a.name in ("rope_theta", "init_gain"):
             return self.file_constant(lambda v: v > 0, lambda: number(r.pick(["10000.0", "1", "0.5"])))
         return self.block_constant(any_value, lambda: literal(r))[0]
@@ -735,7 +739,7 @@ class ProgramGen:
         for _ in range(r.int(0, 2)):  # unused declarations are legal (a warning)
             kind = r.pick(sorted(KINDS))
             t = r.pick(body.universe)
-            if kind in ("mlp", "gated_mlp") and not self.by_role["hidden"]:
+            if kind in ("mlp", "gated_mlp", "moe") and not self.by_role["hidden"]:
                 continue
             fixed = {"in_dim": t.last, "out_dim": r.pick(self.lasts)} if kind == "linear" else {}
             body.declare(("unused", len(body.decls)), lambda: (body.kind_args(kind, t, fixed), None))

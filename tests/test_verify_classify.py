@@ -39,6 +39,8 @@ EXPECTED = {
     ("layerscale", "LayerScaleEncoder"): "stack",
     ("llama", "LlamaDecoderLayer"): "pre_ln",
     ("llama", "LlamaModel"): "stack",
+    ("moe", "MixtralDecoderLayer"): "pre_ln",
+    ("moe", "MixtralModel"): "stack",
     ("ngpt", "NGPTLayer"): "ngpt",  # unit(x + alpha * (unit(f(x)) - x))
     ("ngpt", "NGPT"): "stack",
     ("normformer", "NormFormerLayer"): "normformer",  # Pre-LN plus head scales, attention output norm, FFN norm

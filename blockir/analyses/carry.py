@@ -33,7 +33,7 @@ from blockir.ir.program import Block, Program
 if TYPE_CHECKING:
     from blockir.analyses.summaries import Summary
 
-COMPUTATIONS = ("self_attention", "cross_attention", "mlp", "gated_mlp", "linear", "activation")
+COMPUTATIONS = ("self_attention", "cross_attention", "mlp", "gated_mlp", "moe", "linear", "activation")
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def branch_kind(block: Block, ops: list[Op]) -> tuple[Op | None, str]:
     ranked = sorted(ops, key=lambda op: decl_kind(block, op) in ("block", "stack"))
     for op in ranked:
         kind = decl_kind(block, op)
-        if kind in ("self_attention", "cross_attention", "mlp", "gated_mlp", "extern", "block", "stack"):
+        if kind in ("self_attention", "cross_attention", "mlp", "gated_mlp", "moe", "extern", "block", "stack"):
             if kind == "self_attention":
                 decl = block.decl_map.get(getattr(op, "decl", ""))
                 causal = isinstance(decl, KindDecl) and decl.arg("causal")

@@ -26,7 +26,7 @@ from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block
 
 COUNTERS = frozenset({"num_batches_tracked", "calibrated_at", "step"})
-PROJECTIONS = ("self_attention", "cross_attention", "mlp", "gated_mlp")
+PROJECTIONS = ("self_attention", "cross_attention", "mlp", "gated_mlp", "moe")
 _FUSED_ROWS = {"stacked": "q;k;v", "heads": "heads:q,k,v", "qvk_groups": "groups:q;v;k"}
 
 
@@ -47,6 +47,8 @@ def _norm_role(decl: KindDecl, suffix: str, shape: tuple[int, ...]) -> KeyRole:
 
 def _projection_role(decl: KindDecl, suffix: str, shape: tuple[int, ...]) -> KeyRole:
     layer, _, leaf = suffix.rpartition(".")
+    if len(shape) == 3:  # a mixture's experts, stacked: one [out, in] matrix per expert
+        return KeyRole("parameter", "expert,out,in", "gate;up" if leaf == "gate_up_proj" else None)
     if leaf != "weight" or len(shape) != 2:
         fused = _fused(decl, layer)
         return KeyRole("parameter", "channel" if shape else "scalar", fused)

@@ -46,7 +46,7 @@ class Key:
     block: str = ""  # the block whose declaration owns it
     decl: str = ""  # that declaration's name inside the block
     role: str = "parameter"  # parameter | buffer | counter (blockir/analyses/key_roles.py)
-    layout: str = ""  # out,in | in,out | rows | channel | scalar
+    layout: str = ""  # out,in | in,out | expert,out,in | rows | channel | scalar
     fused: str | None = None  # the row order of a fused projection: q;k;v, gate;up, …
     alias_of: str | None = None  # the key whose tensor this name shares (a tied head)
 
@@ -139,6 +139,24 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     return keys
 
 
+def _moe(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
+    width = _width(block, _first_use(block, decl.name), 0, s)
+    hidden = s.dim(decl.arg("hidden"))
+    experts = s.count(decl.arg("experts"), f"experts of '{decl.name}'", decl.span)
+    names = layer_names(decl.kind, dict(decl.args))
+    keys = _linear(names["router"], experts, width, False) + [
+        (f"{names['experts_name']}.gate_up_proj", (experts, 2 * hidden, width)),
+        (f"{names['experts_name']}.down_proj", (experts, width, hidden))]
+    if decl.arg("shared") is not None:
+        shared = s.dim(decl.arg("shared"))
+        keys += [(f"{names['shared_expert']}.{k}", shape) for k, shape in (
+            _linear("gate_proj", shared, width, False) + _linear("up_proj", shared, width, False)
+            + _linear("down_proj", width, shared, False))]
+        if decl.arg("shared_gate"):
+            keys += _linear(names["shared_expert_gate"], 1, width, False)
+    return keys
+
+
 def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
     if decl.category == "norm":
         return _norm(decl, s)
@@ -154,6 +172,8 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         gate_up = _linear(names["gate_up"], 2 * hidden, width, bias) if decl.arg("fused") else \
             _linear(names["gate"], hidden, width, bias) + _linear(names["up"], hidden, width, bias)
         return gate_up + _linear(names["down"], width, hidden, bias)
+    if decl.kind == "moe":
+        return _moe(block, decl, s)
     if decl.kind == "linear":
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
     if decl.kind == "embedding":

@@ -191,6 +191,10 @@ class _Planner:
                 rows = self.elements // sizes.dim(d.arg("axes")[-1])
                 self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
             return
+        if d.kind == "moe":
+            raise BlockError([error("E0821", f"moe '{d.name}' has no tensor-parallel plan: its router and experts "
+                                    "would have to be split across ranks by expert, which the plan does not do",
+                                    d.span, hint="run this block without tensor parallelism")])
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return

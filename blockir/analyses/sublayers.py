@@ -19,7 +19,7 @@ class Branch:
     leaf: str  # the operand of the add it produces
     ops: tuple[Op, ...]  # its ops, in program order
     call: Op | None  # the principal computation (attention, MLP, extern, …)
-    kind: str  # causal_self_attention, cross_attention, mlp, gated_mlp, linear, extern, block, …
+    kind: str  # causal_self_attention, cross_attention, mlp, gated_mlp, moe, linear, extern, block, …
     pre_norms: tuple[Op, ...]  # norms (or fused add+norms) the branch reads the stream through
     out_norm: Op | None  # norm on the branch output before the add
     modifiers: tuple[Op, ...]  # scales, dropouts and casts between the computation and the add, add-side first

@@ -51,6 +51,7 @@ ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 QKV_LAYOUTS = ("none", "stacked", "heads", "qvk_groups")
 QK_NORMS = ("none", *norms.QK_NORMS)
 ATTENTION_IMPLS = ("sdpa", "eager")
+ROUTINGS = ("softmax_topk", "topk_softmax")
 
 
 _ATTENTION_CORE = (
@@ -165,6 +166,29 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("fused", "bool", False, doc="gate and up stored as one matrix, gate rows first"),
             _name("gate_up", "the fused gate and up layer's name")),
             "gated MLP down(act(gate(x)) * up(x))"),
+        KindSpec("moe", "branch", (
+            ArgSpec("hidden", "dim", positional=True, doc="each expert's hidden width"),
+            ArgSpec("experts", "expr", doc="the number of experts"),
+            ArgSpec("top_k", "expr", doc="the experts each token is routed to, from 1 to experts"),
+            ArgSpec("act", "enum", "silu", choices=ACTIVATIONS, doc="each expert is down(act(gate(x)) * up(x))"),
+            ArgSpec("routing", "enum", "softmax_topk", choices=ROUTINGS,
+                    doc="softmax_topk: the router's softmax over all experts, then the k largest (Mixtral, Qwen, "
+                        "OLMoE); topk_softmax: the k largest logits, then their softmax"),
+            ArgSpec("norm_topk", "bool", False, doc="the k weights divided by their sum (Mixtral; Qwen's and "
+                    "OLMoE's norm_topk_prob)"),
+            ArgSpec("weights", "enum", "f32", choices=("f32", "input"),
+                    doc="the routing weights scale the experts' outputs in f32 (Mixtral), or rounded to the input "
+                        "dtype first (Qwen, OLMoE)"),
+            ArgSpec("shared", "dim", None, doc="the hidden width of a shared gated expert every token passes, "
+                    "added to the routed experts' sum (Qwen2-MoE); unset: none"),
+            ArgSpec("shared_gate", "bool", False, doc="the shared expert's output scaled by sigmoid(linear(x)), "
+                    "one learned logit per token (Qwen2-MoE)"),
+            _name("router", "the router's name (a linear D -> experts without bias)"),
+            _name("experts_name", "the experts' name: they hold gate_up_proj [experts, 2 * hidden, D], the gate "
+                  "rows first, and down_proj [experts, D, hidden]"),
+            _name("shared_expert", "the shared expert's name (a gated_mlp)"),
+            _name("shared_expert_gate", "the shared expert's gate's name")),
+            "mixture of experts: each token's sum of its top_k gated-MLP experts, weighted by the router"),
         KindSpec("linear", "linear", (
             ArgSpec("in_dim", "dim", positional=True), ArgSpec("out_dim", "dim", positional=True),
             ArgSpec("bias", "bool", True)), "a dense projection over the last axis"),
@@ -212,6 +236,8 @@ LAYER_NAMES: dict[str, dict[str, str]] = {
                        "q_norm": "q_norm", "k_norm": "k_norm"},
     "mlp": {"fc1": "fc1", "fc2": "fc2"},
     "gated_mlp": {"gate": "gate_proj", "up": "up_proj", "down": "down_proj", "gate_up": "gate_up_proj"},
+    "moe": {"router": "gate", "experts_name": "experts", "shared_expert": "shared_expert",
+            "shared_expert_gate": "shared_expert_gate"},
 }
 LAYER_NAMES["cross_attention"] = LAYER_NAMES["self_attention"]
 

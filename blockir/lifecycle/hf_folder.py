@@ -29,10 +29,18 @@ WEIGHTS = (("model.safetensors", None), ("model.safetensors.index.json", "safete
 # stored name prefix -> the model's, for families whose released checkpoints keep names transformers renames on
 # load (and back on save)
 RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"gpt_neox": (("embed_out.", "lm_head."),)}
+# a part of a stored name -> the model's, anywhere in the name
+INFIX_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mixtral": ((".block_sparse_moe.", ".mlp."),),
+    "granitemoe": ((".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
+                   (".block_sparse_moe.output_linear.weight", ".block_sparse_moe.experts.down_proj"),
+                   (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"))}
 
 
 def model_key(model_type: str, stored: str) -> str:
     """The model's name of a tensor stored under ``stored`` in a checkpoint of ``model_type``."""
+    for old, new in INFIX_RENAMES.get(model_type, ()):
+        stored = stored.replace(old, new)
     for old, new in RENAMES.get(model_type, ()):
         if stored.startswith(old):
             return new + stored[len(old):]

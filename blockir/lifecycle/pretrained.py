@@ -18,6 +18,7 @@ from torch import nn
 
 from blockir.api import hf_block_text, parse, verify
 from blockir.lower.layers.causal_lm import CausalLM
+from blockir.lifecycle.expert_stacks import Stacks, expert_slot
 from blockir.lifecycle.hf_folder import fail, model_key, read_config, read_generation_config, tensors, weight_files
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.decls import KindDecl
@@ -76,10 +77,18 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
         aliases.setdefault(id(value), []).append(key)
     loaded: dict[int, torch.Tensor] = {}
     unexpected: list[tuple[str, Path]] = []
+    stacks = Stacks()
     for path in files:
         for stored, tensor in tensors(path, device):
             key = model_key(model_type, stored)
             slot = slots.get(key)
+            expert = expert_slot(key) if slot is None else None
+            if expert is not None and expert[0] in slots:
+                meta = slots[expert[0]][2]
+                stacked = stacks.add(*expert, tensor.to(device=device or tensor.device), meta, stored, path)
+                if stacked is not None:
+                    loaded[id(meta)] = stacked
+                continue
             if slot is None:
                 unexpected.append((stored, path))
                 continue
@@ -96,6 +105,7 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise fail("E0835", f"{path}: {key}", f"{path.name} holds {key}{more}, which the model built from "
                    f"config.json does not have", "the weights belong to another architecture or class")
+    stacks.check_complete({key: meta for key, (_, _, meta) in slots.items()})
     missing = [keys[0] for ident, keys in aliases.items() if ident not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

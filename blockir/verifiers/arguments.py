@@ -1,4 +1,5 @@
-"""Arguments that only make sense together with the sizes: attention heads against the model width.
+"""Arguments that only make sense together with the sizes: attention heads against the model width, a
+mixture's top_k against its experts.
 
 Multi-head attention splits the width into ``heads`` slices of ``head_dim``
 (unless ``head_dim`` is given), grouped-query attention shares each key/value
@@ -140,6 +141,22 @@ def _rope_scaling(decl: KindDecl) -> Diagnostic | None:
     return None
 
 
+def _moe(decl: KindDecl, env: Env) -> Diagnostic | None:
+    """A mixture routes each token to ``top_k`` distinct experts of ``experts``; a shared gate needs a shared expert."""
+    experts, top_k = value(decl.arg("experts"), env), value(decl.arg("top_k"), env)
+    if experts is not None and (not float(experts).is_integer() or experts < 1):
+        return error("E0121", f"experts of '{decl.name}' must be a positive integer, got {experts:g}", decl.span)
+    if top_k is not None and (not float(top_k).is_integer() or top_k < 1
+                              or (experts is not None and top_k > experts)):
+        bound = f"from 1 to its {experts:g} experts" if experts is not None else "of at least 1"
+        return error("E0121", f"top_k of '{decl.name}' must be an integer {bound}, got {top_k:g}", decl.span,
+                     hint="each token is routed to top_k distinct experts")
+    if decl.arg("shared_gate") and decl.arg("shared") is None:
+        return error("E0122", f"shared_gate=true of '{decl.name}' gates a shared expert, and it has none",
+                     decl.span, hint="give the shared expert's width, shared=…, or remove shared_gate")
+    return None
+
+
 def _padding_row(decl: KindDecl, env: Env) -> Diagnostic | None:
     """``padding_idx`` names a row of the table (negative: counted from the end, as nn.Embedding does)."""
     row = value(decl.arg("padding_idx"), env) if decl.arg("padding_idx") is not None else None
@@ -203,8 +220,8 @@ def check_block(block: Block, base: Mapping[str, float | int], counts: tuple[int
     linears that project a join, under ``base`` (``declared``: the file's own sizes, when ``base`` overrides them)."""
     out = _joins(block, base, base if declared is None else declared) + _drop_rates(block, base, counts)
     for decl in block.decls:
-        if isinstance(decl, KindDecl) and decl.kind == "embedding":
-            found = _padding_row(decl, dict(base))
+        if isinstance(decl, KindDecl) and decl.kind in ("embedding", "moe"):
+            found = (_padding_row if decl.kind == "embedding" else _moe)(decl, dict(base))
             out += [found] if found is not None else []
         if not isinstance(decl, KindDecl) or decl.kind not in ATTENTION:
             continue

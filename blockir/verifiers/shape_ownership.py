@@ -18,7 +18,7 @@ from blockir.ir.types import Role, TensorType
 from blockir.verifiers.registry import verifier
 
 SPLIT_HEADS = (Role.HEADS, Role.HEAD_DIM)
-MODEL_WIDTH_KINDS = ("self_attention", "cross_attention", "mlp", "gated_mlp")
+MODEL_WIDTH_KINDS = ("self_attention", "cross_attention", "mlp", "gated_mlp", "moe")
 
 
 def _rows(t: TensorType) -> str:

@@ -28,7 +28,7 @@ from blockir.analyses.classify import final_norm
 from blockir.verifiers.registry import verifier
 
 SELF = ("self_attention", "causal_self_attention")
-MLPS = ("mlp", "gated_mlp")
+MLPS = ("mlp", "gated_mlp", "moe")
 
 
 def _p(op: Op, env: dict) -> float | int | None:

@@ -5,4 +5,4 @@ Importing the package imports every family's writers, which register their model
 """
 from __future__ import annotations
 
-from blockir.importers.hf import gpt, gptj, llama, more, periodic  # noqa: F401  (each registers its writers)
+from blockir.importers.hf import gpt, gptj, llama, moe, more, periodic  # noqa: F401  (each registers its writers)

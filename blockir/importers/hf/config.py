@@ -19,7 +19,8 @@ from blockir.importers.hf.schema import FAMILIES, ROPE_LAYER_KEYS, Checker, show
 ROPE_LEGACY = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "partial_rotary_factor":
                "partial_rotary_factor", "rotary_pct": "partial_rotary_factor"}
 MAX_DEPTH = 32  # real configs nest four deep; deeper JSON is refused before anything walks it recursively
-ORDER = {"if": 0, "period": 2, "after": 2, "all": 2, "nope": 2}  # derivations that read derived fields go last
+# derivations that read derived fields go last
+ORDER = {"if": 0, "period": 2, "after": 2, "all": 2, "nope": 2, "odd": 2}
 
 
 def table(family: Family) -> dict[str, tuple[Any, ...]]:
@@ -103,8 +104,9 @@ def _resolve(family: Family, fields: dict[str, tuple[Any, ...]], given: dict[str
     notes = sorted(((spec[2], name) for name, spec in fields.items() if len(spec) > 2 and spec[2].startswith("=")),
                    key=lambda item: ORDER.get(item[0][1:].split()[0], 1))
     for note, name in notes:
-        if note.startswith("=if "):
-            values[name] = values[name] if values[note.split()[1]] else None
+        if note.startswith("=if "):  # "=if FIELD" or "=if FIELD else N": the value only where FIELD is set
+            words = note.split()
+            values[name] = values[name] if values[words[1]] else (int(words[3]) if len(words) == 4 else None)
         elif values[name] is None:
             values[name] = derive(note, values, layers)
     if "rope_parameters" in fields:
@@ -163,6 +165,11 @@ def _fit(ch: Checker, family: Family, fields: dict[str, tuple[Any, ...]], values
     if kinds is not None and sum(len(pattern) * n for pattern, n in kinds) != layers:
         ch.add("E0809", at("attention_types"), f"attention_types expands to {sum(len(p) * n for p, n in kinds)} "
                f"layers for {layers_f}={layers}", "the patterns times their repeats give one kind per layer")
+    experts_f = next((n for n in ("num_local_experts", "num_experts") if n in fields), None)
+    top_k, experts = values.get("num_experts_per_tok"), values.get(experts_f) if experts_f else None
+    if isinstance(top_k, int) and isinstance(experts, int) and top_k > experts:
+        ch.add("E0809", at("num_experts_per_tok"), f"num_experts_per_tok={top_k} exceeds {experts_f}={experts}",
+               "each token is routed to that many distinct experts")
     pad, vocab = values.get("pad_token_id"), values.get("vocab_size")
     if len(fields.get("pad_token_id", ())) > 2 and fields["pad_token_id"][2] == "row" and pad is not None \
             and isinstance(vocab, int) and not -vocab <= pad < vocab:

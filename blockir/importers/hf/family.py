@@ -44,6 +44,11 @@ IGNORED = {
     "mm": "read only by the multimodal classes of the same modeling file",
     "replaced": "derived by the config class from other fields; a given value is replaced",
     "hf": "a setting of HF's own runtime (return types, attention kernel, logging), not of the model",
+    "aux": "the router's load-balancing loss, added to the training loss only: the logits do not read it",
+    "flash": "passed to the flash-attention kernels only: the causal mask of the eager and SDPA paths has no window",
+    "stored": "the class's attribute_map stores it under another field, the one its config.json holds and the "
+              "code reads",
+    "dense": "read only by the dense MLP layers of mlp_only_layers and decoder_sparse_step, which are refused",
 }
 
 # fields a family has and the file cannot state unless they hold the value HF's default gives: value, message
@@ -62,6 +67,8 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "reorder_and_upcast_attn": (False, "GPT-2's reorder_and_upcast_attn is not supported"),
     "use_bidirectional_attention": (False, "bidirectional attention (use_bidirectional_attention) is not supported"),
     "alibi": (False, "Falcon with alibi=true is not supported"),
+    "router_jitter_noise": (0.0, "Mixtral's router_jitter_noise (scaling the hidden states by random noise while "
+                                 "training) is not supported"),
 }
 
 # read by PreTrainedConfig, PreTrainedModel or the runtime of every family
@@ -90,10 +97,13 @@ BASES: dict[str, tuple[str, str]] = {
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
     "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),
+    "granitemoe": ("GraniteMoeModel", "model."),
     "helium": ("HeliumModel", "model."), "llama": ("LlamaModel", "model."),
     "ministral": ("MinistralModel", "model."), "mistral": ("MistralModel", "model."),
-    "olmo": ("OlmoModel", "model."), "olmo2": ("Olmo2Model", "model."), "opt": ("OPTModel", "model."),
+    "mixtral": ("MixtralModel", "model."), "olmo": ("OlmoModel", "model."), "olmo2": ("Olmo2Model", "model."),
+    "olmoe": ("OlmoeModel", "model."), "opt": ("OPTModel", "model."),
     "phi": ("PhiModel", "model."), "phi3": ("Phi3Model", "model."), "qwen2": ("Qwen2Model", "model."),
+    "qwen2_moe": ("Qwen2MoeModel", "model."), "qwen3_moe": ("Qwen3MoeModel", "model."),
     "qwen3": ("Qwen3Model", "model."), "roberta": ("RobertaModel", ""), "seed_oss": ("SeedOssModel", "model."),
     "smollm3": ("SmolLM3Model", "model."), "stablelm": ("StableLmModel", "model."),
     "starcoder2": ("Starcoder2Model", "model."), "xlm-roberta": ("XLMRobertaModel", ""),

@@ -39,7 +39,7 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: boo
         n = c.norm()
         update = drop(c.get("residual_dropout", 0.0))  # Seed-OSS drops each branch output
         lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
-        attn_scale, res, emb, logits = _multipliers(c, model_type)
+        attn_scale, res, emb, logits = multipliers(c, model_type)
         if attn_scale is not None:
             attn.append(f"scale={num(attn_scale)}")
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
@@ -73,9 +73,9 @@ def no_rope(c: Config, attn: list[str]) -> list[str]:
     return kept + [f"rotary_dim={rotated} * {periodic[1]}" if any(flags) else "rotary_dim=0"]
 
 
-def _multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
+def multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
     """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
-    if model_type != "granite":
+    if model_type not in ("granite", "granitemoe"):
         return None, "", "", ""
     logits = float(c.get("logits_scaling", 1.0))
     mantissa, _ = math.frexp(logits)

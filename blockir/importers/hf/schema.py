@@ -19,14 +19,16 @@ from blockir.importers.hf.family import ACTS, Family
 from blockir.importers.hf.fields_encoders import FAMILIES as _ENCODERS
 from blockir.importers.hf.fields_gpt import FAMILIES as _GPT
 from blockir.importers.hf.fields_llama import FAMILIES as _LLAMA
+from blockir.importers.hf.fields_moe import FAMILIES as _MOE
 
-FAMILIES: dict[str, Family] = {**_LLAMA, **_GPT, **_ENCODERS}
+FAMILIES: dict[str, Family] = {**_LLAMA, **_MOE, **_GPT, **_ENCODERS}
 INF = MAX_MAGNITUDE  # the largest magnitude a constant of the language may have
 # kind -> (what it is, low, high, low included, high included); ints are never booleans
 NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {
     "size": ("a positive integer", 1, MAX_DIM, True, True),
     "heads": ("a positive integer", 1, MAX_DIM, True, True),
     "window": ("a positive integer", 1, MAX_DIM, True, True),
+    "count": ("a non-negative integer", 0, MAX_DIM, True, True),
     "layers": (f"an integer from 1 to {MAX_LAYERS}", 1, MAX_LAYERS, True, True),
     "token": ("an integer", -MAX_DIM, MAX_DIM, True, True),
     "eps": ("a positive number up to 1e300", 0, INF, False, True),
@@ -35,7 +37,7 @@ NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {
     "prob": ("a probability in [0, 1)", 0, 1, True, False),
     "fraction": ("a fraction in (0, 1]", 0, 1, False, True),
 }
-INTEGERS = ("size", "heads", "window", "layers", "token")
+INTEGERS = ("size", "heads", "window", "count", "layers", "token")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope_type -> the keys its dict may hold besides rope_type/type, rope_theta and partial_rotary_factor, and the
 # ones it must hold; the kind of every key
@@ -187,6 +189,7 @@ STRUCTURED: dict[str, Callable[[Checker, Path, Any], None]] = {
     else check_kind(ch, p, "token", v),
     "strs": lambda ch, p, v: _list_of(ch, p, v, "str", "strings"),
     "positives": lambda ch, p, v: _list_of(ch, p, v, "positive", "positive numbers"),
+    "layer_list": lambda ch, p, v: _list_of(ch, p, v, "count", "layer indices"),
 }
 
 
@@ -224,6 +227,10 @@ def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
         return ["sliding_attention" if sliding and i >= values[words[1]] else "full_attention" for i in range(layers)]
     if words[0] == "all":
         return ["sliding_attention" if values.get(words[1]) is not None else "full_attention"] * layers
+    if words[0] == "odd":  # Qwen2-MoE: with use_sliding_window, the odd-numbered layers below the given one slide
+        slide = values.get("use_sliding_window")
+        return ["sliding_attention" if slide and (i + 1) % 2 and i < values[words[1]] else "full_attention"
+                for i in range(layers)]
     if words[0] == "every":  # 1 on every layer but each n-th
         return [int((i + 1) % values[words[1]] != 0) for i in range(layers)]
     if words[0] == "nope":  # SmolLM3: sliding where a layer has no RoPE and a window is used

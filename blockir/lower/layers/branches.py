@@ -1,5 +1,5 @@
 """Built-in branch modules by kind: self-/cross-attention (``attention.py``), plain and gated MLPs
-(``mlp.py``), embeddings and the vocabulary head (``embedding.py``).
+(``mlp.py``), the mixture of experts (``moe.py``), embeddings and the vocabulary head (``embedding.py``).
 
 Submodule names follow the HF LLaMA layout (``q_proj``/``k_proj``/``v_proj``/
 ``o_proj``, ``gate_proj``/``up_proj``/``down_proj``) so a real checkpoint's
@@ -18,12 +18,15 @@ from blockir.lower.layers.attention import CrossAttention, SelfAttention
 from blockir.lower.layers.attention_core import AttentionCore
 from blockir.lower.layers.embedding import Embedding, Head
 from blockir.lower.layers.mlp import MLP, GatedMLP
+from blockir.lower.layers.moe import MoE
 
-__all__ = ["AttentionCore", "BRANCH_KINDS", "CrossAttention", "Embedding", "GatedMLP", "Head", "MLP", "SelfAttention"]
+__all__ = ["AttentionCore", "BRANCH_KINDS", "CrossAttention", "Embedding", "GatedMLP", "Head", "MLP", "MoE",
+           "SelfAttention"]
 
 BRANCH_KINDS: dict[str, type[nn.Module]] = {
     "self_attention": SelfAttention,
     "cross_attention": CrossAttention,
     "mlp": MLP,
     "gated_mlp": GatedMLP,
+    "moe": MoE,
 }

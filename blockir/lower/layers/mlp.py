@@ -10,7 +10,7 @@ from blockir.lower.layers.dense import dense
 from blockir.lower.layers.numerics import ACTIVATIONS
 
 
-def _activation(name: str) -> Callable[[Tensor], Tensor]:
+def activation(name: str) -> Callable[[Tensor], Tensor]:
     """Look up an activation by name, failing with the list of valid names."""
     try:
         return ACTIVATIONS[name]
@@ -24,7 +24,7 @@ class MLP(nn.Module):
     def __init__(self, width: int, hidden: int, act: str = "gelu", bias: bool = True, *, fc1: str = "fc1",
                  fc2: str = "fc2", conv1d: bool = False) -> None:
         super().__init__()
-        vars(self).update(act_name=act, act=_activation(act), names={"fc1": fc1, "fc2": fc2})
+        vars(self).update(act_name=act, act=activation(act), names={"fc1": fc1, "fc2": fc2})
         self.add_module(fc1, dense(width, hidden, bias, conv1d))
         self.add_module(fc2, dense(hidden, width, bias, conv1d))
 
@@ -48,7 +48,7 @@ class GatedMLP(nn.Module):
                  up: str = "up_proj", down: str = "down_proj", gate_up: str = "gate_up_proj",
                  fused: bool = False) -> None:
         super().__init__()
-        vars(self).update(act_name=act, act=_activation(act), fused=fused,
+        vars(self).update(act_name=act, act=activation(act), fused=fused,
                           names={"gate": gate, "up": up, "down": down, "gate_up": gate_up})
         if fused:
             self.add_module(gate_up, nn.Linear(width, 2 * hidden, bias=bias))

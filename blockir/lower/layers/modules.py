@@ -140,6 +140,12 @@ def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     if d.kind == "mlp":
         return partial(branches.MLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
                        conv1d=d.arg("conv1d"), **names)
+    if d.kind == "moe":
+        return partial(branches.MoE, width, s.dim(d.arg("hidden")), int(s.value(d.arg("experts"))),
+                       int(s.value(d.arg("top_k"))), act=d.arg("act"), routing=d.arg("routing"),
+                       norm_topk=d.arg("norm_topk"), weights=d.arg("weights"),
+                       shared=s.dim(d.arg("shared")) if d.arg("shared") is not None else None,
+                       shared_gate=d.arg("shared_gate"), **names)
     return partial(branches.GatedMLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
                    fused=d.arg("fused"), **names)
 
