@@ -419,8 +419,10 @@ class BlockGen:
         """Arguments for a built-in kind, from its schema: a prefix positional, the rest by keyword."""
         r, spec, fixed = self.r, KINDS[kind], fixed or {}
         n_positional = r.int(0, len(spec.positional))
+        # an argument naming another declaration (kind decl) is given only through ``fixed``, by a caller that
+        # declared what it names
         chosen = {a.name: fixed.get(a.name) or self.arg_value(a, t) for a in spec.args
-                  if a.name not in SIGNATURE_ARGS and (a.required or a.name in fixed or r.coin())}
+                  if a.name not in SIGNATURE_ARGS and (a.required or a.name in fixed or a.kind != "decl" and r.coin())}
         for rule in spec.implies:  # an argument its neighbour rules out takes the only value it may have
             when = chosen.get(rule.when, {True: "true", False: "false"}.get(spec.arg(rule.when).default))
             if when == str(rule.given).lower() and rule.arg in chosen:
