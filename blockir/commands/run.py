@@ -35,12 +35,16 @@ def row_dims(program: Program, given: dict[str, int]) -> dict[str, int]:
 
 
 def name_stand_ins(program: Program, block: Block) -> list[str]:
-    externs = [f"{b.name}.{d.name}" for b in with_callees(program, block) for d in b.decls
-               if isinstance(d, ExternDecl)]
+    decls = [(f"{b.name}.{d.name}", d) for b in with_callees(program, block) for d in b.decls
+             if isinstance(d, ExternDecl)]
+    externs = [name for name, d in decls if d.contract is None]
     if externs:
         log(f"blockir: externs replaced by linear stand-ins (a Linear of their first input; bind real modules "
             f"with blockir.compile): {', '.join(externs)}")
-    return externs
+    norms = [name for name, d in decls if d.contract is not None]
+    if norms:
+        log(f"blockir: extern norms replaced by the built-in norm their contract states: {', '.join(norms)}")
+    return [name for name, _ in decls]
 
 
 def progress_bar(total: int, mode: str = "auto") -> tuple[Callable[[int, float], None] | None, Callable[[], None]]:

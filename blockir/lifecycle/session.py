@@ -21,6 +21,7 @@ from blockir.analyses.hypersphere import on_sphere
 from blockir.analyses.sites import residual_sites
 from blockir.analyses.sizes import Sizes
 from blockir.lifecycle.calibrate import NormState, norm_states
+from blockir.lower.layers.add_norm import AddNormReference
 from blockir.lower.compile import compile as compile_block
 from blockir.lifecycle.corpus import Corpus, check_windows, fixed_starts, load_corpus, sample_starts, windows
 from blockir.lower.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
@@ -99,7 +100,9 @@ def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str 
     sizes = Sizes.of(program, dims)
     out: dict[str, nn.Module] = {}
     for d in block.decls:
-        if isinstance(d, ExternDecl):
+        if isinstance(d, ExternDecl) and d.contract is not None:
+            out[prefix + d.name] = AddNormReference(d, sizes)  # what the contract states it computes
+        elif isinstance(d, ExternDecl):
             out[prefix + d.name] = StandIn(sizes.dim(d.params[0].type.axes[-1].name), sizes.dim(d.result.axes[-1].name))
         elif isinstance(d, InstanceDecl):
             sub = program.block(d.block)
