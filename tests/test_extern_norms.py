@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import blockir
+from blockir.analyses.manifest import program_manifest
 from blockir.analyses.sizes import Sizes
 from blockir.cli import main
 from blockir.ir.printer import format_program
@@ -47,6 +48,11 @@ def test_the_contract_checks_clean_and_reads_as_an_update_whose_residual_is_the_
     program = blockir.parse(TEXT, "t.block")
     assert [d for d in blockir.verify(program) if d.is_error or d.severity == "warning"] == []
     assert blockir.parse(format_program(program), "again.block").block("L").decls == program.block("L").decls
+    block = program_manifest(program)["blocks"]["L"]
+    assert block["topology"] == "pre_ln" and "from_norm" not in block["residual"]
+    # the update the extern closes, with its norm the next branch's pre-norm, as a fused add+norm's
+    assert [(n["name"], n["family"], n["placement"], n["epsilon"]) for n in block["norm_sites"]] == [
+        ("ln_1", "rmsnorm", "pre_branch", 1e-6), ("add_norm", "rmsnorm", "pre_branch", 1e-6)]
 
 
 def test_the_normalized_result_continuing_the_stream_is_reported() -> None:
