@@ -75,6 +75,9 @@ def test_the_normalized_result_continuing_the_stream_is_reported() -> None:
                                              "has the axes [B, S, D]"),
     ("residual=1", "E0105", "the contract of extern 'add_norm' names no norm"),
     ("norm=rmsnorm(D), stats=f32", "E0104", "unknown term 'stats' in the contract of extern 'add_norm'"),
+    # the norm verifier holds the stated norm to its family's contract
+    ("norm=rmsnorm(D, partial=1.5), residual=1", "E0470", "rmsnorm 'add_norm' has partial=1.5: the share of the "
+                                                           "features its RMS is estimated from must be in (0, 1]"),
 ])
 def test_a_contract_that_does_not_fit_is_reported(contract: str, code: str, message: str) -> None:
     text = TEXT.replace("norm=rmsnorm(D, eps=1e-6), residual=1", contract)
