@@ -73,6 +73,9 @@ def test_the_normalized_result_continuing_the_stream_is_reported() -> None:
                                                "norm=rmsnorm(D)"),
     ("norm=rmsnorm(F), residual=1", "E0454", "extern 'add_norm' states it computes rmsnorm over F, but its signature "
                                              "has the axes [B, S, D]"),
+    ("norm=batchnorm(D, padding=mask), residual=1", "E0454", "extern 'add_norm' states batchnorm, which takes its "
+                                                             "moments over the rows of a batch; a fused add+norm "
+                                                             "normalizes each row by its own statistics"),
     ("residual=1", "E0105", "the contract of extern 'add_norm' names no norm"),
     ("norm=rmsnorm(D), stats=f32", "E0104", "unknown term 'stats' in the contract of extern 'add_norm'"),
     # the norm verifier holds the stated norm to its family's contract

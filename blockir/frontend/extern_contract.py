@@ -15,6 +15,7 @@ from blockir.frontend import ast
 from blockir.ir.decls import NormContract, Param
 from blockir.ir.kinds import KINDS
 from blockir.ir.types import TensorType
+from blockir.norms import family_named
 
 TERMS = ("norm", "residual")
 _SHAPE_HINT = ("declare extern(x: [B, S, D], residual: [B, S, D]; norm=…, residual=1) -> ([B, S, D], [B, S, D]): "
@@ -49,6 +50,11 @@ def norm_contract(builder: Any, d: ast.DeclAst, scope: Any, params: list[Param],
     if spec is None or spec.category != "norm":
         builder.err("E0454", f"the norm of extern '{d.name}' must be a built-in norm, as in norm=rmsnorm(D)",
                     call.span, hint="norms: " + ", ".join(k for k, s in KINDS.items() if s.category == "norm"))
+        return False
+    if family_named(call.callee).batch_coupled:
+        builder.err("E0454", f"extern '{d.name}' states {call.callee}, which takes its moments over the rows of a "
+                    "batch; a fused add+norm normalizes each row by its own statistics", call.span,
+                    hint="state the row norm the kernel computes: rmsnorm(…) or layernorm(…)")
         return False
     norm = builder.kind_decl(ast.DeclAst(d.name, call.callee, call.args, call.kwargs, call.span, call.callee_span),
                              spec, scope)
