@@ -43,3 +43,13 @@ class Bf16StatisticsAddRMSNorm(FusedAddRMSNorm):
         mean_square = total.bfloat16().pow(2).mean(-1, keepdim=True).to(x.dtype)
         return self.weight * (total * torch.rsqrt(mean_square + self.eps)), total
 
+
+
+class DetachedStatisticsAddRMSNorm(FusedAddRMSNorm):
+    """The right forward, but the backward treats the row's RMS as a constant, as an approximate kernel might."""
+
+    def forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        total = x + residual
+        h = total.to(self.accum)
+        scale = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps).detach()
+        return self.weight * (h * scale).to(x.dtype), total

@@ -14,8 +14,8 @@ from blockir.cli import main
 from blockir.ir.printer import format_program
 from blockir.lifecycle.diverge import POLICIES
 from blockir.lifecycle.extern_norms import check_contract, contract_diagnostic
-from extern_norm_impls import (Bf16StatisticsAddRMSNorm, Float64AddRMSNorm, FusedAddRMSNorm,
-                               ResidualFirstAddRMSNorm)
+from extern_norm_impls import (Bf16StatisticsAddRMSNorm, DetachedStatisticsAddRMSNorm, Float64AddRMSNorm,
+                               FusedAddRMSNorm, ResidualFirstAddRMSNorm)
 
 IMPLS = Path(__file__).with_name("extern_norm_impls.py")
 D = 16
@@ -131,9 +131,20 @@ def _decl():
 def test_a_correct_implementation_meets_the_contract_exactly() -> None:
     decl, sizes = _decl()
     checks = check_contract(decl, FusedAddRMSNorm(D), sizes, POLICIES["fp32"], seed=3)
-    assert [(c.role, c.index, c.max_error, c.passed) for c in checks] == [("normalized", 0, 0.0, True),
-                                                                         ("residual", 1, 0.0, True)]
+    assert [(c.role, c.index, c.max_error, c.passed) for c in checks] == [
+        ("normalized", 0, 0.0, True), ("residual", 1, 0.0, True), ("d/dx", None, 0.0, True),
+        ("d/dresidual", None, 0.0, True), ("d/dweight", None, 0.0, True)]
     assert contract_diagnostic(decl, "impl", checks, POLICIES["fp32"]) is None
+
+
+def test_a_wrong_backward_under_a_right_forward_fails_on_the_gradients() -> None:
+    decl, sizes = _decl()
+    checks = check_contract(decl, DetachedStatisticsAddRMSNorm(D), sizes, POLICIES["fp32"], seed=3)
+    assert [(c.role, c.passed) for c in checks] == [("normalized", True), ("residual", True), ("d/dx", False),
+                                                    ("d/dresidual", False), ("d/dweight", True)]
+    assert checks[0].max_error < 1e-6 and checks[2].max_error > 1e-2
+    found = contract_diagnostic(decl, "impl", checks, POLICIES["fp32"])
+    assert found.hint == "the forward agrees and the backward does not: check the module's gradient"
 
 
 def test_results_in_the_other_order_fail_and_are_named_swapped() -> None:
@@ -146,7 +157,7 @@ def test_results_in_the_other_order_fail_and_are_named_swapped() -> None:
     total = (x + r).double()
     normalized = gen_state["weight"].double() * total / torch.sqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert torch.equal(module.weight.detach(), gen_state["weight"])
-    assert [c.passed for c in checks] == [False, False]
+    assert [c.passed for c in checks] == [False] * 5
     assert checks[0].max_error == pytest.approx(float((total - normalized).abs().max()), rel=1e-5)
     found = contract_diagnostic(decl, "impl", checks, POLICIES["fp32"])
     assert (found.code, found.span.line, found.hint) == (
@@ -157,11 +168,11 @@ def test_results_in_the_other_order_fail_and_are_named_swapped() -> None:
 def test_statistics_in_bf16_under_an_f32_contract_fail_on_the_normalized_result() -> None:
     decl, sizes = _decl()
     checks = check_contract(decl, Bf16StatisticsAddRMSNorm(D), sizes, POLICIES["fp32"], seed=3)
-    assert [c.passed for c in checks] == [False, True]
+    assert [c.passed for c in checks] == [False, True, False, False, False]
     assert 1e-3 < checks[0].max_error < 1e-1 and checks[1].max_error == 0.0
-    assert contract_diagnostic(decl, "impl", checks, POLICIES["fp32"]).message == (
+    assert contract_diagnostic(decl, "impl", checks, POLICIES["fp32"]).message.startswith(
         f"extern 'add_norm' bound to impl does not compute its contract (fp32 policy): result 0 (normalized) differs "
-        f"by max {checks[0].max_error:.3g} > {checks[0].bound:.3g}")
+        f"by max {checks[0].max_error:.3g} > {checks[0].bound:.3g}; the gradient d/dx differs by max ")
 
 
 def test_diverge_bind_reports_each_result_and_fails_located(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -170,7 +181,7 @@ def test_diverge_bind_reports_each_result_and_fails_located(tmp_path: Path, caps
     assert main(["diverge", str(path), "--bind", f"add_norm={IMPLS}:FusedAddRMSNorm", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["externs"][0]["reference"] == "rmsnorm(D)"
-    assert [(r["role"], r["index"], r["max_error"], r["passed"]) for r in report["externs"][0]["results"]] == [
+    assert [(r["role"], r["index"], r["max_error"], r["passed"]) for r in report["externs"][0]["results"]][:2] == [
         ("normalized", 0, 0.0, True), ("residual", 1, 0.0, True)]
     assert main(["diverge", str(path), "--bind", f"add_norm={IMPLS}:Bf16StatisticsAddRMSNorm"]) == 1
     out = capsys.readouterr()

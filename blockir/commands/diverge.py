@@ -113,8 +113,8 @@ def _contracts(args: argparse.Namespace, program: Any, block: Any, dims: dict[st
             print(f"{decl.span}: {name} = {target} against {reference_text(decl)} "
                   f"({policy.name} policy, atol {policy.atol:g}, rtol {policy.rtol:g})")
             for c in checks:
-                print(f"  result {c.index} ({c.role}): max error {c.max_error:.3e}, bound {c.bound:.3e}"
-                      f"{'' if c.passed else '  FAILS'}")
+                what = f"result {c.index} ({c.role})" if c.index is not None else f"gradient {c.role}"
+                print(f"  {what}: max error {c.max_error:.3e}, bound {c.bound:.3e}{'' if c.passed else '  FAILS'}")
     if args.format == "json":
         print_json({"file": args.a, "policy": {"name": policy.name, "atol": policy.atol, "rtol": policy.rtol},
                     "seed": args.seed, "externs": reports})

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from blockir.analyses.sizes import Sizes
-from blockir.diagnostics import BlockError, Diagnostic, Note, error
+from blockir.diagnostics import BlockError, Diagnostic, Note, Span, error
 from blockir.ir.decls import ExternDecl
 from blockir.ir.printer import format_decl
 from blockir.lifecycle.diverge import Tolerance
@@ -30,8 +30,8 @@ ROLES = ("normalized", "residual")
 class ResultCheck:
     """One result of the module against the reference's result of the same role."""
 
-    role: str  # normalized | residual
-    index: int  # its position in what the module returns
+    role: str  # normalized | residual, or the gradient of an input or a parameter: d/dx, d/dresidual, d/dweight
+    index: int | None  # a result's position in what the module returns; None for a gradient
     max_error: float  # max |module - reference|; inf for a shape or dtype mismatch or a non-finite value
     bound: float  # atol + rtol * max |reference|
     other_error: float  # max |module - the reference's other result|: small when the two are swapped
@@ -79,19 +79,41 @@ def check_contract(decl: ExternDecl, module: nn.Module, sizes: Sizes, policy: To
     module.load_state_dict(state)
     shape = [sizes.dim(a.name) for a in decl.params[0].type.axes]
     x, residual = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
-    with torch.no_grad():
-        want = reference(x.clone(), residual.clone())
-        got = module(x.clone(), residual.clone())
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
-        raise BlockError([error("E0455", f"the module bound to extern '{decl.name}' returned {what}, but its "
-                                "contract declares (normalized, residual) in some order: 2 tensors", decl.span)])
+    upstream = [torch.randn(shape, generator=gen).to(dtype) for _ in range(2)]
+    want, want_grads = _run(reference, x, residual, upstream)
+    got, got_grads = _run(module, x, residual, upstream, decl)
     out = []
     for index, role in ((contract.normalized, "normalized"), (contract.residual, "residual")):
         ref = want[index]
-        bound = policy.atol + policy.rtol * float(ref.detach().double().abs().max())
-        out.append(ResultCheck(role, index, _error(ref, got[index]), bound, _error(want[1 - index], got[index])))
+        out.append(ResultCheck(role, index, _error(ref, got[index]), _bound(policy, ref),
+                               _error(want[1 - index], got[index])))
+    for name, ref in want_grads.items():
+        grad = got_grads.get(name)
+        out.append(ResultCheck(f"d/d{name}", None, _error(ref, grad), _bound(policy, ref), float("inf")))
     return out
+
+
+def _bound(policy: Tolerance, reference: torch.Tensor) -> float:
+    return policy.atol + policy.rtol * float(reference.detach().double().abs().max())
+
+
+def _run(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, upstream: list[torch.Tensor],
+         decl: ExternDecl | None = None) -> tuple[list[torch.Tensor], dict[str, torch.Tensor | None]]:
+    """The module's two results, and the gradients of ``sum(result_i * upstream_i)`` with respect to both
+    inputs and every parameter. The inputs are copies, which an in-place kernel may write over."""
+    leaves = {"x": x.clone().requires_grad_(True), "residual": residual.clone().requires_grad_(True)}
+    params = dict(module.named_parameters())
+    got = module(leaves["x"] * 1, leaves["residual"] * 1)
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or not all(isinstance(t, torch.Tensor) for t in got):
+        what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
+        raise BlockError([error("E0455", f"the module bound to extern '{decl.name if decl else '?'}' returned "
+                                f"{what}, but its contract declares (normalized, residual) in some order: 2 "
+                                "tensors", decl.span if decl else Span("", 0, 0))])
+    targets = {**leaves, **params}
+    total = sum((t * g).sum() for t, g in zip(got, upstream) if t.requires_grad)
+    grads = torch.autograd.grad(total, list(targets.values()), allow_unused=True) \
+        if isinstance(total, torch.Tensor) and total.requires_grad else [None] * len(targets)
+    return [t.detach() for t in got], dict(zip(targets, grads))
 
 
 def contract_diagnostic(decl: ExternDecl, bound_to: str, checks: list[ResultCheck],
@@ -100,16 +122,22 @@ def contract_diagnostic(decl: ExternDecl, bound_to: str, checks: list[ResultChec
     failed = [c for c in checks if not c.passed]
     if not failed:
         return None
-    first = failed[0]
-    parts = "; ".join(f"result {c.index} ({c.role}) differs by max {c.max_error:.3g} > {c.bound:.3g}" for c in failed)
-    swapped = len(failed) == 2 and all(c.other_error <= c.bound for c in failed)
-    hint = ("the module returns the two results in the other order: its residual is at position "
-            f"{1 - checks[1].index}; declare residual={1 - checks[1].index} or fix the module" if swapped else
-            f"compute {first.role} as {reference_text(decl)} does"
-            + (", taking the statistics in the contract's accum dtype" if first.role == "normalized" else
-               ": the un-normalized sum x + residual"))
+    results = [c for c in failed if c.index is not None]
+    parts = "; ".join((f"result {c.index} ({c.role})" if c.index is not None else f"the gradient {c.role}")
+                      + f" differs by max {c.max_error:.3g} > {c.bound:.3g}" for c in failed)
+    residual = next(c.index for c in checks if c.role == "residual")
+    swapped = len(results) == 2 and all(c.other_error <= c.bound for c in results)
+    if swapped:
+        hint = (f"the module returns the two results in the other order: its residual is at position "
+                f"{1 - residual}; declare residual={1 - residual} or fix the module")
+    elif not results:
+        hint = "the forward agrees and the backward does not: check the module's gradient"
+    elif results[0].role == "normalized":
+        hint = f"compute normalized as {reference_text(decl)} does, taking the statistics in the contract's accum dtype"
+    else:
+        hint = f"return the un-normalized sum x + residual as result {residual}"
     return error("E0455", f"extern '{decl.name}' bound to {bound_to} does not compute its contract "
                  f"({policy.name} policy): {parts}", decl.span,
-                 notes=[Note(f"the contract: {reference_text(decl)} of x + residual, residual="
-                             f"{checks[1].index}", decl.contract.span)] if decl.contract is not None else [],
+                 notes=[Note(f"the contract: {reference_text(decl)} of x + residual, residual={residual}",
+                             decl.contract.span)] if decl.contract is not None else [],
                  hint=hint)
