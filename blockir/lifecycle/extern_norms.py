@@ -5,9 +5,10 @@ that hands them back in the other order, or that takes its statistics in a narro
 contract's ``accum``, still has the declared signature. Only running it tells. The module and the
 built-in reference (``blockir.lower.layers.add_norm``) get the same parameters — the module's own keys,
 each perturbed from its initial value so that a gain that is never applied shows — and the same random
-inputs; each result is compared with the reference's under a tolerance policy of
-``blockir.lifecycle.diverge``. The inputs are copied before each call: some kernels write the sum over
-their residual argument.
+inputs; each result, and the gradient of ``Σ result_i · g_i`` (one random ``g`` per result) with respect
+to both inputs and every parameter, is compared with the reference's under a tolerance policy of
+``blockir.lifecycle.diverge``: a kernel's backward is written apart from its forward and can be wrong
+alone. The inputs are copied before each call: some kernels write the sum over their residual argument.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _error(ref: torch.Tensor, out: object) -> float:
 
 def check_contract(decl: ExternDecl, module: nn.Module, sizes: Sizes, policy: Tolerance, seed: int,
                    dtype: torch.dtype = torch.float32) -> list[ResultCheck]:
-    """The module's results against the built-in's on one seeded random input; the module keeps the
+    """The module's results and gradients against the built-in's on one seeded random input; the module keeps the
     perturbed parameters it was measured with."""
     contract = decl.contract
     assert contract is not None
