@@ -26,7 +26,8 @@ def test_run_reports_the_applied_eigen_rates_and_scales(tmp_path, capsys) -> Non
     want = []
     for i in range(2):
         want.append((f"layers.{i}.attn", "s_qk", state[f"core.layers.{i}.attn.qk_scale"].double() * D ** 0.5))
-        want += [(f"layers.{i}.step_{b}", "eigen_rate", state[f"core.layers.{i}.alpha_{b}"].double() * rate) for b in "am"]
+        want += [(f"layers.{i}.step_{b}", "eigen_rate", state[f"core.layers.{i}.alpha_{b}"].double() * rate)
+                 for b in "am"]
     want.append(("logits", "s_z", state["logit_scale"].double() * D ** 0.5))
     assert [(r["site"], r["kind"]) for r in report] == [(site, kind) for site, kind, _ in want]
     for r, (_, _, applied) in zip(report, want):

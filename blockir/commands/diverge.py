@@ -75,7 +75,8 @@ def _implementation(target: str, width: int, eps: float | None) -> Any:
         return cls(width, **keywords)
     except Exception as exc:  # the user's constructor
         raise BlockError([error("E0910", f"{cls_name}({width}, **{keywords}) fails: {type(exc).__name__}: {exc}",
-                                Span(path, 1, 1), hint="an extern norm is built as its norm is: CLASS(D, eps=…)")]) from None
+                                Span(path, 1, 1),
+                                hint="an extern norm is built as its norm is: CLASS(D, eps=…)")]) from None
 
 
 def _contracts(args: argparse.Namespace, program: Any, block: Any, dims: dict[str, int]) -> int:
