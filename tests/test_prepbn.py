@@ -246,7 +246,9 @@ def test_run_prints_the_transition_and_resumes_it(tmp_path: Path) -> None:
     cal = _cli("calibrate", example, "--steps", "2", "--resume", str(tmp_path / "ck"), *small)
     assert cal.splitlines()[1:] == [
         "norm1                       step 2/1000  gamma 0.9980  running-stat age 0 batches (calibrated at batch 2)",
-        "norm2                       step 2/1000  gamma 0.9980  running-stat age 0 batches (calibrated at batch 2)"]
+        "norm2                       step 2/1000  gamma 0.9980  running-stat age 0 batches (calibrated at batch 2)",
+        "fold: refused: prepbn 'norm2' is at step 2 of its 1000-step transition (gamma = 0.998): its output still "
+        "holds that share of LayerNorm, which the fold would drop"]
 
 
 def test_manifest_names_the_family_its_row_reduction_and_schedule() -> None:

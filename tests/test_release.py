@@ -47,7 +47,8 @@ def test_release_manifest_fields(lab: Path, capsys: pytest.CaptureFixture[str]) 
     assert m["state"]["rng_and_schedule_counters_hash"] == record["sha256"]["counters.pt"]
     assert m["state"]["step"] == 2 and m["state"]["data_sha256"] == record["data_sha256"]
     assert m["evidence"]["conversion_report"].startswith("none")
-    assert m["evidence"]["conformance_report"]["verifiers"] == "0 diagnostics, 0 errors"
+    checks = {c["check"]: c for c in m["evidence"]["conformance_report"]["checks"]}
+    assert (checks["verifiers"]["measured_error"], checks["verifiers"]["passed"]) == (0.0, True)
     assert m["rollback"] == {"previous_artifact": None, "previous_artifact_hash": None,
                              "trigger_thresholds": {"max_logit_error": 1e-4, "max_loss_increase": 0.0,
                                                     "max_latency_ratio": 1000.0, "max_memory_ratio": 1.1,

@@ -56,6 +56,10 @@ EXPECTED = {
     ("torch_encoder", "TransformerEncoderLayer"): "post_ln",  # norm_first=False
     ("torch_encoder", "TransformerEncoderLayerNormFirst"): "pre_ln",  # norm_first=True
     ("prepbn", "PRepBNBlock"): "pre_ln",  # x + f(PRepBN(x)): the norms change, not where they sit
+    ("partial_rmsnorm", "PartialRMSNormLayer"): "pre_ln",  # the RMS of a share of the row: placement unchanged
+    ("partial_rmsnorm", "PartialRMSNormModel"): "stack",
+    ("powernorm", "PowerNormLayer"): "post_ln",  # norm(x + f(x)) with batch quadratic means, as the paper trains
+    ("powernorm", "PowerNormDecoder"): "stack",
     ("realformer", "RealFormerLayer"): "post_ln",  # the carried scores do not change the hidden stream's topology
     ("realformer", "RealFormer"): "stack",
     ("unet_skip", "Layer"): "pre_ln",

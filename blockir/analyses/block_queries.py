@@ -35,6 +35,14 @@ def sum_of(op: Op) -> str:
     return op.residual if op.has(AddNorm) else op.result  # type: ignore[attr-defined]
 
 
+def norm_decl(block: Block, op: Op) -> KindDecl | None:
+    """The norm declaration a normalizing op computes: its own, or the one an extern add+norm's contract states."""
+    decl = block.decl_map.get(getattr(op, "decl", "") or "")
+    if isinstance(decl, ExternDecl):
+        return decl.contract.norm if decl.contract is not None else None
+    return decl if isinstance(decl, KindDecl) else None
+
+
 def decl_kind(block: Block, op: Op | None) -> str | None:
     decl = block.decl_map.get(getattr(op, "decl", "") or "")
     if isinstance(decl, KindDecl):

@@ -31,7 +31,7 @@ from blockir.analyses.structure import Branch, Sublayer, normalized_shortcut, wr
 from blockir.diagnostics import BlockError
 from blockir.ir import consts as C
 from blockir.ir.decls import KindDecl
-from blockir.analyses.block_queries import applies_norm, has
+from blockir.analyses.block_queries import applies_norm, has, norm_decl
 from blockir.ir.traits import Normalizes, Scales, Stochastic
 from blockir.ops import Op
 from blockir.ir.program import Block, Program
@@ -48,8 +48,8 @@ def _number(v: float | int | None) -> float | int | None:
 
 
 def norm_site(block: Block, op: Op, placement: str, env: Env) -> dict[str, Any]:
-    decl = block.decl_map[op.decl]
-    assert isinstance(decl, KindDecl)
+    decl = norm_decl(block, op)
+    assert decl is not None
     kind = decl.kind
     fam = family(decl)
     site: dict[str, Any] = {

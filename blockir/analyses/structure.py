@@ -58,7 +58,9 @@ def normalized_shortcut(block: Block, sub: Sublayer) -> Op | None:
     if norm is not None:
         return norm
     start = block.producers.get(sub.state)
-    if applies_norm(start) and stream_norm(block, start) and sub.post_norm is None \
+    # a fused add+norm whose residual nothing reads hands the stream on normalized, as a Post-LN norm does
+    from_norm = applies_norm(start) or has(start, AddNorm) and sub.state == start.normalized  # type: ignore[union-attr]
+    if from_norm and stream_norm(block, start) and sub.post_norm is None \
             and not sub.root.has(AddNorm):
         return start
     return None

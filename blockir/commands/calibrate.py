@@ -4,6 +4,7 @@ everything else frozen; print each norm's transition and statistics state afterw
 from __future__ import annotations
 
 import argparse
+import json
 
 from blockir.cli import (
     EXIT_OK,
@@ -25,7 +26,9 @@ DEFAULT_BATCHES = 20
 def run(args: argparse.Namespace) -> int:
     def job(program: Program, block: Block) -> int:
         from blockir.lifecycle import checkpoint, destination
+        from blockir.lifecycle.artifact_files import CALIBRATION
         from blockir.lifecycle.calibrate import calibrate, norm_states
+        from blockir.lifecycle.calibration_report import calibration_record, fold_error
         from blockir.lifecycle.corpus import check_buffer, fixed_starts, load_corpus, windows
         from blockir.lifecycle.session import RunConfig, Trainer
         if args.steps < 1:
@@ -50,21 +53,32 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             checkpoint.restore(trainer, args.resume)
         starts = fixed_starts(data.train, n * args.steps, width)
-        calibrate(trainer.model, windows(data.train, starts, width).split(n))
+        batches = list(windows(data.train, starts, width).split(n))
+        calibrate(trainer.model, batches)
         states = norm_states(trainer.model.core)
+        record = calibration_record(data.source, batches, states,
+                                    fold_error(program, block, trainer.model, batches, cfg.dims))
         if args.save:
             check_save()
-            checkpoint.save(trainer, args.save, args.file)
+            checkpoint.save(trainer, args.save, args.file,
+                            {CALIBRATION: (json.dumps(record, indent=2) + "\n").encode()})
             log(f"saved the calibrated step {trainer.step_count} to {args.save}")
+        fold = record["fold"]
         if args.format == "json":
             print_json({"block": block.name, "data": data.source, "batches": args.steps, "batch": n,
+                        "batches_sha256": record["batches_sha256"], "fold": fold,
                         "norms": [{"name": s.name, "step": s.step, "transition": s.transition, "gamma": s.gamma,
                                    "num_batches_tracked": s.tracked, "calibrated_at": s.calibrated_at}
                                   for s in states]})
         else:
             print(f"calibrated {len(states)} norm{'s' if len(states) != 1 else ''} of {block.name} on {args.steps} "
-                  f"batches of {n} x {width} bytes from {data.source}")
+                  f"batches of {n} x {width} bytes from {data.source} (sha256 {record['batches_sha256']})")
             print("\n".join(s.line() for s in states))
+            if fold["refused"] is not None:
+                print(f"fold: refused: {fold['refused']}")
+            else:
+                print(f"fold: max |folded - unfolded| = {fold['max_error']:.3e} on the calibration batches "
+                      f"(folds {', '.join(fold['folded']) or 'no norm'})")
         return EXIT_OK
     return with_program(args, job)
 

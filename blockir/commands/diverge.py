@@ -9,12 +9,15 @@ backends or precisions. Exit 0 when every value agrees, 1 at a divergence (as ``
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from blockir.cli import (EXIT_ERRORS, EXIT_OK, add_block_option, add_dims_option, add_format_option,
-                         load_program, log, print_json, target_block)
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option,
+                         load_program, log, print_json, target_block, with_callees)
 from blockir.commands.run import name_stand_ins, row_dims, set_threads
+from blockir.diagnostics import BlockError, Span, error
+from blockir.ir.decls import ExternDecl
 
 DTYPES = ("f32", "bf16", "f16", "f64")
 
@@ -41,6 +44,86 @@ def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: 
     return m.to(dt).eval(), dt
 
 
+def _implementation(target: str, width: int, eps: float | None) -> Any:
+    """``PATH.py:CLASS`` built as a norm module is: ``CLASS(width, eps=eps)``."""
+    import importlib.util
+
+    from torch import nn
+    path, sep, cls_name = target.rpartition(":")
+    if not sep or not path.endswith(".py") or not cls_name.isidentifier():
+        raise UsageError(f"--bind expects NAME=PATH.py:CLASS, got '{target}'")
+    if not Path(path).is_file():
+        raise UsageError(f"cannot read {path}")
+    folder = str(Path(path).resolve().parent)
+    sys.path.insert(0, folder)  # the file's own imports of its neighbours
+    try:
+        spec = importlib.util.spec_from_file_location(f"blockir_bound_{Path(path).stem}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:  # the user's file
+            raise BlockError([error("E0910", f"importing {path} fails: {type(exc).__name__}: {exc}",
+                                    Span(path, 1, 1), hint="the file must import on its own")]) from None
+    finally:
+        sys.path.remove(folder)
+    cls = getattr(mod, cls_name, None)
+    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+        raise UsageError(f"{path} defines no nn.Module class '{cls_name}'")
+    keywords = {} if eps is None else {"eps": eps}
+    try:
+        return cls(width, **keywords)
+    except Exception as exc:  # the user's constructor
+        raise BlockError([error("E0910", f"{cls_name}({width}, **{keywords}) fails: {type(exc).__name__}: {exc}",
+                                Span(path, 1, 1),
+                                hint="an extern norm is built as its norm is: CLASS(D, eps=…)")]) from None
+
+
+def _contracts(args: argparse.Namespace, program: Any, block: Any, dims: dict[str, int]) -> int:
+    """``--bind``: each bound extern norm against the built-in norm its contract states."""
+    import torch
+
+    from blockir.analyses.sizes import Sizes
+    from blockir.lifecycle.diverge import POLICIES
+    from blockir.lifecycle.extern_norms import check_contract, contract_diagnostic, reference_text
+    externs = {d.name: d for b in with_callees(program, block) for d in b.decls
+               if isinstance(d, ExternDecl) and d.contract is not None}
+    sizes = Sizes.of(program, dims)
+    policy = POLICIES[args.policy]
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}[args.dtype]
+    reports, failures = [], []
+    for item in args.bind:
+        name, sep, target = item.partition("=")
+        if not sep:
+            raise UsageError(f"--bind expects NAME=PATH.py:CLASS, got '{item}'")
+        decl = externs.get(name)
+        if decl is None:
+            raise UsageError(f"'{name}' is no extern norm of {block.name} (extern norms: "
+                             f"{', '.join(externs) or 'none'})")
+        norm = decl.contract.norm
+        eps = float(sizes.value(norm.arg("eps"))) if norm.arg("eps") is not None else None
+        module = _implementation(target, sizes.dim(norm.arg("axes")[-1]), eps).to(dtype).eval()
+        checks = check_contract(decl, module, sizes, policy, args.seed, dtype)
+        found = contract_diagnostic(decl, target, checks, policy)
+        if found is not None:
+            failures.append(found)
+        reports.append({"extern": name, "module": target, "reference": reference_text(decl),
+                        "results": [{"role": c.role, "index": c.index, "max_error": c.max_error, "bound": c.bound,
+                                     "passed": c.passed} for c in checks]})
+        if args.format != "json":
+            print(f"{decl.span}: {name} = {target} against {reference_text(decl)} "
+                  f"({policy.name} policy, atol {policy.atol:g}, rtol {policy.rtol:g})")
+            for c in checks:
+                what = f"result {c.index} ({c.role})" if c.index is not None else f"gradient {c.role}"
+                print(f"  {what}: max error {c.max_error:.3e}, bound {c.bound:.3e}{'' if c.passed else '  FAILS'}")
+    if args.format == "json":
+        print_json({"file": args.a, "policy": {"name": policy.name, "atol": policy.atol, "rtol": policy.rtol},
+                    "seed": args.seed, "externs": reports})
+    if failures:
+        raise BlockError(failures, {args.a: Path(args.a).read_text(encoding="utf-8")})
+    return EXIT_OK
+
+
 def diverge(args: argparse.Namespace) -> int:
     import torch
 
@@ -49,6 +132,11 @@ def diverge(args: argparse.Namespace) -> int:
     from blockir.lower.trace import trace
     set_threads(1)
     pa = load_program(args.a)
+    if args.bind:
+        if args.b:
+            raise UsageError("--bind measures the externs of one file: give no B.block")
+        block = target_block(pa, args.block)
+        return _contracts(args, pa, block, row_dims(pa, args.dims))
     pb = load_program(args.b) if args.b else pa
     ba = target_block(pa, args.block)
     bb = target_block(pb, args.block_b or (args.block if args.block in pb.block_map else None)) if args.b else ba
@@ -100,5 +188,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--checkpoint-b", metavar="DIR", help="load B's block from a checkpoint (default: A's)")
     r.add_argument("--policy", choices=("fp32", "bf16"), default="fp32",
                    help="fp32: atol=rtol=1e-5; bf16: rtol 2**-6, atol 1e-2 against the fp32 side")
+    r.add_argument("--bind", action="append", default=[], metavar="NAME=PATH.py:CLASS",
+                   help="measure the extern norm NAME, built as CLASS(D, eps=…) from PATH.py, against the built-in "
+                        "norm its contract states (repeatable; no B.block)")
     add_format_option(r)
     r.set_defaults(func=diverge)

@@ -35,12 +35,16 @@ def row_dims(program: Program, given: dict[str, int]) -> dict[str, int]:
 
 
 def name_stand_ins(program: Program, block: Block) -> list[str]:
-    externs = [f"{b.name}.{d.name}" for b in with_callees(program, block) for d in b.decls
-               if isinstance(d, ExternDecl)]
+    decls = [(f"{b.name}.{d.name}", d) for b in with_callees(program, block) for d in b.decls
+             if isinstance(d, ExternDecl)]
+    externs = [name for name, d in decls if d.contract is None]
     if externs:
         log(f"blockir: externs replaced by linear stand-ins (a Linear of their first input; bind real modules "
             f"with blockir.compile): {', '.join(externs)}")
-    return externs
+    norms = [name for name, d in decls if d.contract is not None]
+    if norms:
+        log(f"blockir: extern norms replaced by the built-in norm their contract states: {', '.join(norms)}")
+    return [name for name, _ in decls]
 
 
 def progress_bar(total: int, mode: str = "auto") -> tuple[Callable[[int, float], None] | None, Callable[[], None]]:
@@ -121,6 +125,19 @@ def sphere_json(sphere: tuple[float, float] | None) -> dict[str, float] | None:
     return None if sphere is None else {"hidden_row_norm_error": sphere[0], "parameter_norm_error": sphere[1]}
 
 
+def scales_table(scales: Any) -> list[str]:
+    """nGPT's learned scales as applied: each update's eigen rate, each attention's s_qk, the logits' s_z."""
+    lines = [f"{'scale':<28}{'kind':<12}{'min':>10}{'max':>10}{'mean':>10}"]
+    lines += [f"{s.site:<28}{s.kind:<12}{s.low:>10.4g}{s.high:>10.4g}{s.mean:>10.4g}" for s in scales]
+    lines.append("applied values (the stored vector times its constant): min, max and mean over its entries")
+    return lines
+
+
+def scales_json(scales: Any) -> list[dict[str, Any]]:
+    return [{"site": s.site, "kind": s.kind, "parameter": s.param, "factor": s.factor, "min": s.low, "max": s.high,
+             "mean": s.mean} for s in scales]
+
+
 def warmup_free(program: Program, warmup: int) -> None:
     """T-Fixup trains without learning-rate warmup: a program stating it refuses a warmup schedule."""
     base = program_env(program)
@@ -189,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                         "losses": list(report.losses), "val_loss": final.val_loss,
                         "tokens_per_s": round(report.tokens_per_s, 1), "rows": report.rows, "stand_ins": externs,
                         "seconds": round(elapsed, 3), "sites": sites_json(final.sites),
-                        "sphere": sphere_json(final.sphere),
+                        "sphere": sphere_json(final.sphere), "ngpt_scales": scales_json(final.scales),
                         "methods": methods_json(final.methods),
                         "moments": moments_json(final.moments), "norm_drift": drift_json(final.drift),
                         **({"profile": profile.json()} if profile else {}),
@@ -213,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
                 print("\n".join(n.line() for n in norms))
             if final.sphere is not None:
                 print(sphere_line(final.sphere))
+            if final.scales:
+                print()
+                print("\n".join(scales_table(final.scales)))
             if final.methods:
                 print()
                 print("\n".join(method_table(final.methods)))

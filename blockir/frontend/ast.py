@@ -142,6 +142,7 @@ class DeclAst:
     count: Expr | None = None  # `Block * N`
     extern_params: tuple[ParamAst, ...] | None = None
     extern_result: TypeAst | None = None
+    extern_more: tuple[TypeAst, ...] = ()  # the results after the first
 
 
 @dataclass(frozen=True)

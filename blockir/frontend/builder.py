@@ -8,6 +8,7 @@ import networkx as nx
 
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span, error
 from blockir.frontend import ast
+from blockir.frontend.extern_contract import norm_contract
 from blockir.frontend.layouts import build_layout
 from blockir.frontend.lowering import BlockSignature, Lowerer, role_of, to_const
 from blockir.frontend.scope import Scope, suggest
@@ -221,9 +222,19 @@ class Builder:
             params = [self._param(p) for p in d.extern_params or ()]
             result = self.type(d.extern_result) if d.extern_result else None
             layout = build_layout(d.extern_result, result, self.dims, self.err) if d.extern_result else None
-            if result is None or layout is None or any(p is None for p in params):
+            more = [self.type(t) for t in d.extern_more]
+            if result is None or layout is None or any(p is None for p in params) or any(t is None for t in more):
                 return None
-            return ExternDecl(d.name, tuple(params), result, d.span, layout)  # type: ignore[arg-type]
+            contract = norm_contract(self, d, scope, params, [result, *more])  # type: ignore[arg-type, list-item]
+            if contract is False:
+                return None
+            if more and contract is None:
+                self.err("E0454", f"extern '{d.name}' returns {1 + len(more)} results but states no contract: only "
+                         "a fused add+norm returns several", d.kind_span,
+                         hint="state what it computes: extern(x: …, residual: …; norm=rmsnorm(D), residual=1)")
+                return None
+            return ExternDecl(d.name, tuple(params), result, d.span, layout, tuple(more),  # type: ignore[arg-type]
+                              contract or None)
         if d.kind in self.block_asts:
             if d.args or d.kwargs:
                 self.err("E0106", f"block '{d.kind}' takes no arguments", d.kind_span)

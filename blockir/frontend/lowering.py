@@ -253,9 +253,10 @@ class Lowerer:
     def _call(self, e: ast.Call, name: str | None) -> str | None:
         more, self.more_targets = self.more_targets, ()
         decl = self.scope.decls.get(e.callee)
-        if isinstance(decl, InstanceDecl) or isinstance(decl, KindDecl) and decl.arg("score_residual") is not None:
+        if isinstance(decl, InstanceDecl) or isinstance(decl, KindDecl) and decl.arg("score_residual") is not None \
+                or isinstance(decl, ExternDecl) and decl.more:
             return self._call_results(e, decl, name, more)
-        if more:
+        if more and e.callee not in self.scope.poisoned:  # a declaration that failed has no result count
             self._results(e, (), more)
             for a in e.args:  # errors inside the arguments are still worth reporting
                 self.tensor(a)
@@ -277,9 +278,20 @@ class Lowerer:
             self.tensor(a)
         return None
 
-    def _call_results(self, e: ast.Call, decl: InstanceDecl | KindDecl, name: str | None,
+    def _call_results(self, e: ast.Call, decl: InstanceDecl | KindDecl | ExternDecl, name: str | None,
                       more: tuple[str, ...]) -> str | None:
-        """A call that may return carried streams after its hidden state: a block, a stack, a score attention."""
+        """A call that may return carried streams after its hidden state: a block, a stack, a score attention,
+        an extern declaring several results."""
+        if isinstance(decl, ExternDecl):
+            args = self._args(e, len(decl.params))
+            if args is None or not self._results(e, decl.more, more):
+                return None
+            dtype = self.scope.values[args[0]].dtype if args else None
+            t, *rest = (r if r.dtype is not None else r.with_dtype(dtype) for r in (decl.result, *decl.more))
+            if decl.contract is not None:
+                return self.build("extern_add_norm(u, x)", name, e.span, decl.name, tuple(args),
+                                  (name, *more), t, decl.contract.residual)
+            return self.build("decl(x)", name, e.span, decl.name, tuple(args), t, more, tuple(rest))
         if isinstance(decl, InstanceDecl):
             sig = self.signatures.get(decl.block)
             args = self._args(e, len(sig.params) if sig else None)

@@ -334,9 +334,11 @@ class _ToAst(Transformer):
 
     def extern(self, c):
         tok = c[0]
-        return dict(kind="extern", args=(), kwargs=(),
+        first, *more = c[3] if isinstance(c[3], tuple) else (c[3],)
+        contract, terms = c[2] if c[2] is not None else ((), ())
+        return dict(kind="extern", args=contract, kwargs=terms,
                     kind_span=Span(self.filename, tok.line or 1, tok.column or 1, (tok.column or 1) + 6),
-                    extern_params=c[1] or (), extern_result=c[2])
+                    extern_params=c[1] or (), extern_result=first, extern_more=tuple(more))
 
     def decl(self, c):
         name: ast.Ref = c[0]

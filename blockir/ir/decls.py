@@ -45,6 +45,21 @@ class KindDecl:
 
 
 @dataclass(frozen=True)
+class NormContract:
+    """What an extern norm states it computes: the built-in ``norm`` of its input, or of the sum of its two
+    inputs (a fused add+norm); then ``residual`` is the index of the result that is that sum."""
+
+    norm: KindDecl
+    residual: int | None = None
+    span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
+
+    @property
+    def normalized(self) -> int:
+        """The index of the normalized result."""
+        return 1 - self.residual if self.residual is not None else 0
+
+
+@dataclass(frozen=True)
 class ExternDecl:
     """A branch bound from Python at compile time, with a declared signature."""
 
@@ -53,6 +68,8 @@ class ExternDecl:
     result: TensorType
     span: Span = field(default=UNKNOWN_SPAN, compare=False, repr=False)
     result_layout: Layout = ()
+    more: tuple[TensorType, ...] = ()  # the results after the first, in the order the module returns them
+    contract: NormContract | None = None
     kind = "extern"
     category = "branch"
 

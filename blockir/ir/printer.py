@@ -38,7 +38,15 @@ def _value(kind: str, v: Any) -> str:
 def format_decl(d: Decl) -> str:
     if isinstance(d, ExternDecl):
         params = ", ".join(_param(p) for p in d.params)
-        return f"{d.name}: extern({params}) -> {format_layout(d.result, d.result_layout)}"
+        if d.contract is not None:
+            terms = [f"norm={format_decl(d.contract.norm).split(': ', 1)[1]}"]
+            if d.contract.residual is not None:
+                terms.append(f"residual={d.contract.residual}")
+            params += "; " + ", ".join(terms)
+        result = format_layout(d.result, d.result_layout)
+        if d.more:
+            result = "(" + ", ".join([result, *(format_layout(t, ()) for t in d.more)]) + ")"
+        return f"{d.name}: extern({params}) -> {result}"
     if isinstance(d, InstanceDecl):
         return f"{d.name}: {d.block}" + (f" * {format_expr(d.count, 3)}" if d.count is not None else "")
     parts = []

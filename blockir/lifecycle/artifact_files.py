@@ -16,11 +16,13 @@ from blockir.diagnostics import BlockError, Span, error
 STATE_FILES = ("program.block", "model.pt", "optimizer.pt", "counters.pt")
 RUN = "run.json"
 CONVERSION = "conversion.yaml"
+CALIBRATION = "calibration.json"  # written by blockir calibrate --save: its data's hash and its fold error
 MANIFEST = "release.yaml"
-CHECKPOINT_NAMES = (*STATE_FILES, RUN, CONVERSION)  # what a checkpoint directory may hold
+RECORDS = (CONVERSION, CALIBRATION)  # the reports a checkpoint may hold beside its state
+CHECKPOINT_NAMES = (*STATE_FILES, RUN, *RECORDS)  # what a checkpoint directory may hold
 RELEASE_NAMES = (*CHECKPOINT_NAMES, MANIFEST)
 MAX_FILE_BYTES = 4 << 30  # no artifact file of a model this tool can train is larger
-MAX_RECORD_BYTES = 1 << 20  # run.json, release.yaml, conversion.yaml: text records
+MAX_RECORD_BYTES = 1 << 20  # run.json, release.yaml, conversion.yaml, calibration.json: text records
 
 
 def where(path: str | Path, field: str | None = None) -> Span:

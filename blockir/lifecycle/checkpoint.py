@@ -50,12 +50,13 @@ def program_digest(program: Program) -> str:
     return sha256(format_program(program).encode())
 
 
-def save(trainer: Trainer, directory: str | Path, source: str) -> dict[str, Any]:
-    """Write the trainer's state to ``directory`` (whole, replacing it); returns the ``run.json`` record."""
+def save(trainer: Trainer, directory: str | Path, source: str, extra: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """Write the trainer's state (and ``extra`` reports) to ``directory`` (whole, replacing it); returns the
+    ``run.json`` record."""
     state = trainer.state_dict()
     cfg = {k: v for k, v in asdict(trainer.cfg).items() if k in FROZEN + SETTINGS}
     return write(directory, trainer.program, trainer.block.name, source, cfg,
-                 {"data": trainer.corpus.source, "data_sha256": trainer.corpus.digest}, state)
+                 {"data": trainer.corpus.source, "data_sha256": trainer.corpus.digest}, state, extra)
 
 
 def write(directory: str | Path, program: Program, block: str, source: str, config: dict[str, Any],

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from blockir.analyses.block_queries import norm_decl
 from blockir.analyses.sites import executed_ops, residual_sites
 from blockir.analyses.sizes import Sizes
-from blockir.ir.decls import KindDecl
 from blockir.ir.traits import Normalizes
 from blockir.ir.program import Block, Program
 from blockir.lifecycle.telemetry import DELTA, QUANTILES
@@ -101,8 +101,8 @@ def norm_drift(program: Program, block: Block, values: dict[str, torch.Tensor], 
         if not op.has(Normalizes):
             continue
         source = op.norm_input()  # type: ignore[attr-defined]
-        decl = inner.decl_map.get(op.decl)  # type: ignore[attr-defined]
-        if source is None or prefix + source not in values or not isinstance(decl, KindDecl):
+        decl = norm_decl(inner, op)
+        if source is None or prefix + source not in values or decl is None:
             continue
         given = decl.arg("eps")
         scope = scopes.setdefault((id(inner), prefix), sizes.for_block(inner))

@@ -17,6 +17,7 @@ or counters with the old graph.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -30,13 +31,16 @@ from blockir.lifecycle.release_architecture import architecture
 from blockir.lifecycle.thresholds import DEFAULT_THRESHOLDS
 from blockir.api import parse
 from blockir.lifecycle import atomic, checkpoint, state_check
-from blockir.lifecycle.artifact_files import CONVERSION, MANIFEST, MAX_RECORD_BYTES, RUN, file_in, where
+from blockir.lifecycle.artifact_files import CALIBRATION, CONVERSION, MANIFEST, MAX_RECORD_BYTES, RUN, file_in, where
+from blockir.lifecycle.conformance import blocking, conformance_checks
 from blockir.lifecycle.corpus import check_windows, fixed_starts, load_corpus, windows
 from blockir.lifecycle.lm import ByteLM
 from blockir.lifecycle.release_manifest import FORMAT, cross_check, parse_manifest
 from blockir.lifecycle.session import RunConfig, build_model
 from blockir.diagnostics import BlockError, Span, error
+from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
+from blockir.norms import family
 
 
 def artifact_error(message: str, path: str | Path, hint: str | None = None) -> BlockError:
@@ -95,7 +99,8 @@ def _block(program: Program, record: dict[str, Any], where_: Path) -> Any:
 
 
 def _conformance(program: Program, ckpt: Path, record: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
-    """The gates a release runs itself: the graph verifies, the state loads strictly, a forward is finite."""
+    """The checks a release runs itself (``blockir.lifecycle.conformance``), each with its tolerance and measured
+    error; a graph with errors, a non-finite forward or a failing check of the runtime backend refuses it."""
     from blockir.api import verify
     diags = verify(program)
     errors = [d for d in diags if d.is_error]
@@ -103,17 +108,36 @@ def _conformance(program: Program, ckpt: Path, record: dict[str, Any], files: di
         raise artifact_error(f"the checkpoint's graph has {len(errors)} error(s): {errors[0].message}", ckpt / RUN)
     cfg = RunConfig(**record["config"])
     block = _block(program, record, ckpt / RUN)
-    model, _ = build_model(program, block, cfg)
-    _loaded(model, files["model.pt"], ckpt / "model.pt", block.name)
-    window = torch.randint(0, 256, (2, model.shape.window), generator=torch.Generator().manual_seed(cfg.seed))
-    with torch.no_grad():
-        logits, _ = model.eval().logits(window)
-    bad = int((~torch.isfinite(logits)).sum())
-    if bad:
-        raise artifact_error(f"a forward of the checkpoint gives {bad} non-finite logits", ckpt / RUN)
-    return {"verifiers": f"{len(diags)} diagnostics, 0 errors",
-            "checkpoint_round_trip": "every file matches run.json; model.pt loads strictly",
-            "forward": f"{logits.numel()} logits on 2 random windows, all finite"}
+    checks = conformance_checks(program, block, cfg,
+                                lambda m: _loaded(m, files["model.pt"], ckpt / "model.pt", block.name), len(errors))
+    failed = blocking(checks, cfg.backend)
+    if failed is not None:
+        raise artifact_error(f"conformance check {failed['check']} fails: {failed['what']}: measured "
+                             f"{failed['measured_error']:g} > {failed['tolerance']:g}", ckpt / RUN)
+    return {"checks": checks, "checkpoint_round_trip": "every file matches run.json; model.pt loads strictly"}
+
+
+def running_statistics(program: Program) -> bool:
+    """Whether a norm of the program keeps running moments, which a release's fold and evaluation depend on."""
+    return any(isinstance(d, KindDecl) and d.category == "norm" and family(d).batch_coupled and d.arg("running", True)
+               for b in program.blocks for d in b.decls)
+
+
+def _calibration(program: Program, files: dict[str, bytes], ckpt: Path) -> dict[str, Any] | str:
+    """What ``blockir calibrate --save`` recorded (its data's sha256 and its fold error), when the model keeps
+    running statistics."""
+    if CALIBRATION in files:
+        try:
+            report = json.loads(files[CALIBRATION].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            report = None
+        if not isinstance(report, dict):
+            raise artifact_error(f"{CALIBRATION} is not a calibration record", ckpt / CALIBRATION,
+                                 "calibrate the checkpoint again with blockir calibrate --save")
+        return {"file": CALIBRATION, "sha256": checkpoint.sha256(files[CALIBRATION]), **report}
+    if running_statistics(program):
+        return "none: the running statistics were never calibrated (blockir calibrate --save)"
+    return "not required (no running statistics)"
 
 
 def release(ckpt: str | Path, out: str | Path, previous: str | Path | None,
@@ -140,7 +164,8 @@ def release(ckpt: str | Path, out: str | Path, previous: str | Path | None,
                   "data_sha256": record["data_sha256"]},
         "evidence": {"conversion_report": {"file": CONVERSION, "sha256": files[CONVERSION]} if CONVERSION in files
                      else "none: trained from the graph's declared initialisation",
-                     "conformance_report": conformance, "calibration_report": "not required (no running statistics)"},
+                     "conformance_report": conformance,
+                     "calibration_report": _calibration(program, payloads, src)},
         "rollback": {"previous_artifact": str(prev.path) if prev else None,
                      "previous_artifact_hash": prev.sha256 if prev else None,
                      "trigger_thresholds": thresholds},

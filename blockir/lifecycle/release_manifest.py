@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from blockir.lifecycle.thresholds import DEFAULT_THRESHOLDS
-from blockir.lifecycle.artifact_files import CHECKPOINT_NAMES, CONVERSION, RUN, STATE_FILES, plain_name, where
+from blockir.lifecycle.artifact_files import (CALIBRATION, CHECKPOINT_NAMES, CONVERSION, RUN, STATE_FILES, plain_name,
+                                             where)
 from blockir.diagnostics import BlockError, error
 
 FORMAT = 1
@@ -92,10 +93,10 @@ def cross_check(manifest: dict[str, Any], record: dict[str, Any], path: Path) ->
             raise manifest_error(path, f"state.{key}", f"does not match the sha256 of {name}: the artifact was "
                                  "modified after release", "E0728")
     evidence = manifest.get("evidence")
-    report = evidence.get("conversion_report") if isinstance(evidence, dict) else None
-    if isinstance(report, dict) and (report.get("file") != CONVERSION or report.get("sha256") != files.get(CONVERSION)):
-        raise manifest_error(path, "evidence.conversion_report", f"does not match the sha256 of {CONVERSION}",
-                             "E0728")
+    for field, name in (("conversion_report", CONVERSION), ("calibration_report", CALIBRATION)):
+        report = evidence.get(field) if isinstance(evidence, dict) else None
+        if isinstance(report, dict) and (report.get("file") != name or report.get("sha256") != files.get(name)):
+            raise manifest_error(path, f"evidence.{field}", f"does not match the sha256 of {name}", "E0728")
     recorded = record["sha256"]
     listed = {n: d for n, d in files.items() if n != RUN}
     if recorded != listed:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from blockir.lifecycle.artifact_files import CONVERSION, STATE_FILES, plain_name, where
+from blockir.lifecycle.artifact_files import RECORDS, STATE_FILES, plain_name, where
 from blockir.lifecycle.session import RunConfig, config_problems
 from blockir.diagnostics import BlockError, error
 
@@ -57,7 +57,7 @@ def parse_record(text: bytes, path: Path) -> dict[str, Any]:
             raise record_error(path, key, f"is {json.dumps(record[key])[:60]}, not a {kind}")
     hashes = record["sha256"]
     for name, digest in hashes.items():
-        plain_name(name, (*STATE_FILES, CONVERSION), where(path, f"sha256.{name}"))
+        plain_name(name, (*STATE_FILES, *RECORDS), where(path, f"sha256.{name}"))
         if not _kind_ok("sha256", digest):
             raise record_error(path, f"sha256.{name}", f"is {json.dumps(digest)[:60]}, not a sha256")
     for name in STATE_FILES:

@@ -21,11 +21,13 @@ from blockir.analyses.hypersphere import on_sphere
 from blockir.analyses.sites import residual_sites
 from blockir.analyses.sizes import Sizes
 from blockir.lifecycle.calibrate import NormState, norm_states
+from blockir.lower.layers.add_norm import AddNormReference
 from blockir.lower.compile import compile as compile_block
 from blockir.lifecycle.corpus import Corpus, check_windows, fixed_starts, load_corpus, sample_starts, windows
 from blockir.lower.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
 from blockir.lifecycle.lm import ByteLM, layout, needs_final_norm
 from blockir.lifecycle.moments import NormDrift, SiteMoments, norm_drift, site_moments
+from blockir.lifecycle.ngpt_scales import ScaleRange, ngpt_scales, scale_range
 from blockir.lifecycle.placement import autocast, compile_forward, run_device
 from blockir.lifecycle.token_lm import TokenLM, takes_tokens, token_layout
 from blockir.lifecycle.telemetry import (MethodStats, ScoreStats, SiteStats, method_telemetry, score_telemetry,
@@ -68,6 +70,7 @@ class Snapshot:
     norms: tuple[NormState, ...] = ()  # batch-coupled norms: PRepBN's step and gamma, running-stat age
     moments: tuple[SiteMoments, ...] = ()  # the second-moment ledger of every residual update
     drift: tuple[NormDrift, ...] = ()  # RMS² / (Var + ε) at the input of every norm
+    scales: tuple[ScaleRange, ...] = ()  # nGPT: the applied eigen rates, s_qk and s_z
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,9 @@ def stand_ins(program: Program, block: Block, dims: dict[str, int], prefix: str 
     sizes = Sizes.of(program, dims)
     out: dict[str, nn.Module] = {}
     for d in block.decls:
-        if isinstance(d, ExternDecl):
+        if isinstance(d, ExternDecl) and d.contract is not None:
+            out[prefix + d.name] = AddNormReference(d, sizes)  # what the contract states it computes
+        elif isinstance(d, ExternDecl):
             out[prefix + d.name] = StandIn(sizes.dim(d.params[0].type.axes[-1].name), sizes.dim(d.result.axes[-1].name))
         elif isinstance(d, InstanceDecl):
             sub = program.block(d.block)
@@ -269,17 +274,20 @@ class Trainer:
             sites = telemetry(self.program, self.block, values, sizes)
             methods = method_telemetry(self.program, self.block, self.model.core, values, sizes)
             scores = score_telemetry(self.program, self.block, values, sizes)
-            sphere = None
+            sphere, scales = None, []
             if self.sphere:
                 hidden = [values[s.shortcut] for s in residual_sites(self.program, self.block, sizes)
                           if s.shortcut in values] + [out]
                 sphere = (row_norm_error(hidden), parameter_norm_error(self.model.core, self.model.sphere_tables()))
+                scales = ngpt_scales(self.program, self.block, self.model.core, sizes)
+                scales.append(scale_range("logits", "s_z", "logit_scale", self.model.logit_scale,
+                                          self.model.shape.width ** 0.5))
         finally:
             self.model.train()
         return Snapshot(self.step_count, sum(losses) / len(losses), tuple(sites), sphere, tuple(methods),
                         tuple(scores), tuple(norm_states(self.model.core)),
                         tuple(site_moments(self.program, self.block, values, sizes)),
-                        tuple(norm_drift(self.program, self.block, values, sizes)))
+                        tuple(norm_drift(self.program, self.block, values, sizes)), tuple(scales))
 
     def rows(self) -> int:
         return self.batch * self.shape.lengths[0]

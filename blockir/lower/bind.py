@@ -192,8 +192,9 @@ class BoundExtern(nn.Module):
         self.decl, self.span = d.name, d.span
         self.input_axes = tuple(p.type.names for p in d.params)
         self.result_axes = d.result.names
-        self.known = {a: int(sizes.env[a]) for a in d.result.names if a in sizes.env}
+        self.known = {a: int(sizes.env[a]) for t in (d.result, *d.more) for a in t.names if a in sizes.env}
         self.result_dtype = TORCH_DTYPES[d.result.dtype] if d.result.dtype is not None else None
+        self.count = 1 + len(d.more)  # an extern declaring several results returns a tuple of them
         self.blockir_context = adapter_keywords(adapter, len(d.params))
 
     def forward(self, *inputs: Tensor, **ctx: Any) -> Tensor:
@@ -201,7 +202,17 @@ class BoundExtern(nn.Module):
         if reads is not None and ctx:
             ctx = {k: v for k, v in ctx.items() if k in reads}
         out = self.adapter(self.bound, *inputs, **ctx)
-        self._check(out, inputs)
+        if self.count == 1:
+            self._check(out, inputs)
+        elif not isinstance(out, (tuple, list)) or len(out) != self.count:
+            got = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+            raise BlockError([error("E0721", f"extern '{self.decl}' returned {got}, expected a tuple of "
+                                    f"{self.count} tensors", self.span,
+                                    hint="return the results the declaration lists, in its order")])
+        else:
+            for item in out:
+                self._check(item, inputs)
+            out = tuple(out)
         return out
 
     def _check(self, out: Any, inputs: tuple[Any, ...]) -> None:

@@ -149,7 +149,10 @@ def _check_shared_instances(program: Program, block: Block) -> list[Diagnostic]:
 
 def verify_block(program: Program, block: Block, base: dict, counts: tuple[int, ...]) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    for decl in block.decls:
+    for declared in block.decls:
+        # an extern add+norm is held to the norm its contract states, applied where the extern is called
+        contract = getattr(declared, "contract", None)
+        decl = contract.norm if contract is not None else declared
         if not isinstance(decl, KindDecl) or decl.category != "norm":
             continue
         sites = _sites(block, decl.name)
