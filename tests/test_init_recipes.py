@@ -58,6 +58,12 @@ def _mlp(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
                     p[f"{name}.fc2.weight"], p[f"{name}.fc2.bias"])
 
 
+def _fixup_mlp(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
+    """Fixup's branch (Fig. 1 of the paper) inside the MLP: a scalar bias before the activation and one before fc2."""
+    h = F.relu(F.linear(x, p[f"{name}.fc1.weight"], p[f"{name}.fc1.bias"]) + p[f"{name}.fixup_bias_act"])
+    return F.linear(h + p[f"{name}.fixup_bias_out"], p[f"{name}.fc2.weight"], p[f"{name}.fc2.bias"])
+
+
 def _check(m: torch.nn.Module, reference: Callable[[Tensor, dict[str, Tensor]], Tensor]) -> None:
     """Forward and the gradient of the input and of every parameter against ``reference(x, params)``."""
     assert_matches_reference(m, reference, (2, 3, 16))
@@ -67,14 +73,45 @@ def _check(m: torch.nn.Module, reference: Callable[[Tensor, dict[str, Tensor]], 
 
 @pytest.mark.parametrize("backend", ["fx", "fused"])
 def test_fixup_update_is_its_equation(backend: str) -> None:
-    """x_{l+1} = x_l + s_l F_l(x_l + a_l) + b_l, with no norm."""
+    """x_{l+1} = x_l + s_l fc2(act(fc1(x_l + a_l) + c_l) + d_l) + b_l, with no norm: a scalar bias before each
+    weight layer and the activation, a scalar multiplier at the end."""
     result = fixup.apply(_program(MLPS), "Layer")
     m = blockir.compile(result.program, "Layer", backend=backend, seed=0, dtype=torch.float64)
     assert not [n for n, _ in m.named_parameters() if "ln_" in n]
+    assert {n for n, _ in m.named_parameters() if "fixup_bias_" in n} == \
+        {f"{b}.fixup_bias_{w}" for b in ("ffn", "mlp") for w in ("act", "out")}
 
     def ref(x: Tensor, p: dict[str, Tensor]) -> Tensor:
-        h = x + p["fixup_scale1"] * _mlp(x + p["fixup_bias1a"], p, "ffn") + p["fixup_bias1b"]
-        return h + p["fixup_scale2"] * _mlp(h + p["fixup_bias2a"], p, "mlp") + p["fixup_bias2b"]
+        h = x + p["fixup_scale1"] * _fixup_mlp(x + p["fixup_bias1a"], p, "ffn") + p["fixup_bias1b"]
+        return h + p["fixup_scale2"] * _fixup_mlp(h + p["fixup_bias2a"], p, "mlp") + p["fixup_bias2b"]
+    _check(m, ref)
+
+
+def test_fixup_biases_of_a_gated_mlp_and_an_attention() -> None:
+    """The gated MLP's scalar biases sit before its activation and its down projection; attention's before o_proj
+    (the value mixing between V and O is linear, so there is no activation to precede)."""
+    text = SOURCE.format(first="ffn: gated_mlp(F, act=silu, bias=true, fixup_bias=true)", call="ffn") \
+        .replace("mlp: mlp(F, act=relu)", "mlp: self_attention(heads=H, causal=true, fixup_bias=true)")
+    m = blockir.compile(_program(text), "Layer", seed=0, dtype=torch.float64)
+    plain = blockir.compile(_program(text.replace(", fixup_bias=true", "")), "Layer", seed=0, dtype=torch.float64)
+    assert set(m.state_dict()) - set(plain.state_dict()) == \
+        {"ffn.fixup_bias_act", "ffn.fixup_bias_out", "mlp.fixup_bias_out"}
+    assert all(m.state_dict()[k].item() == 0.0 for k in ("ffn.fixup_bias_act", "ffn.fixup_bias_out"))
+
+    def gated(x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        g = F.linear(x, p["ffn.gate_proj.weight"], p["ffn.gate_proj.bias"]) + p["ffn.fixup_bias_act"]
+        u = F.linear(x, p["ffn.up_proj.weight"], p["ffn.up_proj.bias"])
+        return F.linear(F.silu(g) * u + p["ffn.fixup_bias_out"], p["ffn.down_proj.weight"], p["ffn.down_proj.bias"])
+
+    def ref(x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        def ln(v: Tensor, n: str) -> Tensor:
+            return _ln(v) * p[f"{n}.weight"] + p[f"{n}.bias"]
+        h = x + gated(ln(x, "ln_1"), p)
+        v = ln(h, "ln_2")
+        heads = [t.unflatten(-1, (4, 4)).transpose(1, 2) for t in
+                 (F.linear(v, p[f"mlp.{r}_proj.weight"]) for r in ("q", "k", "v"))]
+        mixed = F.scaled_dot_product_attention(*heads, is_causal=True).transpose(1, 2).flatten(-2)
+        return h + F.linear(mixed + p["mlp.fixup_bias_out"], p["mlp.o_proj.weight"])
     _check(m, ref)
 
 
@@ -105,6 +142,8 @@ def test_fixup_init_is_applied_by_compile(backend: str) -> None:
         for key in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.fc1.bias"):
             assert torch.equal(after[f"{layer}.{key}"], before[f"{layer}.{key}"]), key
         assert after[f"{layer}.fixup_scale1"].item() == 1.0 and after[f"{layer}.fixup_bias2b"].item() == 0.0
+        for key in ("self_attn.fixup_bias_out", "mlp.fixup_bias_act", "mlp.fixup_bias_out"):
+            assert after[f"{layer}.{key}"].item() == 0.0, key
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     assert torch.equal(m(x), x)  # every branch starts at zero: the stack is the identity
 

@@ -136,7 +136,15 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         keys.append(("qk_scale", (heads * hd,)))
     if decl.arg("head_scale"):
         keys.append(("head_scale", (heads,)))
-    return keys
+    return keys + _fixup_biases(decl, ("fixup_bias_out",))
+
+
+MLP_FIXUP_BIASES = ("fixup_bias_act", "fixup_bias_out")
+
+
+def _fixup_biases(decl: KindDecl, names: tuple[str, ...]) -> list[tuple[str, Shape]]:
+    """Fixup's scalar biases inside a branch declared with ``fixup_bias=true``."""
+    return [(n, ()) for n in names] if decl.arg("fixup_bias") else []
 
 
 def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
@@ -150,10 +158,11 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         names = layer_names(decl.kind, dict(decl.args))
         if decl.kind == "mlp":
             conv1d = bool(decl.arg("conv1d"))
-            return _linear(names["fc1"], hidden, width, bias, conv1d) + _linear(names["fc2"], width, hidden, bias, conv1d)
+            return _linear(names["fc1"], hidden, width, bias, conv1d) + \
+                _linear(names["fc2"], width, hidden, bias, conv1d) + _fixup_biases(decl, MLP_FIXUP_BIASES)
         gate_up = _linear(names["gate_up"], 2 * hidden, width, bias) if decl.arg("fused") else \
             _linear(names["gate"], hidden, width, bias) + _linear(names["up"], hidden, width, bias)
-        return gate_up + _linear(names["down"], width, hidden, bias)
+        return gate_up + _linear(names["down"], width, hidden, bias) + _fixup_biases(decl, MLP_FIXUP_BIASES)
     if decl.kind == "linear":
         return _linear("", s.dim(decl.arg("out_dim")), s.dim(decl.arg("in_dim")), bool(decl.arg("bias")))
     if decl.kind == "embedding":

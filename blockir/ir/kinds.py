@@ -38,7 +38,11 @@ _INIT = (_GAIN,
                  doc="multiplies the initial weights of the layers before the last on the update path (v; fc1; "
                      "gate and up) (Fixup's L^(-1/(2m-2)))"),
          ArgSpec("init_zero", "bool", None,
-                 doc="true: the last layer on the update path (o; fc2; down) starts at zero, weight and bias (Fixup)"))
+                 doc="true: the last layer on the update path (o; fc2; down) starts at zero, weight and bias (Fixup)"),
+         ArgSpec("fixup_bias", "bool", None,
+                 doc="true: Fixup's scalar biases between the branch's weight layers, learned and initialised to 0: "
+                     "fixup_bias_act before an MLP's activation, fixup_bias_out before the output layer (o; fc2; "
+                     "down)"))
 _COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER), Num(1)),
                     "a running mean over a stack's layers has held layer + 1 layers' scores after this one"),
             Implies("score_residual", "sum", "score_count", None, "only the running mean counts layers"))

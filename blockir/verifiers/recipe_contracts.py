@@ -23,7 +23,7 @@ from blockir.verifiers.registry import verifier
 
 FIXUP_HINT = ("Fixup removes every norm, zero-initialises each branch's last layer, rescales the others by "
               "L^(-1/(2m-2)), and adds a scalar multiplier and scalar biases to every branch; "
-              "`blockir recipe fixup` writes the graph and the branches' init_zero and init_scale")
+              "`blockir recipe fixup` writes the graph and the branches' init_zero, init_scale and fixup_bias")
 TFIXUP_HINT = ("T-Fixup removes every norm and Xavier-initialises each branch with gain 0.67 N^(-1/4) (encoder) or "
                "(9N)^(-1/4) (decoder: it reads encoder memory) on v/o and the MLP, for N layers, and trains without "
                "warmup; `blockir recipe tfixup` writes it")
@@ -42,6 +42,9 @@ def _fixup_missing(block: Block, s: Sublayer, b: Branch) -> list[str]:
         out.append("has no scalar multiplier (scalar(init=1))")
     if sum(op.has(Learned) and _learned(block, op.param, "bias") for op in b.ops) < 2:
         out.append("has no scalar biases before its first weight layer and after its multiplier (bias(init=0))")
+    decl = block.decl_map.get(getattr(b.call, "decl", "") or "")
+    if isinstance(decl, KindDecl) and decl.spec.arg("fixup_bias") is not None and not decl.arg("fixup_bias"):
+        out.append(f"has no scalar biases inside '{decl.name}' (fixup_bias=true)")
     return out
 
 

@@ -119,7 +119,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")),
                               qk_norm_offset=_opt_int(s, d, "qk_norm_offset") or 0,
                               qkv_groups=_opt_int(s, d, "qkv_groups") or 1,
-                              head_scale=bool(d.arg("head_scale")))
+                              head_scale=bool(d.arg("head_scale")), fixup_bias=bool(d.arg("fixup_bias")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
@@ -137,9 +137,9 @@ def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     names = layer_names(d.kind, dict(d.args))
     if d.kind == "mlp":
         return partial(branches.MLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                       conv1d=d.arg("conv1d"), **names)
+                       conv1d=d.arg("conv1d"), fixup_bias=bool(d.arg("fixup_bias")), **names)
     return partial(branches.GatedMLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                   fused=d.arg("fused"), **names)
+                   fused=d.arg("fused"), fixup_bias=bool(d.arg("fixup_bias")), **names)
 
 
 def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
