@@ -170,7 +170,10 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("mask_positions", "bool", False, doc="with positions=true, number the tokens the [B, S] "
                     "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)"),
             ArgSpec("padding_idx", "expr", None, doc="the row of the pad token, which gets no gradient "
-                    "(nn.Embedding's padding_idx)")),
+                    "(nn.Embedding's padding_idx)"),
+            ArgSpec("init_std", "expr", None, doc="the table is drawn from N(0, init_std^2) (T-Fixup: width ** -0.5); "
+                    "unset: N(0, 0.02^2)"),
+            ArgSpec("init_gain", "expr", None, doc="then multiplied by this (T-Fixup: (9 N) ** -0.25 for N layers)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),

@@ -86,6 +86,17 @@ class BranchInit:
                         m.bias.zero_()
 
 
+def _initialised_table(build: Callable[[], nn.Module], std: float | None, gain: float | None) -> nn.Module:
+    """An embedding drawn from N(0, std^2) when ``std`` is given, then multiplied by ``gain`` (T-Fixup)."""
+    module = build()
+    with torch.no_grad():
+        if std is not None:
+            module.weight.normal_(0.0, std)
+        if gain is not None:
+            module.weight.mul_(gain)
+    return module
+
+
 def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
     v = d.arg(name)
     return float(s.value(v)) if v is not None else None
@@ -156,10 +167,12 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     if d.kind == "linear":
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
-        return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
-                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
-                       offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
-                       padding_idx=_opt_int(s, d, "padding_idx"))
+        table = partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
+                        positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
+                        offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
+                        padding_idx=_opt_int(s, d, "padding_idx"))
+        std, gain = _opt_float(s, d, "init_std"), _opt_float(s, d, "init_gain")
+        return table if std is None and gain is None else partial(_initialised_table, table, std, gain)
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))
