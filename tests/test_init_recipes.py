@@ -274,6 +274,73 @@ def test_deepscalelm_fold_moves_beta_into_the_last_linears() -> None:
     torch.testing.assert_close(state["layers.3.mlp.fc2.weight"], m.state_dict()["layers.3.mlp.fc2.weight"] * beta)
 
 
+POST_LN = """
+dim B: batch
+dim S: seq
+dim D: model = 16
+dim F: hidden = 32
+
+block Layer(x: [B, S, D]) -> [B, S, D] {
+  attn: self_attention(heads=4, causal=true)
+  ln_1: layernorm(D, accum=f64)
+  mlp: gated_mlp(F, bias=true)
+  ln_2: rmsnorm(D, offset=1, accum=f64)
+  h = ln_1(x + attn(x))
+  y = ln_2(h + mlp(h))
+  return y
+}
+
+model Decoder(x: [B, S, D]) -> [B, S, D] {
+  layers: Layer * 6
+  return layers(x)
+}
+"""
+
+
+def test_deepscalelm_fold_moves_lambda_into_the_norm_gains_of_a_post_ln_stack() -> None:
+    """N_i(lambda x + beta F(x)), x = N_{i-1}(...), computed on the stream lambda x: every norm but the stack's
+    last times lambda (LayerNorm's gain and shift; RMSNorm's 1 + w), the stream-reading linears over lambda,
+    beta in the last linears and the stack input times lambda. Folded == unfolded in float64, to 1e-12, with
+    every parameter off its init; the hand-computed update checks the recipe's graph first."""
+    result = deepscalelm.apply(_program(POST_LN), "Layer")
+    lam, beta = deepscalelm.constants(6)
+    m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    x = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    layer0 = m.get_submodule("layers.0")
+    sd = m.state_dict()
+    h = F.layer_norm(lam * x + beta * layer0.attn(x), (16,), sd["layers.0.ln_1.weight"], sd["layers.0.ln_1.bias"])
+    s = lam * h + beta * layer0.mlp(h)
+    want = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + sd["layers.0.ln_2.weight"])
+    torch.testing.assert_close(layer0(x), want, rtol=1e-12, atol=1e-12)
+
+    program, state = fold_deepscalelm(result.program, "Layer", m)
+    text = format_program(program)
+    assert "skip_scale *" not in "".join(op.text() for op in program.block("Layer").ops)
+    assert "branch_scale" not in text and "const deepscalelm" not in text
+    assert "skip_scale * x" in "".join(op.text() for op in program.block("Decoder").ops)
+    assert blockir.verify(program) == []
+    folded = blockir.compile(program, "Decoder", seed=1, dtype=torch.float64)
+    folded.load_state_dict(state, strict=True)
+    torch.testing.assert_close(folded(x), m(x), rtol=1e-12, atol=1e-12)
+    for key, factor in (("layers.0.ln_1.weight", lam), ("layers.0.ln_1.bias", lam),
+                        ("layers.2.attn.q_proj.weight", 1 / lam), ("layers.2.mlp.up_proj.weight", 1 / lam),
+                        ("layers.2.mlp.up_proj.bias", 1.0), ("layers.2.mlp.down_proj.bias", beta),
+                        ("layers.5.ln_2.weight", 1.0)):
+        torch.testing.assert_close(state[key], sd[key] * factor, rtol=1e-15, atol=0, msg=key)
+    torch.testing.assert_close(1 + state["layers.4.ln_2.weight"], (1 + sd["layers.4.ln_2.weight"]) * lam)
+
+
+def test_deepscalelm_keeps_lambda_on_a_pre_ln_stack() -> None:
+    program = deepscalelm.apply(_program(ATTENTION), "Layer").program
+    assert deepscalelm.skip_fold(program, "Layer").reason == (
+        "a Pre-LN update scales the stream itself, which no gain reads: only each norm's epsilon could absorb "
+        "lambda (eps lambda^(-2l) at layer l), and the layers share one block")
+
+
 def test_deepscalelm_scales_that_do_not_keep_unit_variance_are_an_error() -> None:
     text = (ROOT / "examples" / "deepscalelm.block").read_text().replace("(1 - 2 / 12) ** 0.5", "0.95")
     diags = blockir.verify(blockir.parse(text, "d.block"))

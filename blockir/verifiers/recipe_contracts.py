@@ -4,7 +4,7 @@ A depth exponent or a pair of scales copied from a paper is not the method:
 ``const fixup = 1`` needs no norm, a learned scalar multiplier and scalar
 biases on every branch (Zhang et al., arXiv:1901.09321); ``const deepscalelm
 = 1`` needs every update to be ``lambda * x + beta * F(x)`` with constant
-scales and ``lambda^2 + beta^2 = 1`` (Shah et al., arXiv:2403.09635);
+scales and ``lambda^2 + beta^2 = 1`` (Kedia et al., arXiv:2403.09635);
 ``const tfixup = 1`` needs no norm and T-Fixup's gain for its side and depth on
 every built-in branch (Huang et al., 2020).
 """
