@@ -95,6 +95,25 @@ def test_admin_writes_the_manifest_once(data: Path, tmp_path: Path) -> None:
                                       "file)\n")
 
 
+def test_admin_saves_the_profiled_initialisation_for_run_to_resume(data: Path, tmp_path: Path) -> None:
+    """The step-0 checkpoint holds the omegas of the record, names the data by its sha256, and `blockir run
+    --resume` continues it on the same data."""
+    save, out = tmp_path / "ck", tmp_path / "admin.block"
+    code, text, err = run_cli("recipe", "admin", LLAMA, "--data", str(data), "--tokens", "100", "--dims", "B=1,S=8",
+                              "--save", str(save), "--format", "json")
+    assert code == 0, err
+    record = json.loads(text)
+    run = json.loads((save / "run.json").read_text())
+    assert (run["step"], run["data"], run["data_sha256"]) == (0, str(data), record["profile"]["sha256"])
+    state = torch.load(save / "model.pt", weights_only=True)
+    for path, omega in record["profile"]["omega"].items():
+        assert torch.equal(state[f"core.{path}"], torch.full((64,), omega)), path
+    out.write_text(record["program"])
+    code, _, err = run_cli("run", str(out), "--resume", str(save), "--data", str(data), "--steps", "1",
+                           "--progress", "off")
+    assert code == 0, err
+
+
 def test_admin_refuses_data_below_the_budget_and_a_batch_above_it(data: Path) -> None:
     code, _, err = run_cli("recipe", "admin", LLAMA, "--data", str(data), "--tokens", "8192")
     assert code == 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from blockir.cli import (EXIT_OK, UsageError, add_dims_option, add_format_option, load_program, log, print_json,
+from blockir.cli import (EXIT_OK, UsageError, add_dims_option, add_force_option, add_format_option, load_program, log, print_json,
                          target_block)
 from blockir.diagnostics import BlockError, Note, error
 from blockir.ir.decls import InstanceDecl
@@ -52,12 +52,24 @@ def _admin(args: argparse.Namespace, program: Program, block: Block) -> tuple[An
         raise UsageError("admin profiles on data: give --data PATH and --tokens N (the paper uses at most 8192)")
     if args.tokens < 1:
         raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
+    from blockir.commands.run import row_dims
+    from blockir.lifecycle import checkpoint, destination
+    from blockir.lifecycle.admin_data import profile_on_data
+
+    def check_save() -> None:
+        destination.check(args.save, "--save", destination.CHECKPOINT, args.force,
+                          [("FILE", args.file), ("--data", args.data), ("--manifest", args.manifest)])
     if args.manifest:
         _check_destination(args.manifest, args)
-    from blockir.commands.run import row_dims
-    from blockir.lifecycle.admin_data import profile_on_data
-    return profile_on_data(program, block.name, args.data, args.tokens, dims=row_dims(program, args.dims),
-                           seed=args.seed)
+    if args.save:  # before the profile, and again before writing
+        check_save()
+    result, profile, trainer = profile_on_data(program, block.name, args.data, args.tokens,
+                                               dims=row_dims(program, args.dims), seed=args.seed)
+    if args.save:
+        check_save()
+        checkpoint.save(trainer, args.save, args.file)
+        log(f"saved the profiled initialisation (step 0) to {args.save}")
+    return result, profile
 
 
 def _heading(record: dict[str, Any]) -> str:
@@ -179,5 +191,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_dims_option(s, "B=2,S=64 (admin: the profile batch; unsized dims default as for blockir run)")
     s.add_argument("--manifest", metavar="FILE", help="admin: also write the profile record (data sha256, "
                    "budget, variances, omegas) and the program as JSON to FILE (a new file)")
+    s.add_argument("--save", metavar="DIR", help="admin: write the profiled initialisation as a step-0 checkpoint "
+                   "that blockir run --resume continues (its record names the data and its sha256)")
+    add_force_option(s, "--save", "checkpoint")
     add_format_option(s, "block")
-    s.set_defaults(func=run)
+    s.set_defaults(func=run, writes="--save")

@@ -18,7 +18,8 @@ import torch
 from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.program import Program
 from blockir.lifecycle.admin import AdminInit, apply
-from blockir.lifecycle.session import RunConfig, batch_size, build_model
+from blockir.lifecycle.corpus import load_corpus
+from blockir.lifecycle.session import RunConfig, Trainer
 from blockir.lifecycle.token_lm import takes_tokens
 from blockir.passes.recipes.admin import Profile
 from blockir.passes.recipes.base import RecipeResult
@@ -61,9 +62,12 @@ def read_data(path: str | Path, budget: int) -> bytes:
 
 
 def profile_on_data(program: Program, block_name: str, data: str | Path, tokens: int, *,
-                    dims: Mapping[str, int], seed: int = 0) -> tuple[RecipeResult, DataProfile]:
+                    dims: Mapping[str, int], seed: int = 0) -> tuple[RecipeResult, DataProfile, Trainer]:
     """Admin on ``block_name`` with omega profiled on the first bytes of ``data``, in the byte-level language
-    model around the model that stacks the block, compiled from ``seed`` at ``dims`` (every dim sized)."""
+    model around the model that stacks the block, compiled from ``seed`` at ``dims`` (every dim sized).
+
+    The trainer returned is the run ``blockir run --seed`` would start on ``data``, its omegas set by the
+    profile: a checkpoint of it (``blockir.lifecycle.checkpoint.save``) is the profiled initialisation."""
     raw = read_data(data, tokens)
     result = apply(program, block_name)
     init = result.init
@@ -76,9 +80,12 @@ def profile_on_data(program: Program, block_name: str, data: str | Path, tokens:
                                 "the stream the first sublayer reads", at,
                                 hint="profile the model without its embedding: give --block a layer stacked by a "
                                      "model whose input is the [B, S, D] stream")])
-    cfg = RunConfig(dims=dict(dims), seed=seed)
-    model, _ = build_model(result.program, target, cfg)
-    batch, window = batch_size(result.program, target, cfg), model.shape.window
+    if Path(data).is_dir():
+        raise BlockError([argument_error("recipe", "data", f"{data} is a directory; the profile's identity is one "
+                                         "file's sha256", "give one text file")])
+    trainer = Trainer(result.program, target, RunConfig(dims=dict(dims), seed=seed), load_corpus(str(data), "recipe"))
+    model = trainer.model
+    batch, window = trainer.batch, model.shape.window
     if batch * window > tokens:
         raise BlockError([error("E0714", f"the profile batch of '{target.name}' is {batch} windows of {window} "
                                 f"bytes, {batch * window:,} tokens, more than the token budget of {tokens:,}",
@@ -92,4 +99,4 @@ def profile_on_data(program: Program, block_name: str, data: str | Path, tokens:
     omega = {s.omega: w for s, w in zip(profiled.sites, profiled.profile.omega)}
     record = DataProfile(str(data), hashlib.sha256(raw).hexdigest(), len(raw), tokens, batch * window, batch,
                          window, seed, target.name, profiled.profile, omega)
-    return replace(result, init=profiled), record
+    return replace(result, init=profiled), record, trainer
