@@ -334,6 +334,15 @@ def test_deepscalelm_fold_moves_lambda_into_the_norm_gains_of_a_post_ln_stack() 
     torch.testing.assert_close(1 + state["layers.4.ln_2.weight"], (1 + sd["layers.4.ln_2.weight"]) * lam)
 
 
+def test_blockir_fold_points_a_post_ln_skip_scale_to_the_two_sided_fold() -> None:
+    from blockir.analyses.fold_legality import fold_report
+    for source, two_sided in ((POST_LN, True), (ATTENTION, False)):
+        program = deepscalelm.apply(_program(source), "Layer").program
+        skips = [site for site in fold_report(program.block("Layer"), "infer") if site.name.startswith("skip_scale")]
+        assert len(skips) == 2 and all(not site.legal and site.code == "shortcut" for site in skips)
+        assert all(("folds two-sided instead" in site.reason) == two_sided for site in skips), source
+
+
 def test_deepscalelm_keeps_lambda_on_a_pre_ln_stack() -> None:
     program = deepscalelm.apply(_program(ATTENTION), "Layer").program
     assert deepscalelm.skip_fold(program, "Layer").reason == (
