@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from blockir.lower.layers.numerics import meeting
+
 ACT, OUT = "fixup_bias_act", "fixup_bias_out"
 
 
@@ -15,6 +17,7 @@ def add_biases(module: nn.Module, *keys: str) -> None:
 
 
 def shift(x: Tensor, module: nn.Module, key: str) -> Tensor:
-    """``x`` plus ``module``'s scalar bias ``key``, when it has one."""
-    b = module._parameters.get(key)
+    """``x`` plus ``module``'s scalar bias ``key``, when it has one (a tensor-parallel rank's plain shard meets
+    the replicated scalar through its local value, with a pending-sum gradient)."""
+    b = meeting(module._parameters.get(key), x)
     return x if b is None else x + b.to(x.dtype)
