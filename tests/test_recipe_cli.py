@@ -105,6 +105,7 @@ def test_admin_saves_the_profiled_initialisation_for_run_to_resume(data: Path, t
     record = json.loads(text)
     run = json.loads((save / "run.json").read_text())
     assert (run["step"], run["data"], run["data_sha256"]) == (0, str(data), record["profile"]["sha256"])
+    assert record["profile"]["checkpoint"] == {"directory": str(save), "model_sha256": run["sha256"]["model.pt"]}
     state = torch.load(save / "model.pt", weights_only=True)
     for path, omega in record["profile"]["omega"].items():
         assert torch.equal(state[f"core.{path}"], torch.full((64,), omega)), path

@@ -11,6 +11,7 @@ the report, and in ``--manifest FILE``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from blockir.cli import (EXIT_OK, UsageError, add_dims_option, add_force_option, add_format_option, load_program, log, print_json,
@@ -67,7 +68,9 @@ def _admin(args: argparse.Namespace, program: Program, block: Block) -> tuple[An
                                                dims=row_dims(program, args.dims), seed=args.seed)
     if args.save:
         check_save()
-        checkpoint.save(trainer, args.save, args.file)
+        saved = checkpoint.save(trainer, args.save, args.file)
+        # the post-reinitialisation checkpoint, named by its hash beside the data that set it
+        profile = replace(profile, checkpoint={"directory": args.save, "model_sha256": saved["sha256"]["model.pt"]})
         log(f"saved the profiled initialisation (step 0) to {args.save}")
     return result, profile
 

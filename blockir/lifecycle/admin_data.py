@@ -40,6 +40,7 @@ class DataProfile:
     model: str
     profile: Profile
     omega: dict[str, float]  # parameter path -> the value written into every channel
+    checkpoint: dict[str, str] | None = None  # where the profiled initialisation was saved, and its model.pt hash
 
     def record(self) -> dict[str, Any]:
         out = asdict(self)
