@@ -334,6 +334,20 @@ def test_deepscalelm_fold_moves_lambda_into_the_norm_gains_of_a_post_ln_stack() 
     torch.testing.assert_close(1 + state["layers.4.ln_2.weight"], (1 + sd["layers.4.ln_2.weight"]) * lam)
 
 
+def test_deepscalelm_fold_of_two_stacks_keeps_each_stack_output() -> None:
+    """Each stack's input takes lambda and its last norm keeps its state, so the second stack reads the first's
+    output unscaled and scales it itself."""
+    text = POST_LN.replace("  return layers(x)", "  more: Layer * 6\n  return more(layers(x))")
+    result = deepscalelm.apply(_program(text), "Layer")
+    m = blockir.compile(result.program, "Decoder", seed=0, dtype=torch.float64)
+    program, state = fold_deepscalelm(result.program, "Layer", m)
+    folded = blockir.compile(program, "Decoder", seed=1, dtype=torch.float64)
+    folded.load_state_dict(state, strict=True)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(folded(x), m(x), rtol=1e-12, atol=1e-12)
+    assert torch.equal(state["layers.5.ln_2.weight"], m.state_dict()["layers.5.ln_2.weight"])
+
+
 def test_blockir_fold_points_a_post_ln_skip_scale_to_the_two_sided_fold() -> None:
     from blockir.analyses.fold_legality import fold_report
     for source, two_sided in ((POST_LN, True), (ATTENTION, False)):

@@ -201,8 +201,11 @@ def fold_deepscalelm(program: Program, block_name: str, module: nn.Module) -> tu
         if folds_skip and leaf in plan.norms:
             norms.append((path, block.decl_map[leaf]))
     if folds_skip:
-        for path, decl in norms[:-1]:  # the stack's output, the last norm's, is read unscaled after it
-            _scale_norm_state(state, path, decl, lam)
+        # each stack's output, its last norm's, is read unscaled after it: paths are stack.layer.norm
+        last = {path.rsplit(".", 2)[0]: path for path, _ in norms}
+        for path, decl in norms:
+            if path not in last.values():
+                _scale_norm_state(state, path, decl, lam)
         return unscaled_updates(program, block_name), state
     return unscaled_branches(program, block_name), state
 
