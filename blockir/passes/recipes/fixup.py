@@ -6,8 +6,8 @@ For L residual branches of m weight layers each, the contract is:
 2. zero-initialise the last weight layer of every branch;
 3. rescale the other weight layers of every branch by L^(-1/(2m-2)) after
    their standard initialisation;
-4. add a scalar multiplier (init 1) to every branch and scalar biases
-   (init 0) before each weight layer and nonlinearity.
+4. add a scalar multiplier (init 1) to every branch and a scalar bias
+   (init 0) before each weight layer and element-wise activation.
 
 The graph carries 1 and 4: each update becomes
 ``x + fixup_scale{i} * F(x + fixup_bias{i}a) + fixup_bias{i}b``, and every branch
