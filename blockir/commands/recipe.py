@@ -20,6 +20,7 @@ from blockir.diagnostics import BlockError, Note, error
 from blockir.ir.decls import InstanceDecl
 from blockir.ir.program import Block, Program
 
+PAPER_TOKENS = 8192  # Admin's profiles read no more (Liu et al., 2020)
 CLI_RECIPES = ("deepnorm", "rezero", "layerscale", "tfixup", "fixup", "deepscalelm", "dyt_llm", "admin")
 
 
@@ -87,6 +88,9 @@ def _profile_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"  profile: {record['tokens']} of a budget of {record['budget']} tokens from {record['data']} "
              f"(sha256 {record['sha256']}, {record['data_tokens']} tokens), seed {record['seed']}",
              f"  Var(x_0) = {record['profile']['input_variance']:.6g}"]
+    if record["tokens"] > PAPER_TOKENS:
+        lines.append(f"  note: the profile read {record['tokens']} tokens; the paper profiles on no more than "
+                     f"{PAPER_TOKENS}")
     return lines + [f"  {path} = {w:.6g}" for path, w in record["omega"].items()]
 
 
