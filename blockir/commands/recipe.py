@@ -99,6 +99,8 @@ def _check_destination(path: str, args: argparse.Namespace) -> None:
     dest = Path(path)
     if dest.exists() or dest.is_symlink():
         raise UsageError(f"--manifest {path} exists; it is never overwritten (give a new file)")
+    if not dest.parent.is_dir():
+        raise UsageError(f"--manifest {path}: no directory {dest.parent} to write it in")
     for option, given in (("FILE", args.file), ("--data", args.data)):
         if given is not None and Path(given).resolve() == dest.resolve():
             raise UsageError(f"--manifest {path} is {option}, which this command reads")
@@ -108,7 +110,10 @@ def _write_manifest(path: str, manifest: dict[str, Any]) -> None:
     import json
 
     from blockir.lifecycle.atomic import write_file
-    write_file(path, (json.dumps(manifest, indent=2) + "\n").encode())
+    try:
+        write_file(path, (json.dumps(manifest, indent=2) + "\n").encode())
+    except OSError as exc:
+        raise UsageError(f"cannot write --manifest {path}: {exc.strerror or exc}") from None
 
 
 def stacked_layer(program: Program, source: str) -> Block:
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         record = profile.record() if profile is not None else None
         text = (_heading(record) if record is not None else "") + format_program(result.program)
         if args.manifest and record is not None:
+            _check_destination(args.manifest, args)  # again: something may have appeared there meanwhile
             _write_manifest(args.manifest, {"recipe": args.recipe, "file": args.file, "block": block.name,
                                             "profile": record, "contract": contract, "program": text})
         if args.format == "json":
