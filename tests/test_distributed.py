@@ -99,6 +99,8 @@ def test_tensor_parallel_matches_one_process(world2: dict, case: tuple[Any, ...]
         # q/k norm gains replicated with their gradients summed, nGPT's s_qk split with the query heads
         assert params["layers.0.self_attn.q_norm.weight"] == params["layers.1.self_attn.k_norm.weight"] == "R"
         assert params["layers.0.self_attn.qk_scale"] == "S(0)"
+        # Fixup's scalar biases inside the branches: replicated, each rank's partial gradient summed
+        assert params["layers.1.self_attn.fixup_bias_out"] == params["layers.0.mlp.fixup_bias_act"] == "R"
     # Post-LN included: under hidden sharding every LayerNorm reduces its row sums, so the stream stays
     # feature-sharded through the norm that produces it
     assert par["comms"] == par["planned"]

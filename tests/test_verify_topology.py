@@ -312,7 +312,7 @@ block CalledFixup(x: [B, S, D]) -> [B, S, D] {
     assert [m for _, m in found] == [
         "'CalledFixup' states fixup = 1 but branch 'self_attn' keeps norm 'ln_1' and has no scalar multiplier "
         "(scalar(init=1)) and has no scalar biases before its first weight layer and after its multiplier "
-        "(bias(init=0))",
+        "(bias(init=0)) and has no scalar biases inside 'self_attn' (fixup_bias=true)",
         "'CalledFixup' states fixup = 1 but branch 'mlp' keeps norm 'ln_2' and has no scalar multiplier "
         "(scalar(init=1)) and has no scalar biases before its first weight layer and after its multiplier "
-        "(bias(init=0))"]
+        "(bias(init=0)) and has no scalar biases inside 'mlp' (fixup_bias=true)"]

@@ -185,9 +185,12 @@ def _scale_site(block: Block, op: Op, mode: str, shortcut_of: dict[int, str]) ->
         return FoldSite("scale", name, op.span, False, "keep", (), "training",
                         "training mode: the optimizer updates the scale and the weight separately")
     if id(op) in shortcut_of:
+        two_sided = ("; DeepScaleLM's lambda on this Post-LN block folds two-sided instead, into the gains of the "
+                     "norms that produce the stream and over the branches' first linears "
+                     "(blockir.lower.fold.fold_deepscalelm)") if _deepscalelm_post_ln(block) else ""
         return FoldSite("scale", name, op.span, False, "keep", (), "shortcut",
                         f"it scales the shortcut '{op.operand}', which also feeds the branch "
-                        f"'{shortcut_of[id(op)]}': folding it upstream would scale both paths")
+                        f"'{shortcut_of[id(op)]}': folding it upstream would scale both paths{two_sided}")
     try:
         _exact(block, op.operand)
     except _No as no:
@@ -254,6 +257,13 @@ def _dropout_site(op: Op, mode: str) -> FoldSite:
 def _batch_coupled(block: Block, op: Op) -> bool:
     decl = _kind_decl(block, op)
     return decl is not None and family(decl).batch_coupled
+
+
+def _deepscalelm_post_ln(block: Block) -> bool:
+    """A block stating ``deepscalelm = 1`` whose every update is Post-LN: its skip scale folds two-sided."""
+    subs = wrapper(block).sublayers
+    return any(c.name == "deepscalelm" for c in block.consts) and bool(subs) and \
+        all(s.post_norm is not None for s in subs)
 
 
 def fold_report(block: Block, mode: str) -> list[FoldSite]:

@@ -136,7 +136,19 @@ def _attention(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         keys.append(("qk_scale", (heads * hd,)))
     if decl.arg("head_scale"):
         keys.append(("head_scale", (heads,)))
-    return keys
+    return keys + _fixup_biases(decl)
+
+
+def fixup_biases(decl: KindDecl) -> tuple[str, ...]:
+    """The keys of Fixup's scalar biases inside a branch declared with ``fixup_bias=true``: before an MLP's
+    activation and its output layer; before attention's output projection (its value mixing is linear)."""
+    if not decl.arg("fixup_bias"):
+        return ()
+    return ("fixup_bias_out",) if decl.kind.endswith("attention") else ("fixup_bias_act", "fixup_bias_out")
+
+
+def _fixup_biases(decl: KindDecl) -> list[tuple[str, Shape]]:
+    return [(n, ()) for n in fixup_biases(decl)]
 
 
 def _moe(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]]:
@@ -168,10 +180,11 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
         names = layer_names(decl.kind, dict(decl.args))
         if decl.kind == "mlp":
             conv1d = bool(decl.arg("conv1d"))
-            return _linear(names["fc1"], hidden, width, bias, conv1d) + _linear(names["fc2"], width, hidden, bias, conv1d)
+            return _linear(names["fc1"], hidden, width, bias, conv1d) + \
+                _linear(names["fc2"], width, hidden, bias, conv1d) + _fixup_biases(decl)
         gate_up = _linear(names["gate_up"], 2 * hidden, width, bias) if decl.arg("fused") else \
             _linear(names["gate"], hidden, width, bias) + _linear(names["up"], hidden, width, bias)
-        return gate_up + _linear(names["down"], width, hidden, bias)
+        return gate_up + _linear(names["down"], width, hidden, bias) + _fixup_biases(decl)
     if decl.kind == "moe":
         return _moe(block, decl, s)
     if decl.kind == "linear":

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockir.analyses.keys import key_table
+from blockir.analyses.keys import fixup_biases, key_table
 from blockir.norms import FAMILIES, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
@@ -279,6 +279,8 @@ class _Planner:
             self._param(f"{row}.bias", "replicate")
         if attention:
             self.head_params(d, path, names, shared_kv, layer, sizes)
+        for key in fixup_biases(d):  # one scalar each rank adds to its own heads or units: a pending-sum gradient
+            self._param(f"{path}.{key}", "replicate (gradient summed over tp)")
         self._gathered(layer, path)
         self._collective(layer, Collective(row, REDUCE[self.layout], self.elements))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from blockir.analyses.keys import fixup_biases
 from blockir.analyses.manifest_training import initialisation
 from blockir.analyses.sizes import Env
 from blockir.analyses.structure import wrapper
@@ -91,8 +92,11 @@ def recipe_name(topology: str, block: Block) -> str | None:
 
 
 def _learned(block: Block) -> list[dict[str, Any]]:
-    return [{"decl": d.name, "kind": d.kind} for d in block.decls if isinstance(d, KindDecl)
-            and (d.category in ("scale", "shift") or d.kind == DYT.name)]
+    out = [{"decl": d.name, "kind": d.kind} for d in block.decls if isinstance(d, KindDecl)
+           and (d.category in ("scale", "shift") or d.kind == DYT.name)]
+    # Fixup's scalar biases inside built-in branches are the branch module's own keys
+    return out + [{"decl": f"{d.name}.{key}", "kind": "bias"} for d in block.decls if isinstance(d, KindDecl)
+                  for key in fixup_biases(d)]
 
 
 # the recipes `blockir recipe` applies, by their command-line names

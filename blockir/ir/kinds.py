@@ -41,6 +41,11 @@ _INIT = (_GAIN,
                  doc="true: the last layer on the update path (o; fc2; down) starts at zero, weight and bias (Fixup)"))
 # what a compiled module does not show: these change only how a branch starts, not what it computes
 INIT_ONLY = tuple(a.name for a in _INIT)
+# Fixup's scalar biases are parameters of their own, so a branch takes them beside its init-only arguments
+_BRANCH_INIT = (*_INIT, ArgSpec("fixup_bias", "bool", None,
+                                doc="true: Fixup's scalar biases between the branch's weight layers, learned and "
+                                    "initialised to 0: fixup_bias_act before an MLP's activation, fixup_bias_out "
+                                    "before the output layer (o; fc2; down)"))
 _COUNTED = (Implies("score_residual", "mean", "score_count", Bin("+", Name(LAYER), Num(1)),
                     "a running mean over a stack's layers has held layer + 1 layers' scores after this one"),
             Implies("score_residual", "sum", "score_count", None, "only the running mean counts layers"))
@@ -103,7 +108,7 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
             ArgSpec("causal", "bool", True), ArgSpec("rope", "bool", False),
             ArgSpec("rope_theta", "expr", Num(10000.0)),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_INIT,
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_BRANCH_INIT,
             ArgSpec("rope_style", "enum", "half", choices=ROPE_STYLES,
                     doc="half: pair i with i + r/2 (LLaMA); interleaved: pair 2i with 2i + 1 (GPT-J)"),
             ArgSpec("rotary_dim", "expr", None, doc="coordinates per head that rotate (partial rotary); all if unset; 0: none"),
@@ -148,19 +153,19 @@ KINDS: dict[str, KindSpec] = {
              *_UNFUSED_V, *_COUNTED)),
         KindSpec("cross_attention", "branch", (
             ArgSpec("heads", "expr"), ArgSpec("kv_heads", "expr", None), ArgSpec("head_dim", "expr", None),
-            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_INIT,
+            ArgSpec("bias", "bool", False), ArgSpec("out_bias", "bool", False), *_BRANCH_INIT,
             *_ATTENTION_CORE, *_ATTENTION_LAYOUT),
             "queries from the state, keys and values from memory", (*_UNFUSED_V, *_COUNTED)),
         KindSpec("mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "gelu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", True), *_INIT,
+            ArgSpec("bias", "bool", True), *_BRANCH_INIT,
             _name("fc1", "the input layer's name (c_fc, dense_h_to_4h, up_proj, …)"),
             _name("fc2", "the output layer's name (c_proj, dense_4h_to_h, down_proj, …)"),
             ArgSpec("conv1d", "bool", False, doc="weights stored [in, out] (GPT-2's Conv1D)")),
             "dense MLP fc2(act(fc1(x)))"),
         KindSpec("gated_mlp", "branch", (
             ArgSpec("hidden", "dim", positional=True), ArgSpec("act", "enum", "silu", choices=ACTIVATIONS),
-            ArgSpec("bias", "bool", False), *_INIT,
+            ArgSpec("bias", "bool", False), *_BRANCH_INIT,
             _name("gate", "the gate layer's name"), _name("up", "the up layer's name"),
             _name("down", "the down layer's name"),
             ArgSpec("fused", "bool", False, doc="gate and up stored as one matrix, gate rows first"),
@@ -202,7 +207,10 @@ KINDS: dict[str, KindSpec] = {
             ArgSpec("mask_positions", "bool", False, doc="with positions=true, number the tokens the [B, S] "
                     "attention_mask keeps 0, 1, … and padded ones -1, before the offset (OPT, BioGPT)"),
             ArgSpec("padding_idx", "expr", None, doc="the row of the pad token, which gets no gradient "
-                    "(nn.Embedding's padding_idx)")),
+                    "(nn.Embedding's padding_idx)"),
+            ArgSpec("init_std", "expr", None, doc="the table is drawn from N(0, init_std^2) (T-Fixup: width ** -0.5); "
+                    "unset: N(0, 0.02^2)"),
+            ArgSpec("init_gain", "expr", None, doc="then multiplied by this (T-Fixup: (9 N) ** -0.25 for N layers)")),
             "a lookup table applied to token ids [B, S]: returns [B, S, width]"),
         KindSpec("head", "head", (
             ArgSpec("vocab", "dim", positional=True), ArgSpec("bias", "bool", False),

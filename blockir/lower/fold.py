@@ -20,6 +20,7 @@ from blockir.ir.init_roles import LAST
 from blockir.ir.program import Program
 from blockir.lower.bind import BoundExtern
 from blockir.lower.compile import compile as compile_block
+from blockir.norms import family as family_of
 from blockir.norms import family_named
 from blockir.passes.fold import FoldEvent, fold_pass
 from blockir.passes.fold_edits import (
@@ -34,7 +35,7 @@ from blockir.passes.fold_edits import (
 )
 from blockir.passes.manager import run_pass
 from blockir.passes.recipes.base import gained_branches
-from blockir.passes.recipes.deepscalelm import BRANCH, unscaled_branches
+from blockir.passes.recipes.deepscalelm import BRANCH, SKIP, skip_fold, unscaled_branches, unscaled_updates
 
 if TYPE_CHECKING:
     import torch.fx as fx
@@ -174,21 +175,51 @@ def rebuild_module(program: Program, name: str, module: nn.Module, edits: list[E
 
 
 def fold_deepscalelm(program: Program, block_name: str, module: nn.Module) -> tuple[Program, dict[str, Tensor]]:
-    """The program without DeepScaleLM's branch scale and ``module``'s state dict with beta folded into each
-    branch's last linear (``W' = beta W``, ``b' = beta b``).
+    """The program without DeepScaleLM's scales that fold, and ``module``'s state dict with them folded.
 
-    ``program`` is the recipe's output and ``module`` compiled from it; beta is the block's ``branch_scale``.
+    ``program`` is the recipe's output and ``module`` compiled from it. beta (the block's ``branch_scale``) goes
+    into each branch's last linear (``W' = beta W``, ``b' = beta b``). On a Post-LN block compiled inside a
+    model that stacks it, lambda (``skip_scale``) folds too (:class:`~blockir.passes.recipes.deepscalelm.SkipFold`):
+    every post norm's gain and shift but the stack's last times lambda, the stream-reading linears of every
+    branch divided by lambda, and the model's stack input times lambda; otherwise lambda stays on the shortcut.
     """
     block = program.block(block_name)
-    beta = value(Name(BRANCH), block_env(program_env(program), block))
+    env = block_env(program_env(program), block)
+    beta, lam = value(Name(BRANCH), env), value(Name(SKIP), env)
     decls = {d.name: d.kind for d in gained_branches(block, "DeepScaleLM")}
+    plan = skip_fold(program, block_name)
+    folds_skip = plan.reason is None and getattr(module, "blockir_block", None) in plan.models
     state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    norms = []
     for path, sub in module.named_modules():
-        kind = decls.get(path.rpartition(".")[2])
-        if kind is None or not hasattr(sub, "names"):
-            continue
-        layer = f"{path}.{sub.names[LAST[kind]]}" if path else sub.names[LAST[kind]]
-        for key in (f"{layer}.weight", f"{layer}.bias"):
-            if key in state:
-                state[key] = state[key] * beta
+        leaf = path.rpartition(".")[2]
+        kind = decls.get(leaf)
+        if kind is not None and hasattr(sub, "names"):
+            _scale_keys(state, f"{path}.{sub.names[LAST[kind]]}", beta)
+            for layer in plan.first_linears.get(leaf, ()) if folds_skip else ():
+                state[f"{path}.{layer}.weight"] = state[f"{path}.{layer}.weight"] / lam
+        if folds_skip and leaf in plan.norms:
+            norms.append((path, block.decl_map[leaf]))
+    if folds_skip:
+        # each stack's output, its last norm's, is read unscaled after it: paths are stack.layer.norm
+        last = {path.rsplit(".", 2)[0]: path for path, _ in norms}
+        for path, decl in norms:
+            if path not in last.values():
+                _scale_norm_state(state, path, decl, lam)
+        return unscaled_updates(program, block_name), state
     return unscaled_branches(program, block_name), state
+
+
+def _scale_keys(state: dict[str, Tensor], layer: str, factor: float) -> None:
+    for key in (f"{layer}.weight", f"{layer}.bias"):
+        if key in state:
+            state[key] = state[key] * factor
+
+
+def _scale_norm_state(state: dict[str, Tensor], path: str, decl: Any, factor: float) -> None:
+    """``factor * norm(x)`` as the norm's own affine state: the gain (``(1 + w)`` with ``offset=1``) and shift."""
+    fam, offset = family_of(decl), decl.arg("offset", 0) or 0
+    for i, key in enumerate(fam.affine_keys(decl)):
+        k = f"{path}.{key}"
+        shift = offset if i == 0 and fam.weight(decl) else 0
+        state[k] = factor * (state[k] + shift) - shift

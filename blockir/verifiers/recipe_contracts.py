@@ -4,18 +4,20 @@ A depth exponent or a pair of scales copied from a paper is not the method:
 ``const fixup = 1`` needs no norm, a learned scalar multiplier and scalar
 biases on every branch (Zhang et al., arXiv:1901.09321); ``const deepscalelm
 = 1`` needs every update to be ``lambda * x + beta * F(x)`` with constant
-scales and ``lambda^2 + beta^2 = 1`` (Shah et al., arXiv:2403.09635);
+scales and ``lambda^2 + beta^2 = 1`` (Kedia et al., arXiv:2403.09635);
 ``const tfixup = 1`` needs no norm and T-Fixup's gain for its side and depth on
 every built-in branch (Huang et al., 2020).
 """
 from __future__ import annotations
 
 from blockir.analyses.facts import stated
+from blockir.analyses.key_roles import token_table
 from blockir.analyses.sizes import block_env, layer_counts, program_env, value
 from blockir.analyses.structure import Branch, Sublayer, wrapper
 from blockir.analyses.summaries import summaries
 from blockir.analyses.tfixup import gains
 from blockir.diagnostics import Diagnostic, Note, error
+from blockir.ir.consts import Name
 from blockir.ir.decls import InstanceDecl, KindDecl
 from blockir.ir.traits import Learned, Normalizes, Scales
 from blockir.ir.program import Block, Program
@@ -23,10 +25,11 @@ from blockir.verifiers.registry import verifier
 
 FIXUP_HINT = ("Fixup removes every norm, zero-initialises each branch's last layer, rescales the others by "
               "L^(-1/(2m-2)), and adds a scalar multiplier and scalar biases to every branch; "
-              "`blockir recipe fixup` writes the graph and the branches' init_zero and init_scale")
+              "`blockir recipe fixup` writes the graph and the branches' init_zero, init_scale and fixup_bias")
 TFIXUP_HINT = ("T-Fixup removes every norm and Xavier-initialises each branch with gain 0.67 N^(-1/4) (encoder) or "
-               "(9N)^(-1/4) (decoder: it reads encoder memory) on v/o and the MLP, for N layers, and trains without "
-               "warmup; `blockir recipe tfixup` writes it")
+               "(9N)^(-1/4) (decoder: it reads encoder memory) on v/o and the MLP, for N layers, draws the input "
+               "embeddings from N(0, d^(-1/2)) scaled by (9N)^(-1/4), and trains without warmup; "
+               "`blockir recipe tfixup` writes it")
 DSLM_HINT = "DeepScaleLM keeps unit variance with lambda^2 + beta^2 = 1 (beta^2 = 2/N, lambda^2 = 1 - 2/N for N layers)"
 
 
@@ -42,6 +45,9 @@ def _fixup_missing(block: Block, s: Sublayer, b: Branch) -> list[str]:
         out.append("has no scalar multiplier (scalar(init=1))")
     if sum(op.has(Learned) and _learned(block, op.param, "bias") for op in b.ops) < 2:
         out.append("has no scalar biases before its first weight layer and after its multiplier (bias(init=0))")
+    decl = block.decl_map.get(getattr(b.call, "decl", "") or "")
+    if isinstance(decl, KindDecl) and decl.spec.arg("fixup_bias") is not None and not decl.arg("fixup_bias"):
+        out.append(f"has no scalar biases inside '{decl.name}' (fixup_bias=true)")
     return out
 
 
@@ -120,6 +126,30 @@ def _tfixup(program: Program, block: Block, base: dict, depths: tuple[int, ...],
                     out.append(error("E0445", f"init_gain of '{d.name}' is {got:.6g} in a {n}-layer stack, but "
                                      f"T-Fixup's scale is {scale}", d.span, notes=[stated_at], hint=TFIXUP_HINT))
                     break
+    return out + _tfixup_embeddings(program, block, base, stated_at)
+
+
+def _tfixup_embeddings(program: Program, block: Block, base: dict, stated_at: Note) -> list[Diagnostic]:
+    """The token embedding of a model stacking a T-Fixup block: N(0, d^(-1/2)), then (9N)^(-1/4)."""
+    out: list[Diagnostic] = []
+    for model in program.blocks:
+        for stack in (d for d in model.decls if isinstance(d, InstanceDecl) and d.block == block.name):
+            table = model.decl_map.get(token_table(model) or "")
+            if not isinstance(table, KindDecl) or stack.count is None:
+                continue
+            env = block_env(base, model)
+            n, width = value(stack.count, env), value(Name(table.arg("width")), env)
+            if n is None or width is None:
+                continue
+            want = {"init_std": width ** -0.5, "init_gain": (9 * n) ** -0.25}
+            got = {arg: value(table.arg(arg), env) if table.arg(arg) is not None else None for arg in want}
+            wrong = [f"{arg} is {'unset' if got[arg] is None else f'{got[arg]:.6g}'}, not {w:.6g}"
+                     for arg, w in want.items() if got[arg] is None or abs(got[arg] - w) > 1e-9 * w]
+            if wrong:
+                out.append(error("E0445", f"'{model.name}' stacks '{block.name}', which states tfixup = 1, but its "
+                                 f"token embedding '{table.name}' is not T-Fixup's N(0, d^(-1/2)) scaled by "
+                                 f"(9N)^(-1/4) for N = {n:g}: " + "; ".join(wrong), table.span, notes=[stated_at],
+                                 hint=TFIXUP_HINT))
     return out
 
 

@@ -4,7 +4,7 @@ The shortcut of ``x + u`` is exact addition (He et al., 2016); across a stack
 the direct route is scaled by the product of the shortcut factors, so a
 constant on it grows or shrinks the state exponentially with depth unless a
 recipe sets it on purpose (DeepNorm's alpha, Wang et al., 2022; DeepScaleLM's
-lambda, Shah et al., 2024). The state added twice (``x + x + f(x)``, or a
+lambda, Kedia et al., 2024). The state added twice (``x + x + f(x)``, or a
 branch that already returns ``x + f(x)``) doubles that route in every layer,
 as a shortcut added once per tensor-parallel rank does. An update that
 returns ``f(n(x))`` has no shortcut at all: it replaces the state. Each is

@@ -21,6 +21,7 @@ from blockir.lower.distributed.projections import BranchInput, Columns, Rows, br
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
+from blockir.lower.layers.fixup_bias import ACT, OUT
 from blockir.lower.layers.numerics import batch_slice
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
@@ -175,6 +176,15 @@ def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
             if name in ("weight", "bias", "qk_scale", "head_scale") and not isinstance(p.data, DTensor):
                 module.get_submodule(path).register_parameter(
                     name, nn.Parameter(distribute_tensor(p.data, mesh, placements), requires_grad=p.requires_grad))
+    # Fixup's scalar biases inside a branch: replicated, each rank adding them to its own heads or units
+    for key in plan.params:
+        path, _, name = key.rpartition(".")
+        if name in (ACT, OUT):
+            owner = module.get_submodule(path)
+            p = owner.get_parameter(name)
+            if not isinstance(p.data, DTensor):
+                owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]),
+                                                            requires_grad=p.requires_grad))
 
 
 def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:

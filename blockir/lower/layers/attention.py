@@ -15,6 +15,7 @@ from blockir.diagnostics import UNKNOWN_SPAN, BlockError, Span, error
 from blockir.lower.layers import numerics, rotary
 from blockir.lower.layers.attention_core import AttentionCore, attend, attend_alibi, repeat_kv
 from blockir.lower.layers.dense import dense
+from blockir.lower.layers.fixup_bias import OUT, add_biases, shift
 from blockir.lower.layers.kv_cache import KVCache
 from blockir.lower.layers.masks import MaskBuilder
 from blockir.lower.layers.norm_module import make_norm
@@ -81,6 +82,7 @@ class _Projections(_DottedLayers):
         qk_scale: bool = False,
         core: AttentionCore | None = None,
         head_scale: bool = False,
+        fixup_bias: bool = False,
     ) -> None:
         super().__init__()
         # plain settings go straight to __dict__ (here and in the branches below): nn.Module.__setattr__
@@ -115,6 +117,8 @@ class _Projections(_DottedLayers):
         self.qk_scale = nn.Parameter(torch.full((q_out,), width ** -0.5)) if qk_scale else None
         if head_scale:
             self.head_scale = nn.Parameter(torch.ones(heads))
+        if fixup_bias:  # the value mixing is linear: the one scalar bias between V and O sits before O
+            add_biases(self, OUT)
 
     def project(self, x: Tensor, memory: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as ``[B, H, S, hd]`` after the q/k norms."""
@@ -166,7 +170,7 @@ class _Projections(_DottedLayers):
         scales = numerics.meeting(self._parameters.get("head_scale"), y)
         if scales is not None:
             y = y * scales.to(y.dtype)[:, None]
-        return getattr(self, self.names["o"])(y.flatten(-2))
+        return getattr(self, self.names["o"])(shift(y.flatten(-2), self, OUT))
 
     def masks(self, x: Tensor, keys: int | None = None) -> MaskBuilder:
         """Masks for the queries of ``x`` over ``keys`` keys (default: its own positions, the very same size

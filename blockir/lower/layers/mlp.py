@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from blockir.lower.boundary import NOTHING
 from blockir.lower.layers.dense import dense
+from blockir.lower.layers.fixup_bias import ACT, OUT, add_biases, shift
 from blockir.lower.layers.numerics import ACTIVATIONS
 
 
@@ -22,16 +23,19 @@ class MLP(nn.Module):
     """Two-layer feed-forward branch ``fc2(act(fc1(x)))``, its layers under the checkpoint's names."""
 
     def __init__(self, width: int, hidden: int, act: str = "gelu", bias: bool = True, *, fc1: str = "fc1",
-                 fc2: str = "fc2", conv1d: bool = False) -> None:
+                 fc2: str = "fc2", conv1d: bool = False, fixup_bias: bool = False) -> None:
         super().__init__()
         vars(self).update(act_name=act, act=activation(act), names={"fc1": fc1, "fc2": fc2})
         self.add_module(fc1, dense(width, hidden, bias, conv1d))
         self.add_module(fc2, dense(hidden, width, bias, conv1d))
+        if fixup_bias:
+            add_biases(self, ACT, OUT)
 
     blockir_context: ClassVar[frozenset[str]] = NOTHING
 
     def forward(self, x: Tensor, **ctx: object) -> Tensor:
-        return getattr(self, self.names["fc2"])(self.act(getattr(self, self.names["fc1"])(x)))
+        h = shift(self.act(shift(getattr(self, self.names["fc1"])(x), self, ACT)), self, OUT)
+        return getattr(self, self.names["fc2"])(h)
 
     def extra_repr(self) -> str:
         return f"act={self.act_name}"
@@ -46,7 +50,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, width: int, hidden: int, act: str = "silu", bias: bool = False, *, gate: str = "gate_proj",
                  up: str = "up_proj", down: str = "down_proj", gate_up: str = "gate_up_proj",
-                 fused: bool = False) -> None:
+                 fused: bool = False, fixup_bias: bool = False) -> None:
         super().__init__()
         vars(self).update(act_name=act, act=activation(act), fused=fused,
                           names={"gate": gate, "up": up, "down": down, "gate_up": gate_up})
@@ -56,6 +60,8 @@ class GatedMLP(nn.Module):
             self.add_module(gate, nn.Linear(width, hidden, bias=bias))
             self.add_module(up, nn.Linear(width, hidden, bias=bias))
         self.add_module(down, nn.Linear(hidden, width, bias=bias))
+        if fixup_bias:
+            add_biases(self, ACT, OUT)
 
     blockir_context: ClassVar[frozenset[str]] = NOTHING
 
@@ -64,7 +70,8 @@ class GatedMLP(nn.Module):
             gate, up = getattr(self, self.names["gate_up"])(x).chunk(2, dim=-1)
         else:
             gate, up = getattr(self, self.names["gate"])(x), getattr(self, self.names["up"])(x)
-        return getattr(self, self.names["down"])(self.act(gate) * up)
+        h = self.act(shift(gate, self, ACT)) * up
+        return getattr(self, self.names["down"])(shift(h, self, OUT))
 
     def extra_repr(self) -> str:
         return f"act={self.act_name}"

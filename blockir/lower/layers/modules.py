@@ -86,6 +86,17 @@ class BranchInit:
                         m.bias.zero_()
 
 
+def _initialised_table(build: Callable[[], nn.Module], std: float | None, gain: float | None) -> nn.Module:
+    """An embedding drawn from N(0, std^2) when ``std`` is given, then multiplied by ``gain`` (T-Fixup)."""
+    module = build()
+    with torch.no_grad():
+        if std is not None:
+            module.weight.normal_(0.0, std)
+        if gain is not None:
+            module.weight.mul_(gain)
+    return module
+
+
 def _opt_float(s: Sizes, d: KindDecl, name: str) -> float | None:
     v = d.arg(name)
     return float(s.value(v)) if v is not None else None
@@ -121,7 +132,7 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                               qk_norm_cast=d.arg("qk_norm_cast"), qk_scale=bool(d.arg("qk_scale")),
                               qk_norm_offset=_opt_int(s, d, "qk_norm_offset") or 0,
                               qkv_groups=_opt_int(s, d, "qkv_groups") or 1,
-                              head_scale=bool(d.arg("head_scale")))
+                              head_scale=bool(d.arg("head_scale")), fixup_bias=bool(d.arg("fixup_bias")))
     if d.kind == "self_attention":
         kw.update(causal=d.arg("causal"), rope=d.arg("rope"), rope_theta=float(s.value(d.arg("rope_theta"))),
                   rope_style=d.arg("rope_style"), rotary_dim=_opt_int(s, d, "rotary_dim"),
@@ -139,7 +150,7 @@ def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
     names = layer_names(d.kind, dict(d.args))
     if d.kind == "mlp":
         return partial(branches.MLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                       conv1d=d.arg("conv1d"), **names)
+                       conv1d=d.arg("conv1d"), fixup_bias=bool(d.arg("fixup_bias")), **names)
     if d.kind == "moe":
         return partial(branches.MoE, width, s.dim(d.arg("hidden")), int(s.value(d.arg("experts"))),
                        int(s.value(d.arg("top_k"))), act=d.arg("act"), routing=d.arg("routing"),
@@ -147,7 +158,7 @@ def _branch(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
                        shared=s.dim(d.arg("shared")) if d.arg("shared") is not None else None,
                        shared_gate=d.arg("shared_gate"), **names)
     return partial(branches.GatedMLP, width, s.dim(d.arg("hidden")), act=d.arg("act"), bias=d.arg("bias"),
-                   fused=d.arg("fused"), **names)
+                   fused=d.arg("fused"), fixup_bias=bool(d.arg("fixup_bias")), **names)
 
 
 def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callable[[], nn.Module | nn.Parameter]:
@@ -164,10 +175,12 @@ def kind_factory(d: KindDecl, input_type: TensorType | None, s: Sizes) -> Callab
     if d.kind == "linear":
         return partial(nn.Linear, s.dim(d.arg("in_dim")), s.dim(d.arg("out_dim")), bias=d.arg("bias"))
     if d.kind == "embedding":
-        return partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
-                       positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
-                       offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
-                       padding_idx=_opt_int(s, d, "padding_idx"))
+        table = partial(branches.Embedding, s.dim(d.arg("vocab")), s.dim(d.arg("width")),
+                        positions=d.arg("positions"), scale=_opt_float(s, d, "scale"),
+                        offset=_opt_int(s, d, "position_offset") or 0, mask_positions=d.arg("mask_positions"),
+                        padding_idx=_opt_int(s, d, "padding_idx"))
+        std, gain = _opt_float(s, d, "init_std"), _opt_float(s, d, "init_gain")
+        return table if std is None and gain is None else partial(_initialised_table, table, std, gain)
     if d.kind == "head" and width is not None:
         return partial(branches.Head, width, s.dim(d.arg("vocab")), bias=d.arg("bias"),
                        softcap=_opt_float(s, d, "softcap"))

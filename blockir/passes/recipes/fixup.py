@@ -6,14 +6,14 @@ For L residual branches of m weight layers each, the contract is:
 2. zero-initialise the last weight layer of every branch;
 3. rescale the other weight layers of every branch by L^(-1/(2m-2)) after
    their standard initialisation;
-4. add a scalar multiplier (init 1) to every branch and scalar biases
-   (init 0) before each weight layer and nonlinearity.
+4. add a scalar multiplier (init 1) to every branch and a scalar bias
+   (init 0) before each weight layer and element-wise activation.
 
 The graph carries 1 and 4: each update becomes
-``x + fixup_scale{i} * F(x + fixup_bias{i}a) + fixup_bias{i}b``. The scalar biases
-between the layers inside a built-in attention or MLP would need the module's
-own graph; the block-level ones sit before the first weight layer and after the
-multiplier (before the next branch's first layer). 2 and 3 are the branch
+``x + fixup_scale{i} * F(x + fixup_bias{i}a) + fixup_bias{i}b``, and every branch
+declaration gets ``fixup_bias=true``: the scalar biases between its layers
+(before an MLP's activation and its output layer, before attention's output
+projection) are the module's own parameters. 2 and 3 are the branch
 declarations' ``init_zero=true`` and ``init_scale=fixup_rescale``, which
 ``blockir.compile`` applies. A built-in branch is m = 2 layers deep
 along the path its update takes: V then O for attention, fc1 (gate/up) then
@@ -67,7 +67,8 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
     for d in decls:
         edit.set_arg(d.name, "init_scale", name("fixup_rescale"))
         edit.set_arg(d.name, "init_zero", True)
-        changes.append(f"'{d.name}' ({d.kind}): init_scale=fixup_rescale, init_zero=true")
+        edit.set_arg(d.name, "fixup_bias", True)
+        changes.append(f"'{d.name}' ({d.kind}): init_scale=fixup_rescale, init_zero=true, fixup_bias=true")
     index = 0
     for s in sublayers(block):
         for b in s.branches:
@@ -99,8 +100,8 @@ def apply(program: Program, block_name: str, *, depth: int | None = None) -> Rec
               ("rescale L^(-1/(2m-2))", factor))
     notes = [("compile zeroes o_proj/fc2/down_proj (init_zero) and rescales v_proj/fc1/gate_proj/up_proj "
               "(init_scale); Q and K keep their initialisation"),
-             ("the scalar bias between a branch's two weight layers (before the MLP's activation, before the "
-              "attention's output projection) is not in the graph"),
+             ("fixup_bias=true gives each branch the scalar biases between its weight layers: before the MLP's "
+              "activation and before its output layer, before the attention's output projection"),
              ("zero-initialise the classifier (outside the block); the paper trains with mixup regularization — "
               "neither is part of the graph")]
     return RecipeResult(result, None, Report("Fixup", block_name, consts, tuple(changes), tuple(notes)))
