@@ -37,7 +37,7 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 TOLERANCE = 1e-6  # relative, on the forward: the certificate then checks every gradient of the whole lift
 _ROLES = ("q", "k", "v")
-_DEFAULT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+_DEFAULT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj"}
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,15 @@ class Shape:
     bias: bool
     out_bias: bool
     head_scale: bool
+    fused: bool = False  # one matrix holds q, then k, then v (GPT-2's c_attn)
+    conv1d: bool = False  # matrices stored [in, out] (GPT-2's Conv1D)
 
 
 def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
     children = dict(module.named_children())
     own = {k: p for k, p in module.named_parameters(recurse=False)}
     layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
-    if len(layers) != 4 or set(own) - {"head_scale"} or any(len(list(m.children())) for m in layers.values()):
+    if len(layers) not in (2, 4) or set(own) - {"head_scale"} or any(len(list(m.children())) for m in layers.values()):
         return None
     for m in layers.values():
         keys = dict(m.named_parameters())
@@ -70,6 +72,8 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
     reads = [n[len(prefix):] for n in reads]
     rest = [n for n in layers if n not in reads]
     head_dim = getattr(module, "head_dim", None)
+    if len(layers) == 2:
+        return _stacked(layers, reads, rest, head_dim, int(x.shape[-1]), "head_scale" in own)
     if len(reads) != 3 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
         return None
     names = dict(zip(_ROLES, reads)) | {"o": rest[0]}
@@ -89,6 +93,28 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
                  "head_scale" in own)
 
 
+def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], head_dim: Any, width: int,
+             head_scale: bool) -> Shape | None:
+    """One matrix reading the input, its rows q, then k, then v, and the output projection; each stored
+    ``[out, in]`` as a linear's or ``[in, out]`` (a Conv1D), as the widths tell: the fused one is wider than D."""
+    if len(reads) != 1 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
+        return None
+    qkv, o = (layers[n].get_parameter("weight") for n in (reads[0], rest[0]))
+    conv1d = int(qkv.shape[0]) == width and int(qkv.shape[1]) != width
+    fused_out, o_in = (int(qkv.shape[1]), int(o.shape[0])) if conv1d else (int(qkv.shape[0]), int(o.shape[1]))
+    if (int(qkv.shape[0]) if conv1d else int(qkv.shape[1])) != width or \
+            (int(o.shape[1]) if conv1d else int(o.shape[0])) != width or (fused_out - o_in) % 2 or o_in % head_dim:
+        return None
+    kv_out = (fused_out - o_in) // 2
+    heads, kv_heads = o_in // head_dim, kv_out // head_dim
+    if kv_out % head_dim or not kv_heads or heads % kv_heads or \
+            (getattr(layers[reads[0]], "bias", None) is None) != (getattr(layers[rest[0]], "bias", None) is None):
+        return None
+    return Shape(heads, kv_heads, head_dim, {"qkv": reads[0], "o": rest[0]},
+                 getattr(layers[reads[0]], "bias", None) is not None, getattr(layers[rest[0]], "bias", None) is not None,
+                 head_scale, fused=True, conv1d=conv1d)
+
+
 def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int) -> str:
     args = [f"heads={shape.heads}"]
     args += [f"kv_heads={shape.kv_heads}"] if shape.kv_heads != shape.heads else []
@@ -100,6 +126,8 @@ def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int
     args += ["out_bias=true"] if shape.out_bias else []
     args += ["head_scale=true"] if shape.head_scale else []
     args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
+    args += ["fused=stacked"] if shape.fused else []
+    args += ["conv1d=true"] if shape.conv1d else []
     args += [f"{role}={name}" for role, name in shape.names.items() if name != _DEFAULT[role]]
     return f"self_attention({', '.join(args)})"
 

@@ -19,7 +19,7 @@ from blockir.lift.lifter import Instance, LiftedBlock, Lifter, Line
 from blockir.lift.replay import Replay, Slot
 from blockir.lift.trace import Call, trace
 
-DIMS = ("B", "S", "T", "D", "V")
+DIMS = ("B", "S", "T", "D", "V", "P")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
 
 
@@ -38,6 +38,7 @@ class Session:
         self.calls = calls
         self.context = context or {}
         self.vocab: int | None = None  # a whole LM's vocabulary size
+        self.positions: int | None = None  # the rows of its learned position table
         self.width, self.seq = width, seq
         self.hidden: dict[int, str] = {}
         self.memory: dict[int, str] = {}
@@ -204,7 +205,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
     write(root, "", True)
     dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if session.used_memory else []),
             f"dim D: model = {session.width}", *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
-            *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]
+            *([f"dim V: vocab = {session.vocab}"] if session.vocab else []),
+            *([f"dim P: vocab = {session.positions}"] if session.positions else []), ""]
     out.text = "\n".join(dims + lines)
     out.entries = {k + len(dims): v for k, v in out.entries.items()}
     out.root = root.name
