@@ -4,12 +4,16 @@ An attention's causality, rotary embedding and head split are not visible in its
 its forward (masks, rotary tables, head reshapes) does not trace symbolically. So the recogniser
 works the other way round. The branch's *structure* proposes the declaration: it must own exactly
 four projection matrices (three read the branch's input, as the recorded calls show, and one
-produces its result), optionally their biases and a per-head scale, and declare its ``head_dim``;
-the projections' widths then give ``heads`` and ``kv_heads``. Each row of :data:`VARIANTS` is one
+produces its result) or two (one reading the input holds q, k and v stacked, as GPT-2's
+``c_attn``, stored ``[out, in]`` or as a Conv1D ``[in, out]``), optionally their biases and a
+per-head scale, and declare its ``head_dim``; the projections' widths then give ``heads`` and
+``kv_heads``. Its dropout is read from one run in training mode with every ``F.dropout`` and SDPA
+``dropout_p`` recorded and not drawn: one on the attention probabilities is the declaration's
+``dropout=``, one on the branch's result is a dropout of the update in the layer; a branch that still
+draws random numbers, or drops anything else, stays an extern. Each row of :data:`VARIANTS` is one
 candidate setting of what the parameters do not tell; the first whose built-in, loaded strictly
 with the branch's own ``state_dict`` and called as the compiled lift calls it, reproduces the
-branch on the example inputs (forward, in evaluation mode) is the declaration. A branch that is
-stochastic in training (attention dropout inside) is no built-in without dropout: it stays an extern.
+branch on the example inputs (forward, in evaluation mode) is the declaration.
 Nothing here reads a class name.
 """
 from __future__ import annotations
@@ -18,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from blockir.lift.certificate import evaluating, invoke
 from blockir.lift.trace import Call, python_path
@@ -115,7 +121,7 @@ def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], he
                  head_scale, fused=True, conv1d=conv1d)
 
 
-def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int) -> str:
+def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int, dropout: float) -> str:
     args = [f"heads={shape.heads}"]
     args += [f"kv_heads={shape.kv_heads}"] if shape.kv_heads != shape.heads else []
     args += [f"head_dim={shape.head_dim}"] if shape.head_dim * shape.heads != width else []
@@ -125,6 +131,7 @@ def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int
     args += ["bias=true"] if shape.bias else []
     args += ["out_bias=true"] if shape.out_bias else []
     args += ["head_scale=true"] if shape.head_scale else []
+    args += [f"dropout={dropout:g}"] if dropout else []
     args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
     args += ["fused=stacked"] if shape.fused else []
     args += ["conv1d=true"] if shape.conv1d else []
@@ -147,19 +154,54 @@ def _first(out: Any) -> Any:
     return out
 
 
-def _stochastic(module: nn.Module, call: Call) -> bool:
-    """Does the branch draw random numbers in training (attention-probability dropout)?"""
-    outs = []
+class _Dropouts(TorchFunctionMode):
+    """Every dropout a run asks for — ``F.dropout`` (what ``nn.Dropout`` calls) and SDPA's ``dropout_p`` —
+    recorded as (p, input) and not drawn, so that a run under it is deterministic unless something else
+    draws random numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[float, Tensor | None]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is F.dropout:
+            named = dict(zip(("input", "p", "training", "inplace"), args)) | kwargs
+            p, x = float(named.get("p", 0.5)), named["input"]
+            if named.get("training", True) and p:
+                self.seen.append((p, x))
+                return x
+        elif func is F.scaled_dot_product_attention:
+            named = dict(zip(("query", "key", "value", "attn_mask", "dropout_p"), args)) | kwargs
+            if named.get("dropout_p"):
+                self.seen.append((float(named["dropout_p"]), None))
+                return func(**(named | {"dropout_p": 0.0}))
+        return func(*args, **kwargs)
+
+
+def _dropout(module: nn.Module, call: Call, x: Tensor) -> tuple[float, float] | None:
+    """The branch's dropout in training: (on the attention probabilities, on its result), or None when it draws
+    random numbers some other way, or drops anything else."""
+    outs, seen = [], []
     with torch.random.fork_rng(), torch.no_grad(), python_path():
         for seed in (1, 2):
             torch.manual_seed(seed)
-            outs.append(_first(invoke(module, call, {})))
-    return not torch.equal(outs[0], outs[1])
+            with _Dropouts() as mode:
+                outs.append(_first(invoke(module, call, {})))
+            seen.append(mode.seen)
+    if not torch.equal(outs[0], outs[1]):
+        return None
+    probs = {p for p, t in seen[0] if t is None or t.dim() == 4 and tuple(t.shape[-2:]) == (x.shape[1], x.shape[1])}
+    result = [p for p, t in seen[0] if t is outs[0]]
+    if len(probs) > 1 or len(result) > 1 or len(probs) + len(result) != len(seen[0]):
+        return None
+    return next(iter(probs), 0.0), next(iter(result), 0.0)
 
 
 def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], prefix: str,
-                      context: dict[str, Any]) -> str | None:
-    """The ``self_attention(...)`` declaration that computes what ``module`` does as called, or None.
+                      context: dict[str, Any]) -> tuple[str, float] | None:
+    """The ``self_attention(...)`` declaration that computes what ``module`` does as called, and the dropout
+    the branch applies to its own result (0 for none), or None.
 
     ``prefix`` is the branch's path in the recorded ``calls`` (ending in a dot); ``context`` the
     keyword values the compiled lift passes its branches (the lifted root's side inputs).
@@ -169,8 +211,16 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
         return None
     x = streams[0]
     shape = _projections(module, calls, prefix, x)
-    if shape is None or _stochastic(module, call):
+    drops = None if shape is None else _dropout(module, call, x)
+    if shape is None or drops is None:
         return None
+    text = _confirm(module, call, shape, drops[0], x, context)
+    return None if text is None else (text, drops[1])
+
+
+def _confirm(module: nn.Module, call: Call, shape: Shape, dropout: float, x: Tensor,
+             context: dict[str, Any]) -> str | None:
+    """The first variant that reproduces the branch in evaluation mode (see :data:`VARIANTS`), or None."""
     state = module.state_dict()
     theta = getattr(module, "rope_theta", None)
     theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
@@ -181,7 +231,7 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
         scale = want.abs().max().item() or 1.0
         close = None
         for _, variant in VARIANTS:
-            text = _text(shape, variant, theta, int(x.shape[-1]))
+            text = _text(shape, variant, theta, int(x.shape[-1]), dropout)
             candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1])).eval()
             if set(candidate.state_dict()) != set(state):
                 return None
