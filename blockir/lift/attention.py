@@ -41,6 +41,7 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("bidirectional, eager", {"causal": False, "rope": False, "impl": "eager"}),
     ("bidirectional, rotary, eager", {"causal": False, "rope": True, "impl": "eager"}),
 )
+LAYOUTS = ("stacked", "heads")  # a fused matrix's rows: q, then k, then v (GPT-2); per head q, k, v (GPT-NeoX)
 TOLERANCE = 1e-6  # relative, on the forward: the certificate then checks every gradient of the whole lift
 _ROLES = ("q", "k", "v")
 _DEFAULT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj"}
@@ -57,7 +58,7 @@ class Shape:
     bias: bool
     out_bias: bool
     head_scale: bool
-    fused: bool = False  # one matrix holds q, then k, then v (GPT-2's c_attn)
+    fused: bool = False  # one matrix holds q, k and v (GPT-2's c_attn, GPT-NeoX's query_key_value)
     conv1d: bool = False  # matrices stored [in, out] (GPT-2's Conv1D)
 
 
@@ -77,7 +78,7 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
              any(v is x for v in calls[n].arguments.values())]
     reads = [n[len(prefix):] for n in reads]
     rest = [n for n in layers if n not in reads]
-    head_dim = getattr(module, "head_dim", None)
+    head_dim = getattr(module, "head_dim", getattr(module, "head_size", None))
     if len(layers) == 2:
         return _stacked(layers, reads, rest, head_dim, int(x.shape[-1]), "head_scale" in own)
     if len(reads) != 3 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
@@ -101,8 +102,9 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
 
 def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], head_dim: Any, width: int,
              head_scale: bool) -> Shape | None:
-    """One matrix reading the input, its rows q, then k, then v, and the output projection; each stored
-    ``[out, in]`` as a linear's or ``[in, out]`` (a Conv1D), as the widths tell: the fused one is wider than D."""
+    """One matrix reading the input that holds q, k and v, and the output projection; each stored ``[out, in]``
+    as a linear's or ``[in, out]`` (a Conv1D), as the widths tell: the fused one is wider than D. How its rows
+    are laid out (all of q then k then v, or per head) is left to the run (:data:`LAYOUTS`)."""
     if len(reads) != 1 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
         return None
     qkv, o = (layers[n].get_parameter("weight") for n in (reads[0], rest[0]))
@@ -121,19 +123,31 @@ def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], he
                  head_scale, fused=True, conv1d=conv1d)
 
 
-def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int, dropout: float) -> str:
+def _rotary_width(call: Call, head_dim: int, seq: int) -> int | None:
+    """The coordinates per head the caller's rotary tables rotate: the width of a (cos, sin) pair passed in."""
+    for v in call.arguments.values():
+        if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(t, Tensor) and t.is_floating_point() and
+                                                                t.dim() >= 2 for t in v) and \
+                v[0].shape == v[1].shape and int(v[0].shape[-2]) == seq and int(v[0].shape[-1]) <= head_dim:
+            return int(v[0].shape[-1])
+    return None
+
+
+def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int, dropout: float,
+          layout: str = "none", rotary: int | None = None) -> str:
     args = [f"heads={shape.heads}"]
     args += [f"kv_heads={shape.kv_heads}"] if shape.kv_heads != shape.heads else []
     args += [f"head_dim={shape.head_dim}"] if shape.head_dim * shape.heads != width else []
     args += [f"causal={'true' if variant['causal'] else 'false'}"]
     args += ["rope=true"] if variant["rope"] else []
+    args += [f"rotary_dim={rotary}"] if variant["rope"] and rotary not in (None, shape.head_dim) else []
     args += [f"rope_theta={theta:g}"] if variant["rope"] and theta not in (None, 10000.0) else []
     args += ["bias=true"] if shape.bias else []
     args += ["out_bias=true"] if shape.out_bias else []
     args += ["head_scale=true"] if shape.head_scale else []
     args += [f"dropout={dropout:g}"] if dropout else []
     args += [f"impl={variant['impl']}"] if variant["impl"] != "sdpa" else []
-    args += ["fused=stacked"] if shape.fused else []
+    args += [f"fused={layout}"] if layout != "none" else []
     args += ["conv1d=true"] if shape.conv1d else []
     args += [f"{role}={name}" for role, name in shape.names.items() if name != _DEFAULT[role]]
     return f"self_attention({', '.join(args)})"
@@ -230,8 +244,9 @@ def _confirm(module: nn.Module, call: Call, shape: Shape, dropout: float, x: Ten
             return None
         scale = want.abs().max().item() or 1.0
         close = None
-        for _, variant in VARIANTS:
-            text = _text(shape, variant, theta, int(x.shape[-1]), dropout)
+        rotary = _rotary_width(call, shape.head_dim, int(x.shape[1]))
+        for layout, (_, variant) in ((lay, v) for lay in (LAYOUTS if shape.fused else ("none",)) for v in VARIANTS):
+            text = _text(shape, variant, theta, int(x.shape[-1]), dropout, layout, rotary)
             candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1])).eval()
             if set(candidate.state_dict()) != set(state):
                 return None
