@@ -147,6 +147,39 @@ def test_a_qwen2_causal_lm_lifts_as_one_model() -> None:
     assert "  model.layers: Qwen2DecoderLayer * 2\n" in result.text
 
 
+def test_a_gpt_neox_causal_lm_lifts_with_its_per_head_fused_partial_rotary_attention() -> None:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           vocab_size=64, max_position_embeddings=64, rotary_pct=0.25)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    result = blockir.lift(GPTNeoXForCausalLM(config).eval(), _ids())
+    assert result.diagnostics == [], result.render()
+    assert result.max_error is not None and result.max_error <= 1e-6  # measured 3e-7: the parallel sum's order
+    assert "  attention: self_attention(heads=4, causal=true, rope=true, rotary_dim=2, bias=true, out_bias=true, " \
+        "impl=eager, fused=heads, qkv=query_key_value, o=dense)\n" in result.text
+    assert "  embedded_1 = dropout(embedded, p=0)\n  layer_1 = gpt_neox.layers(embedded_1)\n" in result.text
+
+
+def test_a_gemma_causal_lm_lifts_with_its_scaled_embedding() -> None:
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=64)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    result = blockir.lift(GemmaForCausalLM(config).eval(), _ids())
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    # sqrt(32) in f32, as the shortest decimal that multiplies the rows to the same numbers
+    assert "  model.embed_tokens: embedding(V, D, padding_idx=0, scale=5.656854)\n" in result.text
+
+
+class _Offset(torch.nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) + 1
+
+
 class _Shifted(torch.nn.Module):
     """A position table looked up from position 2: no ``embedding(P, D, positions=true)`` reads that."""
 
@@ -179,3 +212,11 @@ def test_a_position_table_read_from_another_offset_is_e0913() -> None:
     (d,) = blockir.lift(_Shifted(), _ids()).diagnostics
     assert (d.code, d.message, d.span.filename) == (
         "E0913", "the position table 'wpe' is not read at the positions 0..S-1", __file__)
+
+
+def test_an_embedding_that_returns_more_than_its_rows_is_e0913() -> None:
+    model = _Shifted()
+    model.wte = _Offset(64, 32)
+    (d,) = blockir.lift(model, _ids()).diagnostics
+    assert (d.code, d.message) == ("E0913", "the embedding 'wte' returns something other than its table's rows, "
+                                            "or a constant times them")

@@ -76,6 +76,26 @@ def _lookup(r: Record) -> Tensor | None:
     return tensors[0] if len(tensors) == 1 and not tensors[0].is_floating_point() else None
 
 
+def _scale(embed: Record, ids: Tensor) -> str | None | bool:
+    """None when the embedding returns its table's rows; the constant it multiplies them by, as the shortest
+    decimal of that float in the table's dtype; False for anything else."""
+    table = _table(embed.module)
+    assert table is not None
+    rows = torch.nn.functional.embedding(ids, table).detach()
+    out = embed.output.detach()
+    if out.shape != rows.shape or out.dtype != rows.dtype:
+        return False
+    if torch.equal(out, rows):
+        return None
+    k = int(rows.abs().argmax())
+    c = (out.flatten()[k] / rows.flatten()[k]).item()
+    for digits in range(1, 18):
+        text = f"{c:.{digits}g}"
+        if torch.equal(rows * torch.tensor(float(text), dtype=rows.dtype), out):
+            return text
+    return False
+
+
 def _table(m: nn.Module) -> Tensor | None:
     params = dict(m.named_parameters())
     w = params.get("weight")
@@ -101,6 +121,7 @@ class LM:
     tied: bool
     head_bias: bool
     padding_idx: int | None
+    scale: str | None = None  # the constant the embedding multiplies its rows by (Gemma's sqrt(D))
     positions: str | None = None  # the learned position table's path
     before: tuple[str, ...] = ()  # the operations on the embedded stream before the first layer, on ``{0}``
 
@@ -118,6 +139,10 @@ def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Spa
                    "lift a model whose embedding is a submodule called on the ids")
     state, width = embed.output, int(embed.output.shape[-1])
     seq = int(ids.shape[1])
+    scale = _scale(embed, ids)
+    if scale is False:
+        raise fail(f"the embedding '{embed.name}' returns something other than its table's rows, or a constant "
+                   "times them", "compute anything else on the embeddings outside the embedding module")
     positions = next((r for r in records if r is not embed and _table(r.module) is not None and
                       set(dict(r.module.named_parameters())) == {"weight"} and _lookup(r) is not None and
                       isinstance(r.output, Tensor) and r.output.shape[-1:] == state.shape[-1:] and
@@ -173,7 +198,8 @@ def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Spa
     bias = getattr(head.module, "bias", None) is not None
     padding = getattr(embed.module, "padding_idx", None)
     return LM(embed.name, head.name, lifted, norm.name, norm_text, int(table.shape[0]), head_w is table, bias,
-              padding if isinstance(padding, int) else None, positions.name if positions else None, steps), session
+              padding if isinstance(padding, int) else None, scale or None, positions.name if positions else None,
+              steps), session
 
 
 class _Held(nn.Module):
@@ -256,6 +282,7 @@ def lm_block(lm: LM, name: str, module: nn.Module) -> LiftedBlock:
     root = LiftedBlock(name, module, [("ids", ("B", "S"))], params=[])
     span = None
     pad = f", padding_idx={lm.padding_idx}" if lm.padding_idx is not None else ""
+    pad += f", scale={lm.scale}" if lm.scale is not None else ""
     root.decls[lm.embed] = Line(f"embedding(V, D{pad})", span)
     root.decls[lm.norm] = Line(lm.norm_text, span)
     head = "true" if lm.tied else "false"
