@@ -69,12 +69,12 @@ def test_a_model_without_a_stack_on_its_embedding_is_e0913() -> None:
                                                     __file__)
 
 
-def _gpt2(**dropout: float) -> torch.nn.Module:
+def _gpt2(impl: str = "eager", **dropout: float) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16, bos_token_id=0,
                         eos_token_id=0, **dropout)
-    config._attn_implementation = "eager"
+    config._attn_implementation = impl
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval()
 
@@ -131,6 +131,13 @@ def test_gpt2_without_dropout_lifts_its_dropout_modules_at_p_0() -> None:
         "conv1d=true, qkv=c_attn, o=c_proj)\n" in result.text
     assert "  getitem = attn(layer_norm)\n" in result.text
     assert "  embedded_1 = dropout(positioned, p=0)\n" in result.text
+
+
+def test_gpt2_with_sdpa_attention_has_its_dropout_read_from_the_kernel_call() -> None:
+    result = blockir.lift(_gpt2("sdpa"), _ids())
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    assert "  attn: self_attention(heads=4, causal=true, bias=true, out_bias=true, dropout=0.1, fused=stacked, " \
+        "conv1d=true, qkv=c_attn, o=c_proj)\n" in result.text
 
 
 def test_a_qwen2_causal_lm_lifts_as_one_model() -> None:
