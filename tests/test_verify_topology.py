@@ -87,8 +87,9 @@ model M(ids: [B, S]) -> [B, S, V] {{
     sizes = "dim V: vocab = 64\ndim P: vocab = 16\n"
     assert findings(sizes + model.format(embedded="dropout(wte(ids) + wpe(ids), p=0.1)")) == []
     # the same dropout after the stack's first update is on the residual state
-    assert [f[:2] for f in findings(sizes + model.format(embedded="dropout(layers(wte(ids) + wpe(ids)), p=0.1)"))
-            if f[0] == "E0402"] == [("E0402", "dropout on the residual state drops 'layers(…)' itself, not a branch update")]
+    after = findings(sizes + model.format(embedded="dropout(layers(wte(ids) + wpe(ids)), p=0.1)"))
+    assert [f[:2] for f in after if f[0] == "E0402"] == [
+        ("E0402", "dropout on the residual state drops 'layers(…)' itself, not a branch update")]
 
 
 def test_zero_probability_dropout_is_not_a_misplaced_dropout() -> None:
