@@ -62,7 +62,7 @@ class Shape:
     conv1d: bool = False  # matrices stored [in, out] (GPT-2's Conv1D)
 
 
-def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor) -> Shape | None:
+def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tensor, head_dim: int) -> Shape | None:
     children = dict(module.named_children())
     own = {k: p for k, p in module.named_parameters(recurse=False)}
     layers = {n: m for n, m in children.items() if any(True for _ in m.parameters())}
@@ -78,10 +78,9 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
              any(v is x for v in calls[n].arguments.values())]
     reads = [n[len(prefix):] for n in reads]
     rest = [n for n in layers if n not in reads]
-    head_dim = getattr(module, "head_dim", getattr(module, "head_size", None))
     if len(layers) == 2:
         return _stacked(layers, reads, rest, head_dim, int(x.shape[-1]), "head_scale" in own)
-    if len(reads) != 3 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
+    if len(reads) != 3 or len(rest) != 1:
         return None
     names = dict(zip(_ROLES, reads)) | {"o": rest[0]}
     w = {r: layers[n].get_parameter("weight") for r, n in names.items()}
@@ -100,12 +99,12 @@ def _projections(module: nn.Module, calls: dict[str, Call], prefix: str, x: Tens
                  "head_scale" in own)
 
 
-def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], head_dim: Any, width: int,
+def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], head_dim: int, width: int,
              head_scale: bool) -> Shape | None:
     """One matrix reading the input that holds q, k and v, and the output projection; each stored ``[out, in]``
     as a linear's or ``[in, out]`` (a Conv1D), as the widths tell: the fused one is wider than D. How its rows
     are laid out (all of q then k then v, or per head) is left to the run (:data:`LAYOUTS`)."""
-    if len(reads) != 1 or len(rest) != 1 or not isinstance(head_dim, int) or head_dim <= 0:
+    if len(reads) != 1 or len(rest) != 1:
         return None
     qkv, o = (layers[n].get_parameter("weight") for n in (reads[0], rest[0]))
     conv1d = int(qkv.shape[0]) == width and int(qkv.shape[1]) != width
@@ -122,14 +121,29 @@ def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], he
                  fused=True, conv1d=conv1d)
 
 
-def _rotary_width(call: Call, head_dim: int, seq: int) -> int | None:
-    """The coordinates per head the caller's rotary tables rotate: the width of a (cos, sin) pair passed in."""
-    for v in call.arguments.values():
-        if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(t, Tensor) and t.is_floating_point() and
-                                                                t.dim() >= 2 for t in v) and \
-                v[0].shape == v[1].shape and int(v[0].shape[-2]) == seq and int(v[0].shape[-1]) <= head_dim:
-            return int(v[0].shape[-1])
+def _rotary_width(call: Call, x: Tensor) -> int | None:
+    """The coordinates per head the caller's rotary tables rotate: the width of the (cos, sin) pair passed in,
+    as one tuple (transformers) or as two arguments in a row (litgpt), each ``[..., S, width]``."""
+    values = list(call.arguments.values())
+    pairs = [v for v in values if isinstance(v, (tuple, list)) and len(v) == 2]
+    pairs += [(a, b) for a, b in zip(values, values[1:]) if a is not x and b is not x]
+    for cos, sin in pairs:
+        if isinstance(cos, Tensor) and isinstance(sin, Tensor) and cos.is_floating_point() and cos.dim() >= 2 and \
+                cos.shape == sin.shape and int(cos.shape[-2]) == int(x.shape[1]) and int(cos.shape[-1]) % 2 == 0:
+            return int(cos.shape[-1])
     return None
+
+
+def _head_dims(module: nn.Module, call: Call, x: Tensor) -> tuple[list[int], bool]:
+    """The head widths to try, and whether they are the branch's own: its ``head_dim`` (or ``head_size``); where
+    it declares none and its caller passes rotary tables, every even divisor of the width that holds them,
+    narrowest first. A searched width must reproduce the branch bit for bit: more candidates, more chances
+    that a different computation lands within the tolerance."""
+    declared = getattr(module, "head_dim", getattr(module, "head_size", None))
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        return ([declared] if declared > 0 else []), True
+    rotary, width = _rotary_width(call, x), int(x.shape[-1])
+    return ([] if rotary is None else [d for d in range(max(rotary, 2), width + 1, 2) if width % d == 0]), False
 
 
 def _text(shape: Shape, variant: dict[str, Any], theta: float | None, width: int, dropout: float,
@@ -219,21 +233,29 @@ def builtin_attention(module: nn.Module, call: Call, calls: dict[str, Call], pre
     ``prefix`` is the branch's path in the recorded ``calls`` (ending in a dot); ``context`` the
     keyword values the compiled lift passes its branches (the lifted root's side inputs).
     """
-    streams = [v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point() and v.dim() == 3]
+    # the stream is the [B, S, D] argument a projection reads (litgpt passes its rotary tables [B, S, r] too)
+    read = [v for n, c in calls.items() if n.startswith(prefix) for v in c.arguments.values()]
+    streams = [v for v in call.arguments.values() if isinstance(v, Tensor) and v.is_floating_point() and v.dim() == 3
+               and any(v is r for r in read)]
     if len(streams) != 1:
         return None
     x = streams[0]
-    shape = _projections(module, calls, prefix, x)
-    drops = None if shape is None else _dropout(module, call, x)
-    if shape is None or drops is None:
+    dims, declared = _head_dims(module, call, x)
+    shapes = [s for s in (_projections(module, calls, prefix, x, d) for d in dims) if s]
+    drops = _dropout(module, call, x) if shapes else None
+    if drops is None:
         return None
-    text = _confirm(module, call, shape, drops[0], x, context)
-    return None if text is None else (text, drops[1])
+    for shape in shapes:
+        text = _confirm(module, call, shape, drops[0], x, context, declared)
+        if text is not None:
+            return text, drops[1]
+    return None
 
 
 def _confirm(module: nn.Module, call: Call, shape: Shape, dropout: float, x: Tensor,
-             context: dict[str, Any]) -> str | None:
-    """The first variant that reproduces the branch in evaluation mode (see :data:`VARIANTS`), or None."""
+             context: dict[str, Any], near: bool) -> str | None:
+    """The first variant that reproduces the branch in evaluation mode (see :data:`VARIANTS`), or None;
+    with ``near``, a variant within :data:`TOLERANCE` counts when none is exact."""
     state = module.state_dict()
     theta = getattr(module, "rope_theta", None)
     theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
@@ -243,7 +265,8 @@ def _confirm(module: nn.Module, call: Call, shape: Shape, dropout: float, x: Ten
             return None
         scale = want.abs().max().item() or 1.0
         close = None
-        rotary = _rotary_width(call, shape.head_dim, int(x.shape[1]))
+        rotary = _rotary_width(call, x)
+        rotary = rotary if rotary is not None and rotary <= shape.head_dim else None
         for layout, (_, variant) in ((lay, v) for lay in (LAYOUTS if shape.fused else ("none",)) for v in VARIANTS):
             text = _text(shape, variant, theta, int(x.shape[-1]), dropout, layout, rotary)
             candidate = _builtin(text, int(x.shape[-1]), int(x.shape[0]), int(x.shape[1])).eval()
@@ -259,6 +282,6 @@ def _confirm(module: nn.Module, call: Call, shape: Shape, dropout: float, x: Ten
                 continue
             if torch.equal(got, want):
                 return text
-            if close is None and (got - want).abs().max().item() <= TOLERANCE * scale:
+            if near and close is None and (got - want).abs().max().item() <= TOLERANCE * scale:
                 close = text
     return close

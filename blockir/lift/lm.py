@@ -228,11 +228,12 @@ def certify_lm(program: Any, root: str, model: nn.Module, ids: Tensor, args: tup
                             hint="every parameter must sit in a recognised norm, gain or branch submodule")]
     compiled.load_state_dict(state, strict=True)
     with evaluating(model, compiled):
-        ref = getattr(model(*args, **kwargs), "logits", None)
+        out = model(*args, **kwargs)
+        ref = out if isinstance(out, Tensor) else getattr(out, "logits", None)  # litgpt returns the logits
         got = compiled(ids)
     if not isinstance(ref, Tensor):
         return None, [error("E0913", "the model returns no logits to compare", where,
-                            hint="lift a causal LM whose output has .logits")]
+                            hint="lift a causal LM that returns its logits, or an output with .logits")]
     worst = _rel(got, ref)
     cotangent = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0), dtype=ref.dtype)
     p_ref, p_got = dict(model.named_parameters()), dict(compiled.named_parameters())
