@@ -115,7 +115,7 @@ def _stacked(layers: dict[str, nn.Module], reads: list[str], rest: list[str], he
     kv_out = (fused_out - o_in) // 2
     heads, kv_heads = o_in // head_dim, kv_out // head_dim
     bias, out_bias = (getattr(layers[n], "bias", None) is not None for n in (reads[0], rest[0]))
-    if kv_out % head_dim or not kv_heads or heads % kv_heads:
+    if kv_out <= 0 or kv_out % head_dim or heads % kv_heads:
         return None
     return Shape(heads, kv_heads, head_dim, {"qkv": reads[0], "o": rest[0]}, bias, out_bias, head_scale,
                  fused=True, conv1d=conv1d)
