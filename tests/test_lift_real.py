@@ -3,6 +3,7 @@ clean with a certificate of at most 1e-6 (fp32), and modules compiled from the e
 a block that ``blockir diff`` calls identical."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -88,7 +89,9 @@ def _example(example: str, block: str, memory: bool = False) -> Example:
 
 # every example that compiles on its own: its built-in attention lifts back as the same self_attention
 ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_layer),
-              "gemma2": _real(R.build_gemma2_decoder_layer), "olmo2": _real(R.build_olmo2_decoder_layer),
+              # the example's attention soft-caps its scores: bound with a cap, it stays the example's extern
+              "gemma2": _real(lambda: R.build_gemma2_decoder_layer(attn_logit_softcapping=50.0)),
+              "olmo2": _real(R.build_olmo2_decoder_layer),
               "torch_encoder": _real(R.build_transformer_encoder_layer), "llama": _real(R.build_llama_decoder_layer),
               "llama model": _example("llama", "LlamaModel"), "parallel": _example("parallel", "ParallelBlock"),
               "layerscale": _example("layerscale", "LayerScaleBlock"), "rezero": _example("rezero", "ReZeroLayer"),
@@ -103,6 +106,22 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer)}
 
 
+# bound real branches the lift reads as the built-in they compute: the lift is the example with that declaration
+# in place of the extern
+BUILT_IN = {"gpt_neox": ("attention", "self_attention(heads=4, causal=true, rope=true, rotary_dim=4, bias=true, "
+                                      "out_bias=true, impl=eager, fused=heads, qkv=query_key_value, o=dense)")}
+
+
+def _expected(program: Program, example: str) -> Program:
+    if example not in BUILT_IN:
+        return program
+    name, text = BUILT_IN[example]
+    extern = f"  {name}: extern(x: [B, S, D]) -> [B, S, D]\n"
+    source = Path(program.filename).read_text()
+    assert extern in source
+    return blockir.parse(source.replace(extern, f"  {name}: {text}\n"), program.filename)
+
+
 # the layer input feeds both norms and the sum: the lift writes the branches in the other order, so the terms of
 # its gradient are summed in another order (one rounding)
 NOT_BITWISE = {"gpt_neox": TOLERANCE}
@@ -115,7 +134,20 @@ def test_a_compiled_example_lifts_back_identical(example: str) -> None:
     assert result.diagnostics == [], result.render()
     assert result.max_error is not None and result.max_error <= NOT_BITWISE.get(example, 0.0)
     assert result.program is not None
-    assert diff_blocks(program, program.block(block), result.program, result.program.block(result.block)).identical
+    expected = _expected(program, example)
+    assert diff_blocks(expected, expected.block(block), result.program, result.program.block(result.block)).identical
+
+
+@pytest.mark.parametrize("softcap, attention", [
+    (None, "self_attention(heads=4, kv_heads=2, causal=true, rope=true, impl=eager)"),
+    (50.0, "extern(x: [B, S, D]) -> [B, S, D]")])
+def test_a_bound_gemma2_attention_lifts_as_the_built_in_it_computes(softcap: float | None, attention: str) -> None:
+    """The example's Gemma 2 layer, its attention bound without the soft-cap, is exactly a built-in: the run
+    proposes its head width from the caller's rotary tables and confirms it bit for bit."""
+    _, _, module, args, ctx = _real(lambda: R.build_gemma2_decoder_layer(attn_logit_softcapping=softcap))()
+    result = blockir.lift(module, *args, **ctx)
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    assert f"  self_attn: {attention}\n" in result.text
 
 
 def _lifted_text(example: str) -> str:

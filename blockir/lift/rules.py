@@ -343,6 +343,7 @@ def cast(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
 
 _RMS = "mul(cast?(X), rsqrt(add(R:mean(pow(cast?(X), 2), AXIS, KEEP), EPS)))"
 _RMS_DIV = "div(cast?(X), sqrt(add(R:mean(pow(cast?(X), 2), AXIS, KEEP), EPS)))"
+_RMS_SQ = "mul(cast?(X), rsqrt(add(R:mean(mul(cast?(X), cast?(X)), AXIS, KEEP), EPS)))"  # x * x: litgpt
 _LN = ("add(mul(cast?(W@param), mul(sub(cast?(X), M:mean(cast?(X), _, _)), "
        "rsqrt(add(R:mean(pow(sub(cast?(X), M), 2), _, _), EPS)))), cast?(BIAS@param))")
 _LN_VAR = ("add(mul(cast?(W@param), div(sub(cast?(X), M:mean(cast?(X), _, _)), "
@@ -355,6 +356,8 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("F.normalize", "normalize(X, P, DIM, EPS)", l2_normalize),
     ("rms written out", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS})))", rmsnorm),
     ("rms written out 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS})))", rmsnorm_offset),
+    ("rms x * x", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS_SQ})))", rmsnorm),
+    ("rms x * x 1+w", f"O:cast?(mul(cast?(add(1, cast?(W@param))), I:cast?({_RMS_SQ})))", rmsnorm_offset),
     ("rms div", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS_DIV})))", rmsnorm),
     ("rms div 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS_DIV})))", rmsnorm_offset),
     ("layer norm written out", _LN, layernorm_hand),
