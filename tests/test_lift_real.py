@@ -74,16 +74,16 @@ def _real(build: Callable[[], R.RealLayer]) -> Callable[[], tuple[Program, str, 
 Example = Callable[[], tuple[Program, str, nn.Module, tuple, dict]]
 
 
-def _example(example: str, block: str, memory: bool = False) -> Example:
-    """A self-contained example block, compiled with its own initialisation and called on a random stream (and,
-    with ``memory``, a random memory of another length)."""
+def _example(example: str, block: str, memory: bool = False, width: int = 64) -> Example:
+    """A self-contained example block, compiled with its own initialisation and called on a random stream of its
+    ``width`` (and, with ``memory``, a random memory of another length)."""
     def make() -> tuple[Program, str, nn.Module, tuple, dict]:
         program = blockir.load(ROOT / "examples" / f"{example}.block")
         torch.manual_seed(0)
         module = blockir.compile(program, block)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(2, 5, 64, generator=g)
-        return program, block, module, (x, torch.randn(2, 7, 64, generator=g)) if memory else (x,), {}
+        x = torch.randn(2, 5, width, generator=g)
+        return program, block, module, (x, torch.randn(2, 7, width, generator=g)) if memory else (x,), {}
     return make
 
 
@@ -103,7 +103,10 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),
               "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer"),
-              "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer)}
+              "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer),
+              "powernorm": _example("powernorm", "PowerNormLayer"),
+              "partial_rmsnorm": _example("partial_rmsnorm", "PartialRMSNormLayer"),
+              "partial_rmsnorm model": _example("partial_rmsnorm", "PartialRMSNormModel")}
 
 
 # bound real branches the lift reads as the built-in they compute: the lift is the example with that declaration
@@ -221,6 +224,10 @@ NOT_ROUND_TRIP = {
     # the layers carry the attention scores beside the state
     "realformer": (_example("realformer", "RealFormer"), "examples/realformer.block:12:7: error[E0920]: "
                    "'RealFormerLayer' returns 2 results and carries a [B, H, S, S] value beside its state", None),
+    # no lift rule reads a mixture of experts: its branch stays the compiled module, bound as an extern
+    "moe": (_example("moe", "MixtralDecoderLayer", width=32), None,
+            "declarations: mlp: moe(F, experts=4, top_k=2, act=silu, routing=softmax_topk, norm_topk=true, "
+            "weights=f32, shared_gate=false)  vs  mlp: extern(x: [B, S, D]) -> [B, S, D]"),
 }
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.block"))
 

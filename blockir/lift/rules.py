@@ -161,8 +161,11 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", t
 
 
 def compiled_rms_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
-    """The RMSNorm of a module blockir compiled: its settings are the call's arguments."""
+    """The RMSNorm of a module blockir compiled: its settings are the call's arguments; a pRMSNorm's share is the
+    features its RMS reads over the width (ceil of that share times the width is those features again)."""
     name, extra = _gain(lift, c["W"])
+    if c["FEATURES"] is not None:
+        extra += f", partial={_num(c['FEATURES'] / int(lift.shape(c['X'])[-1]))}"
     text = (f"rmsnorm({lift.axes(c['X'])[-1]}, eps={_num(c['EPS'])}, offset={c['OFFSET']}, cast={c['CAST']}, "
             f"accum={_DTYPES.get(c['ACCUM'], 'f32')}{extra})")
     return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
@@ -363,7 +366,7 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("layer norm written out", _LN, layernorm_hand),
     ("layer norm var", _LN_VAR, layernorm_hand),
     ("dyt written out", "add(mul(W@param, tanh(mul(A@param, X))), BIAS@param)", dyt),
-    ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM)", compiled_rms_norm),
+    ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM, FEATURES)", compiled_rms_norm),
     ("blockir layernorm", "blockir_layer_norm(X, W, BIAS, EPS, ACCUM, OFFSET, TWO_PASS, RECENTER, UPCAST)",
      compiled_layer_norm),
     ("blockir norm", "blockir_norm(X)", compiled_norm),
