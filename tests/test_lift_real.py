@@ -166,6 +166,24 @@ def test_a_built_in_attention_is_lifted_with_its_settings() -> None:
         _lifted_text("ngpt")
 
 
+@pytest.mark.parametrize("attention, inputs", [
+    ("cross_attention(heads=4, dropout=0.1)", "x, memory"),
+    ("self_attention(heads=4, causal=true, qk_norm=l2norm, dropout=0.1, fused=stacked)", "x"),
+    ("self_attention(heads=2, causal=true, qk_norm=l2norm, qk_scale=true, scale=4.0, dropout=0.2, fused=heads)", "x")])
+def test_an_attention_lifts_back_with_its_dropout_whatever_its_layout(attention: str, inputs: str) -> None:
+    """Attention-probability dropout, read from a training-mode run, beside a memory, a fused q/k/v matrix and
+    nGPT's normalised q/k: the lift is the declaration compiled."""
+    params = "x: [B, S, D], memory: [B, T, D]" if "memory" in inputs else "x: [B, S, D]"
+    source = (f"dim B: batch\ndim S: seq\ndim T: seq\ndim D: model = 32\n\nblock A({params}) -> [B, S, D] {{\n"
+              f"  attn: {attention}\n  y = x + attn({inputs})\n  return y\n}}\n")
+    torch.manual_seed(0)
+    module = blockir.compile(blockir.parse(source), "A")
+    args = (torch.randn(2, 5, 32), torch.randn(2, 7, 32))[:len(inputs.split(", "))]
+    result = blockir.lift(module, *args)
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    assert f"  attn: {attention}\n" in result.text and f" = attn({inputs})\n" in result.text
+
+
 
 def test_what_the_trace_cannot_show_is_read_back_from_the_compiled_block() -> None:
     # the target stream's own axis name, init-only arguments and a stated fact, none of them on the graph
