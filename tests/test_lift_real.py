@@ -3,6 +3,7 @@ clean with a certificate of at most 1e-6 (fp32), and modules compiled from the e
 a block that ``blockir diff`` calls identical."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -73,22 +74,24 @@ def _real(build: Callable[[], R.RealLayer]) -> Callable[[], tuple[Program, str, 
 Example = Callable[[], tuple[Program, str, nn.Module, tuple, dict]]
 
 
-def _example(example: str, block: str, memory: bool = False) -> Example:
-    """A self-contained example block, compiled with its own initialisation and called on a random stream (and,
-    with ``memory``, a random memory of another length)."""
+def _example(example: str, block: str, memory: bool = False, width: int = 64) -> Example:
+    """A self-contained example block, compiled with its own initialisation and called on a random stream of its
+    ``width`` (and, with ``memory``, a random memory of another length)."""
     def make() -> tuple[Program, str, nn.Module, tuple, dict]:
         program = blockir.load(ROOT / "examples" / f"{example}.block")
         torch.manual_seed(0)
         module = blockir.compile(program, block)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(2, 5, 64, generator=g)
-        return program, block, module, (x, torch.randn(2, 7, 64, generator=g)) if memory else (x,), {}
+        x = torch.randn(2, 5, width, generator=g)
+        return program, block, module, (x, torch.randn(2, 7, width, generator=g)) if memory else (x,), {}
     return make
 
 
 # every example that compiles on its own: its built-in attention lifts back as the same self_attention
 ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_layer),
-              "gemma2": _real(R.build_gemma2_decoder_layer), "olmo2": _real(R.build_olmo2_decoder_layer),
+              # the example's attention soft-caps its scores: bound with a cap, it stays the example's extern
+              "gemma2": _real(lambda: R.build_gemma2_decoder_layer(attn_logit_softcapping=50.0)),
+              "olmo2": _real(R.build_olmo2_decoder_layer),
               "torch_encoder": _real(R.build_transformer_encoder_layer), "llama": _real(R.build_llama_decoder_layer),
               "llama model": _example("llama", "LlamaModel"), "parallel": _example("parallel", "ParallelBlock"),
               "layerscale": _example("layerscale", "LayerScaleBlock"), "rezero": _example("rezero", "ReZeroLayer"),
@@ -100,7 +103,26 @@ ROUND_TRIP = {"gpt2": _real(R.build_gpt2_block), "bert": _real(R.build_bert_laye
               "dyt": _example("dyt", "DyTBlock"), "prepbn": _example("prepbn", "PRepBNBlock"),
               "deepscalelm": _example("deepscalelm", "DeepScaleLMLayer"), "fixup": _example("fixup", "FixupLayer"),
               "t5": _real(R.build_t5_layer_ff), "deepnorm": _example("deepnorm", "DeepNormLayer"),
-              "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer)}
+              "ngpt": _example("ngpt", "NGPTLayer"), "gpt_neox": _real(R.build_gpt_neox_layer),
+              "powernorm": _example("powernorm", "PowerNormLayer"),
+              "partial_rmsnorm": _example("partial_rmsnorm", "PartialRMSNormLayer"),
+              "partial_rmsnorm model": _example("partial_rmsnorm", "PartialRMSNormModel")}
+
+
+# bound real branches the lift reads as the built-in they compute: the lift is the example with that declaration
+# in place of the extern
+BUILT_IN = {"gpt_neox": ("attention", "self_attention(heads=4, causal=true, rope=true, rotary_dim=4, bias=true, "
+                                      "out_bias=true, impl=eager, fused=heads, qkv=query_key_value, o=dense)")}
+
+
+def _expected(program: Program, example: str) -> Program:
+    if example not in BUILT_IN:
+        return program
+    name, text = BUILT_IN[example]
+    extern = f"  {name}: extern(x: [B, S, D]) -> [B, S, D]\n"
+    source = Path(program.filename).read_text()
+    assert extern in source
+    return blockir.parse(source.replace(extern, f"  {name}: {text}\n"), program.filename)
 
 
 # the layer input feeds both norms and the sum: the lift writes the branches in the other order, so the terms of
@@ -115,7 +137,20 @@ def test_a_compiled_example_lifts_back_identical(example: str) -> None:
     assert result.diagnostics == [], result.render()
     assert result.max_error is not None and result.max_error <= NOT_BITWISE.get(example, 0.0)
     assert result.program is not None
-    assert diff_blocks(program, program.block(block), result.program, result.program.block(result.block)).identical
+    expected = _expected(program, example)
+    assert diff_blocks(expected, expected.block(block), result.program, result.program.block(result.block)).identical
+
+
+@pytest.mark.parametrize("softcap, attention", [
+    (None, "self_attention(heads=4, kv_heads=2, causal=true, rope=true, impl=eager)"),
+    (50.0, "extern(x: [B, S, D]) -> [B, S, D]")])
+def test_a_bound_gemma2_attention_lifts_as_the_built_in_it_computes(softcap: float | None, attention: str) -> None:
+    """The example's Gemma 2 layer, its attention bound without the soft-cap, is exactly a built-in: the run
+    proposes its head width from the caller's rotary tables and confirms it bit for bit."""
+    _, _, module, args, ctx = _real(lambda: R.build_gemma2_decoder_layer(attn_logit_softcapping=softcap))()
+    result = blockir.lift(module, *args, **ctx)
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    assert f"  self_attn: {attention}\n" in result.text
 
 
 def _lifted_text(example: str) -> str:
@@ -129,6 +164,24 @@ def test_a_built_in_attention_is_lifted_with_its_settings() -> None:
     assert "  self_attn: self_attention(heads=4, kv_heads=2, causal=true, rope=true)\n" in _lifted_text("llama")
     assert "  attn: self_attention(heads=4, causal=true, rope=true, qk_norm=l2norm, qk_scale=true, scale=4.0)\n" in \
         _lifted_text("ngpt")
+
+
+@pytest.mark.parametrize("attention, inputs", [
+    ("cross_attention(heads=4, dropout=0.1)", "x, memory"),
+    ("self_attention(heads=4, causal=true, qk_norm=l2norm, dropout=0.1, fused=stacked)", "x"),
+    ("self_attention(heads=2, causal=true, qk_norm=l2norm, qk_scale=true, scale=4.0, dropout=0.2, fused=heads)", "x")])
+def test_an_attention_lifts_back_with_its_dropout_whatever_its_layout(attention: str, inputs: str) -> None:
+    """Attention-probability dropout, read from a training-mode run, beside a memory, a fused q/k/v matrix and
+    nGPT's normalised q/k: the lift is the declaration compiled."""
+    params = "x: [B, S, D], memory: [B, T, D]" if "memory" in inputs else "x: [B, S, D]"
+    source = (f"dim B: batch\ndim S: seq\ndim T: seq\ndim D: model = 32\n\nblock A({params}) -> [B, S, D] {{\n"
+              f"  attn: {attention}\n  y = x + attn({inputs})\n  return y\n}}\n")
+    torch.manual_seed(0)
+    module = blockir.compile(blockir.parse(source), "A")
+    args = (torch.randn(2, 5, 32), torch.randn(2, 7, 32))[:len(inputs.split(", "))]
+    result = blockir.lift(module, *args)
+    assert result.diagnostics == [] and result.max_error == 0.0, result.render()
+    assert f"  attn: {attention}\n" in result.text and f" = attn({inputs})\n" in result.text
 
 
 
@@ -189,6 +242,10 @@ NOT_ROUND_TRIP = {
     # the layers carry the attention scores beside the state
     "realformer": (_example("realformer", "RealFormer"), "examples/realformer.block:12:7: error[E0920]: "
                    "'RealFormerLayer' returns 2 results and carries a [B, H, S, S] value beside its state", None),
+    # no lift rule reads a mixture of experts: its branch stays the compiled module, bound as an extern
+    "moe": (_example("moe", "MixtralDecoderLayer", width=32), None,
+            "declarations: mlp: moe(F, experts=4, top_k=2, act=silu, routing=softmax_topk, norm_topk=true, "
+            "weights=f32, shared_gate=false)  vs  mlp: extern(x: [B, S, D]) -> [B, S, D]"),
 }
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.block"))
 

@@ -67,6 +67,31 @@ def test_e0402_dropout_on_the_stream() -> None:
 """) == [("E0402", "dropout on the residual state drops 'x' itself, not a branch update", 4, 7)]
 
 
+def test_dropout_on_the_embedding_lookups_is_where_the_stream_begins() -> None:
+    model = """block L(x: [B, S, D]) -> [B, S, D] {{
+  n: layernorm(D)
+  f: extern(x: [B, S, D]) -> [B, S, D]
+  y = x + f(n(x))
+  return y
+}}
+model M(ids: [B, S]) -> [B, S, V] {{
+  wte: embedding(V, D)
+  wpe: embedding(P, D, positions=true)
+  layers: L * 2
+  n: layernorm(D)
+  lm_head: head(V, tied=true)
+  e = {embedded}
+  return lm_head(n(layers(e)))
+}}
+"""
+    sizes = "dim V: vocab = 64\ndim P: vocab = 16\n"
+    assert findings(sizes + model.format(embedded="dropout(wte(ids) + wpe(ids), p=0.1)")) == []
+    # the same dropout after the stack's first update is on the residual state
+    after = findings(sizes + model.format(embedded="dropout(layers(wte(ids) + wpe(ids)), p=0.1)"))
+    assert [f[:2] for f in after if f[0] == "E0402"] == [
+        ("E0402", "dropout on the residual state drops 'layers(…)' itself, not a branch update")]
+
+
 def test_zero_probability_dropout_is_not_a_misplaced_dropout() -> None:
     assert findings("""block L(x: [B, S, D]) -> [B, S, D] {
   n: layernorm(D)

@@ -196,7 +196,7 @@ def _lift_lm(module: nn.Module, ids: Tensor, args: tuple, kwargs: dict[str, Any]
                            hint="lift a layer on its own (blockir lift hf) to see its externs"))
     if not any(d.is_error for d in diags):
         try:
-            max_error, more = certify_lm(program, text.root, module, ids, args, kwargs, where)
+            max_error, more = certify_lm(program, text.root, module, ids, args, kwargs, text.bind, where)
         except BlockError as exc:
             more = exc.diagnostics
         except Exception as exc:  # the compiled lift runs on the user's inputs

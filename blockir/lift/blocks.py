@@ -21,7 +21,7 @@ from blockir.lift.trace import Call, trace
 from blockir.lower.declared import DEPTH_ATTR, FACTS_ATTR, INIT_ATTR
 from blockir.norms.base import number as number_text
 
-DIMS = ("B", "S", "T", "D", "V")
+DIMS = ("B", "S", "T", "D", "V", "P")
 KEYWORDS = ("return", "const", "dim", "extern", "true", "false", "block", "model")
 
 
@@ -43,6 +43,7 @@ class Session:
         self.calls = calls
         self.context = context or {}
         self.vocab: int | None = None  # a whole LM's vocabulary size
+        self.positions: int | None = None  # the rows of its learned position table
         self.width, self.seq = width, seq
         self.seq_names = seq_names  # the stream's sequence axis, and every other's
         self.hidden: dict[int, str] = {}
@@ -243,7 +244,8 @@ def emit(root: LiftedBlock, session: Session, root_module: nn.Module) -> Text:
     dims = ["dim B: batch", "dim S: seq", *(["dim T: seq"] if memory else []),
             f"dim D: model = {session.width}", *(f"dim {n}: model = {s}" for s, n in session.model.items()),
             *(f"dim {n}: hidden = {s}" for s, n in session.hidden.items()),
-            *([f"dim V: vocab = {session.vocab}"] if session.vocab else []), ""]
+            *([f"dim V: vocab = {session.vocab}"] if session.vocab else []),
+            *([f"dim P: vocab = {session.positions}"] if session.positions else []), ""]
     out.text = "\n".join(dims + lines)
     out.entries = {k + len(dims): v for k, v in out.entries.items()}
     out.root = root.name

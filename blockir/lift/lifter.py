@@ -273,14 +273,18 @@ class Lifter:
             return name
         ins = [self.value(t) for t in tensors]
         text = None if index or len(tensors) != 1 else builtin_branch(module, call, self.session.dim)
+        applied = f"{path}({', '.join(ins)})"
         if text is None and index in ((), (0,)) and len(tensors) in (1, 2):
-            text = builtin_attention(module, call, self.session.calls, self.prefix + path + ".", self.session.context)
+            found = builtin_attention(module, call, self.session.calls, self.prefix + path + ".", self.session.context)
+            if found is not None:
+                text, update_p = found
+                applied = f"dropout({applied}, p={update_p:g})" if update_p else applied
         if text is None:
             text = self._extern(node, module, path, slots, tensors, index)
         if path in self.block.decls and self.block.decls[path].text != text:
             self.fail("E0904", node, f"'{path}' is called two different ways", "call one submodule one way")
         self.declare(path, text, node)
-        self.block.eqs.append(Line(f"{name} = {path}({', '.join(ins)})", self.site(node), detail_span(node)))
+        self.block.eqs.append(Line(f"{name} = {applied}", self.site(node), detail_span(node)))
         dropped = getattr(self.traced.module, DROPPED_ATTR, {}).get(path)
         if dropped is not None:  # a compiled dropout of probability 0 on this call's result, which compiles to nothing
             result, rhs = dropped

@@ -6,12 +6,16 @@ token ids and reads the data flow of its submodules' calls: the submodule that r
 holds one ``[V, D]`` table is the embedding; the layers of one indexed list, called in order, each
 reading what the one before returned (the first what the embedding returned), are the stack; the
 submodule called on the last layer's result is the final norm; the one called on the norm's result
-with a ``[V, D]`` matrix is the head, tied when it holds the embedding's very tensor. Each layer is
+with a ``[V, D]`` matrix is the head, tied when it holds the embedding's very tensor. A second table
+called on the positions 0..S-1 whose lookup the model adds to the tokens' is a learned position
+embedding (GPT-2's ``wpe``); submodules without parameters called on the stream before the first layer
+(the dropout of that sum) are read by the rule table, like the final norm. Each layer is
 lifted as a block of its own (its branches must then compute their own masks and rotary tables:
 built-ins do, externs would need the model's); the norm is read by the rule table.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +70,32 @@ def _reads(r: Record, value: Tensor) -> bool:
     return False
 
 
+def _lookup(r: Record) -> Tensor | None:
+    """The integer tensor a call reads, when it reads exactly one tensor and that is integer (a table lookup)."""
+    tensors = [v for v in r.call.arguments.values() if isinstance(v, Tensor)]
+    return tensors[0] if len(tensors) == 1 and not tensors[0].is_floating_point() else None
+
+
+def _scale(embed: Record, ids: Tensor) -> str | None | bool:
+    """None when the embedding returns its table's rows; the constant it multiplies them by, as the shortest
+    decimal of that float in the table's dtype; False for anything else."""
+    table = _table(embed.module)
+    assert table is not None
+    rows = torch.nn.functional.embedding(ids, table).detach()
+    out = embed.output.detach()
+    if out.shape != rows.shape or out.dtype != rows.dtype:
+        return False
+    if torch.equal(out, rows):
+        return None
+    k = int(rows.abs().argmax())
+    c = (out.flatten()[k] / rows.flatten()[k]).item()
+    for digits in range(1, 18):
+        text = f"{c:.{digits}g}"
+        if torch.equal(rows * torch.tensor(float(text), dtype=rows.dtype), out):
+            return text
+    return False
+
+
 def _table(m: nn.Module) -> Tensor | None:
     params = dict(m.named_parameters())
     w = params.get("weight")
@@ -91,6 +121,9 @@ class LM:
     tied: bool
     head_bias: bool
     padding_idx: int | None
+    scale: str | None = None  # the constant the embedding multiplies its rows by (Gemma's sqrt(D))
+    positions: str | None = None  # the learned position table's path
+    before: tuple[str, ...] = ()  # the operations on the embedded stream before the first layer, on ``{0}``
 
 
 def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Span) -> tuple[LM, Session]:
@@ -105,6 +138,30 @@ def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Spa
         raise fail("no submodule of the model reads the token ids with one [V, D] table",
                    "lift a model whose embedding is a submodule called on the ids")
     state, width = embed.output, int(embed.output.shape[-1])
+    seq = int(ids.shape[1])
+    scale = _scale(embed, ids)
+    if scale is False:
+        raise fail(f"the embedding '{embed.name}' returns something other than its table's rows, or a constant "
+                   "times them", "compute anything else on the embeddings outside the embedding module")
+    positions = next((r for r in records if r is not embed and _table(r.module) is not None and
+                      set(dict(r.module.named_parameters())) == {"weight"} and _lookup(r) is not None and
+                      isinstance(r.output, Tensor) and r.output.shape[-1:] == state.shape[-1:] and
+                      not _reads(r, ids) and any(_reads(u, state + r.output) for u in records)), None)
+    if positions is not None:
+        looked_up = _lookup(positions)
+        assert looked_up is not None
+        if looked_up.numel() % seq or \
+                not torch.equal(looked_up.reshape(-1, seq), torch.arange(seq).expand(looked_up.numel() // seq, -1)):
+            raise fail(f"the position table '{positions.name}' is not read at the positions 0..S-1",
+                       "lift a model whose position embedding looks up each sequence's positions from 0")
+        state = state + positions.output
+    before: list[Record] = []
+    for r in records:  # outside the layers (no indexed part in its path), in the order of the calls
+        if r is not embed and r is not positions and not any(True for _ in r.module.parameters()) and \
+                not any(part.isdigit() for part in r.name.split(".")) and _reads(r, state) and \
+                isinstance(r.output, Tensor) and r.output.shape == state.shape:
+            before.append(r)
+            state = r.output
     layers: list[Record] = []
     for r in records:
         parent, _, index = r.name.rpartition(".")
@@ -127,19 +184,22 @@ def read_lm(model: nn.Module, ids: Tensor, args: tuple, kwargs: dict, where: Spa
                    "project the normalized state to the vocabulary with a linear head")
     table = _table(embed.module)
     assert table is not None
-    seq = int(ids.shape[1])
     calls: dict[str, Call] = {}
     for r in records:  # a leaf's call finishes before the next one starts: this is call order, first call kept
         calls.setdefault(r.name, r.call)
     session = Session(calls, width, seq)
     session.vocab = int(table.shape[0])
+    if positions is not None:
+        session.positions = int(_table(positions.module).shape[0])  # type: ignore[union-attr]
+    steps = tuple(_step(r, session, where) for r in before)
     lifted = [(r.name, session.lift_block(r.module, r.call, r.name + ".", {})) for r in layers]
     norm_text = _norm_text(norm, session, where)
     head_w = _table(head.module)
     bias = getattr(head.module, "bias", None) is not None
     padding = getattr(embed.module, "padding_idx", None)
     return LM(embed.name, head.name, lifted, norm.name, norm_text, int(table.shape[0]), head_w is table, bias,
-              padding if isinstance(padding, int) else None), session
+              padding if isinstance(padding, int) else None, scale or None, positions.name if positions else None,
+              steps), session
 
 
 class _Held(nn.Module):
@@ -154,12 +214,12 @@ class _Held(nn.Module):
 
 
 def certify_lm(program: Any, root: str, model: nn.Module, ids: Tensor, args: tuple, kwargs: dict,
-               where: Span) -> tuple[float | None, list[Diagnostic]]:
+               bind: dict[str, Any], where: Span) -> tuple[float | None, list[Diagnostic]]:
     """The compiled lift against the model on the ids: the logits and the gradient of every parameter."""
     from blockir.lower.compile import compile
     from blockir.lift.certificate import evaluating, _rel
 
-    compiled = compile(program, root, dims={"B": int(ids.shape[0]), "S": int(ids.shape[1])})
+    compiled = compile(program, root, dims={"B": int(ids.shape[0]), "S": int(ids.shape[1])}, bind=bind)
     state = model.state_dict()
     own = set(compiled.state_dict())
     if own != set(state):
@@ -168,11 +228,12 @@ def certify_lm(program: Any, root: str, model: nn.Module, ids: Tensor, args: tup
                             hint="every parameter must sit in a recognised norm, gain or branch submodule")]
     compiled.load_state_dict(state, strict=True)
     with evaluating(model, compiled):
-        ref = getattr(model(*args, **kwargs), "logits", None)
+        out = model(*args, **kwargs)
+        ref = out if isinstance(out, Tensor) else getattr(out, "logits", None)  # litgpt returns the logits
         got = compiled(ids)
     if not isinstance(ref, Tensor):
         return None, [error("E0913", "the model returns no logits to compare", where,
-                            hint="lift a causal LM whose output has .logits")]
+                            hint="lift a causal LM that returns its logits, or an output with .logits")]
     worst = _rel(got, ref)
     cotangent = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0), dtype=ref.dtype)
     p_ref, p_got = dict(model.named_parameters()), dict(compiled.named_parameters())
@@ -187,13 +248,18 @@ def certify_lm(program: Any, root: str, model: nn.Module, ids: Tensor, args: tup
     return worst, []
 
 
-def _norm_text(norm: Record, session: Session, where: Span) -> str:
-    x = next(v for v in norm.call.arguments.values() if isinstance(v, Tensor))
-    held = _Held(norm.module)
-    calls = {"held": norm.call} | {f"held.{k[len(norm.name) + 1:]}": c for k, c in session.calls.items()
-                                   if k.startswith(norm.name + ".")}
+def _alone(r: Record, session: Session) -> LiftedBlock:
+    """The submodule lifted on its own, held as ``held``, by the rule table: its one declaration or operation."""
+    x = next(v for v in r.call.arguments.values() if isinstance(v, Tensor))
+    held = _Held(r.module)
+    calls = {"held": r.call} | {f"held.{k[len(r.name) + 1:]}": c for k, c in session.calls.items()
+                                if k.startswith(r.name + ".")}
     inner = Session(calls, session.width, session.seq)
-    block = inner.lift_block(held, bind_call(held, (x,), {}), "", {})
+    return inner.lift_block(held, bind_call(held, (x,), {}), "", {})
+
+
+def _norm_text(norm: Record, session: Session, where: Span) -> str:
+    block = _alone(norm, session)
     eqs = [e for e in block.eqs if isinstance(e, Line)]
     if list(block.decls) != ["held"] or len(eqs) != 1 or len(block.eqs) != 1:
         raise LMFailure(error("E0913", f"the final norm '{norm.name}' is not one norm the rule table reads", where,
@@ -201,17 +267,37 @@ def _norm_text(norm: Record, session: Session, where: Span) -> str:
     return block.decls["held"].text
 
 
+def _step(r: Record, session: Session, where: Span) -> str:
+    """A parameterless submodule on the embedded stream (a dropout) as one operation on ``{0}``."""
+    block = _alone(r, session)
+    eqs = [e for e in block.eqs if isinstance(e, Line)]
+    if block.decls or len(eqs) != 1 or len(block.eqs) != 1 or " = " not in eqs[0].text:
+        raise LMFailure(error("E0913", f"'{r.name}', called on the embedded stream before the first layer, is not "
+                              "one operation the rule table reads", where,
+                              hint="apply at most a dropout to the embeddings before the layers"))
+    return re.sub(r"\bx\b", "{0}", eqs[0].text.split(" = ", 1)[1])
+
+
 def lm_block(lm: LM, name: str, module: nn.Module) -> LiftedBlock:
     """The root ``model``: ``head(norm(layers(embed(ids))))`` with each declaration under its own path."""
     root = LiftedBlock(name, module, [("ids", ("B", "S"))], params=[])
     span = None
     pad = f", padding_idx={lm.padding_idx}" if lm.padding_idx is not None else ""
+    pad += f", scale={lm.scale}" if lm.scale is not None else ""
     root.decls[lm.embed] = Line(f"embedding(V, D{pad})", span)
     root.decls[lm.norm] = Line(lm.norm_text, span)
     head = "true" if lm.tied else "false"
     root.decls[lm.head] = Line(f"head(V, tied={head}{', bias=true' if lm.head_bias else ''})", span)
+    if lm.positions is not None:
+        root.decls[lm.positions] = Line("embedding(P, D, positions=true)", span)
     root.eqs.append(Line(f"embedded = {lm.embed}(ids)", span))
     state = "embedded"
+    if lm.positions is not None:
+        root.eqs.append(Line(f"positioned = embedded + {lm.positions}(ids)", span))
+        state = "positioned"
+    for i, step in enumerate(lm.before):
+        root.eqs.append(Line(f"embedded_{i + 1} = {step.format(state)}", span))
+        state = f"embedded_{i + 1}"
     for i, (path, block) in enumerate(lm.layers):
         root.eqs.append(Instance(path, block, f"layer_{i}", (state,), Line("", span)))
         state = f"layer_{i}"

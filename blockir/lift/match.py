@@ -57,7 +57,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "dropout": ("input", "p", "training", "inplace"), "linear": ("input", "weight", "bias"),
     "gelu": ("input", "approximate"), "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "cat": ("tensors", "dim"), "div": ("input", "other"), "rsub": ("input", "other"),
-    "blockir_rms_norm": ("x", "weight", "eps", "offset", "cast", "accum"),
+    "blockir_rms_norm": ("x", "weight", "eps", "offset", "cast", "accum", "features"),
     "blockir_layer_norm": ("x", "weight", "bias", "eps", "accum", "offset", "two_pass", "recenter", "upcast"),
     "blockir_dropout": ("x", "p", "mask", "training", "seed", "layer", "site"),
     "blockir_family_norm": ("x", "attention_mask", "module"),
@@ -67,7 +67,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "dropout": {"p": 0.5, "training": True, "inplace": False}, "linear": {"bias": None},
     "mean": {"dim": None, "keepdim": False}, "gelu": {"approximate": "none"},
     "var": {"dim": None, "unbiased": True, "keepdim": False}, "cat": {"dim": 0},
-    "blockir_rms_norm": {"offset": 0, "cast": "before_weight", "accum": torch.float32},
+    "blockir_rms_norm": {"offset": 0, "cast": "before_weight", "accum": torch.float32, "features": None},
     "blockir_layer_norm": {"accum": torch.float32, "offset": 0, "two_pass": False, "recenter": False, "upcast": False},
 }
 COMMUTATIVE = frozenset({"add", "mul"})

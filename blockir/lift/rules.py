@@ -161,8 +161,11 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", t
 
 
 def compiled_rms_norm(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
-    """The RMSNorm of a module blockir compiled: its settings are the call's arguments."""
+    """The RMSNorm of a module blockir compiled: its settings are the call's arguments; a pRMSNorm's share is the
+    features its RMS reads over the width (ceil of that share times the width is those features again)."""
     name, extra = _gain(lift, c["W"])
+    if c["FEATURES"] is not None:
+        extra += f", partial={_num(c['FEATURES'] / int(lift.shape(c['X'])[-1]))}"
     text = (f"rmsnorm({lift.axes(c['X'])[-1]}, eps={_num(c['EPS'])}, offset={c['OFFSET']}, cast={c['CAST']}, "
             f"accum={_DTYPES.get(c['ACCUM'], 'f32')}{extra})")
     return Out(f"{lift.declare(name, text, node)}({{0}})", (c["X"],))
@@ -343,6 +346,7 @@ def cast(lift: "Lifter", node: fx.Node, c: dict[str, Any]) -> Out | None:
 
 _RMS = "mul(cast?(X), rsqrt(add(R:mean(pow(cast?(X), 2), AXIS, KEEP), EPS)))"
 _RMS_DIV = "div(cast?(X), sqrt(add(R:mean(pow(cast?(X), 2), AXIS, KEEP), EPS)))"
+_RMS_SQ = "mul(cast?(X), rsqrt(add(R:mean(mul(cast?(X), cast?(X)), AXIS, KEEP), EPS)))"  # x * x: litgpt
 _LN = ("add(mul(cast?(W@param), mul(sub(cast?(X), M:mean(cast?(X), _, _)), "
        "rsqrt(add(R:mean(pow(sub(cast?(X), M), 2), _, _), EPS)))), cast?(BIAS@param))")
 _LN_VAR = ("add(mul(cast?(W@param), div(sub(cast?(X), M:mean(cast?(X), _, _)), "
@@ -355,12 +359,14 @@ TABLE: tuple[tuple[str, str, Builder], ...] = (
     ("F.normalize", "normalize(X, P, DIM, EPS)", l2_normalize),
     ("rms written out", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS})))", rmsnorm),
     ("rms written out 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS})))", rmsnorm_offset),
+    ("rms x * x", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS_SQ})))", rmsnorm),
+    ("rms x * x 1+w", f"O:cast?(mul(cast?(add(1, cast?(W@param))), I:cast?({_RMS_SQ})))", rmsnorm_offset),
     ("rms div", f"O:cast?(mul(cast?(W@param), I:cast?({_RMS_DIV})))", rmsnorm),
     ("rms div 1+w", f"O:cast?(mul(add(1, cast?(W@param)), I:cast?({_RMS_DIV})))", rmsnorm_offset),
     ("layer norm written out", _LN, layernorm_hand),
     ("layer norm var", _LN_VAR, layernorm_hand),
     ("dyt written out", "add(mul(W@param, tanh(mul(A@param, X))), BIAS@param)", dyt),
-    ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM)", compiled_rms_norm),
+    ("blockir rmsnorm", "blockir_rms_norm(X, W, EPS, OFFSET, CAST, ACCUM, FEATURES)", compiled_rms_norm),
     ("blockir layernorm", "blockir_layer_norm(X, W, BIAS, EPS, ACCUM, OFFSET, TWO_PASS, RECENTER, UPCAST)",
      compiled_layer_norm),
     ("blockir norm", "blockir_norm(X)", compiled_norm),

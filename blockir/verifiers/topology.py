@@ -17,6 +17,7 @@ from blockir.analyses.sizes import block_env, layer_counts, program_env, value
 from blockir.analyses.facts import stated
 from blockir.analyses.structure import (Wrapper, ancestors, decl_kind, describe, gated, is_linear,
                                         normalized_shortcut, stream_norm, wrapper)
+from blockir.analyses.block_queries import embedded
 from blockir.analyses.carry import head_source
 from blockir.analyses.summaries import callee, called_blocks, memory_inputs, output_source, stream_items, summaries
 from blockir.diagnostics import Diagnostic, Note, Span, error, warning
@@ -58,7 +59,9 @@ def _dropouts(program: Program, block: Block, w: Wrapper, env: dict) -> Iterator
                         "a branch update", op.span, notes=[Note(f"'{d.block}' is defined here",
                                                                 program.block(d.block).span)],
                         hint="apply it to the branch output before the add: x + d(branch(…))")
-        if op is not None and op.has(Stochastic) and _p(op, env) != 0 and not helper:
+        # the lookups are where the stream begins, not a state an update was added to (GPT-2's embd_pdrop)
+        if op is not None and op.has(Stochastic) and _p(op, env) != 0 and not helper and \
+                not embedded(block, op.operand):
             what = "after the residual add drops the updated state" if op.operand in results \
                 else f"on the residual state drops {describe(block, op.operand)} itself"
             yield error("E0402", f"dropout {what}, not a branch update", op.span,
