@@ -41,7 +41,10 @@ _unregister_replace_node_hook _wrapped_call add_submodule code delete_all_unused
 graph meta print_readable recompile shape_env to_folder
 """.split()) | frozenset(n for n in ("blockir_block", "blockir_contract", "blockir_context", "blockir_layer",
                                      "blockir_values", "_blockir_owns_graph",
-                                     "_blockir_private_class", "_blockir_shared"))
+                                     "_blockir_private_class", "_blockir_shared",
+                                     # what a compiled root records of its source (blockir/lower/declared.py)
+                                     "blockir_axes", "blockir_results", "blockir_span", "blockir_init",
+                                     "blockir_facts", "blockir_dropped", "blockir_depth"))
 
 
 def reserved_part(part: str, first: bool) -> str | None:
