@@ -77,6 +77,8 @@ _ATTENTION_CORE = (
                 "layer index counts from 0)"),
     ArgSpec("scale_query", "bool", False, doc="scale the queries after their projection, then plain dot products "
             "(OPT, BioGPT: the rounding their code has)"),
+    ArgSpec("divide_scores", "bool", None, doc="eager: the scores are divided by sqrt(head_dim) rather than "
+            "multiplied by its inverse, which rounds otherwise (Falcon's eager op)"),
 )
 _ATTENTION_LAYOUT = (
     ArgSpec("fused", "enum", "none", choices=QKV_LAYOUTS,

@@ -334,6 +334,8 @@ def _falcon(c: Config, model_type: str, exact: bool) -> str:
                                    "softmax_f32=false", *bias]
     if exact and new and kv == 1:  # the new architecture broadcasts its one key/value head before rotating
         attn.append("kv_broadcast=true")
+    if exact:  # the eager op divides its scores by sqrt(head_dim)
+        attn.append("divide_scores=true")
     p = num(c.get("hidden_dropout", 0.0))
     norm = c.norm()
     mlp = ["F", f"act={c.act('activation', 'gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h",

@@ -57,10 +57,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
         mask, is_causal = masks.build(core.causal, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
                                               scale=scale).transpose(1, 2)
-    scale = scale if scale is not None else q.shape[-1] ** -0.5
     if core.scores_f32:
         q, k = q.float(), k.float()
-    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if core.divide_scores:  # Falcon's eager op divides by sqrt(head_dim), which rounds otherwise than multiplying
+        scores = torch.matmul(q, k.transpose(2, 3)) / (math.sqrt(q.shape[-1]) if scale is None else 1 / scale)
+    else:
+        scores = torch.matmul(q, k.transpose(2, 3)) * (scale if scale is not None else q.shape[-1] ** -0.5)
     if core.softcap is not None:
         scores = torch.tanh(scores / core.softcap) * core.softcap
     carried = None
@@ -140,12 +142,13 @@ class AttentionCore:
     def __init__(self, causal: bool = True, window: int | None = None, scale: float | None = None,
                  softcap: float | None = None, dropout: float = 0.0, impl: str = "sdpa",
                  softmax_f32: bool = True, score_residual: str | None = None, score_count: int = 1,
-                 scale_query: bool = False, kv_cache: bool = False, scores_f32: bool = False) -> None:
+                 scale_query: bool = False, kv_cache: bool = False, scores_f32: bool = False,
+                 divide_scores: bool = False) -> None:
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.dropout, self.impl, self.softmax_f32, self.scale_query = dropout, impl, softmax_f32, scale_query
         # the running mean's l: how many layers' scores the state averages once this one's are in
         self.score_residual, self.score_count = score_residual, score_count
-        self.kv_cache, self.scores_f32 = kv_cache, scores_f32
+        self.kv_cache, self.scores_f32, self.divide_scores = kv_cache, scores_f32, divide_scores
 
     def __repr__(self) -> str:
         parts = [f"causal={self.causal}", f"impl={self.impl}"]

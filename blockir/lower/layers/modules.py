@@ -121,7 +121,8 @@ def _attention(d: KindDecl, width: int, s: Sizes) -> Callable[[], nn.Module]:
         scale=_opt_float(s, d, "scale"), softcap=_opt_float(s, d, "softcap"),
         dropout=float(s.value(d.arg("dropout"))), impl=d.arg("impl"), softmax_f32=d.arg("softmax_f32"),
         kv_cache=bool(d.arg("kv_cache")), scores_f32=bool(d.arg("scores_f32")),
-        score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"))
+        score_residual=d.arg("score_residual"), scale_query=d.arg("scale_query"),
+        divide_scores=bool(d.arg("divide_scores")))
     if d.arg("score_count") is not None:
         core["score_count"] = int(s.value(d.arg("score_count")))
     kw: dict[str, Any] = dict(heads=int(s.value(d.arg("heads"))), kv_heads=_opt_int(s, d, "kv_heads"),
