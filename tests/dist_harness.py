@@ -31,9 +31,9 @@ def _gather_batch(t: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
-         mode: str, dp: int = 1) -> dict[str, Any]:
+         mode: str, dp: int = 1, backend: str = "fx") -> dict[str, Any]:
     import blockir
-    m = blockir.compile(program, name, dims=dims, seed=0)
+    m = blockir.compile(program, name, dims=dims, seed=0, backend=backend)
     m.train(mode == "train")
     tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
@@ -91,7 +91,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
-Case = tuple[str, str, dict[str, int], str, tuple[int, ...], str, int]  # program, block, dims, layout, shape, mode, dp
+# program, block, dims, layout, shape, mode, dp, and optionally the compile backend (fx when absent)
+Case = tuple[Any, ...]
 
 
 def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> None:
@@ -115,13 +116,15 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
 
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, else on one ``tp`` axis of all ranks; a
-    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream. Each
+    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream; an eighth
+    entry compiles both modules with that backend instead of fx. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
     (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. One spawn for many cases: starting ranks costs more than running them.
     """
-    refs = [_run(program, name, dims, None, shape, mode) for program, name, dims, _, shape, mode, _ in cases]
+    refs = [_run(program, name, dims, None, shape, mode, 1, *backend) for program, name, dims, _, shape, mode, _, *backend
+            in cases]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         ranks = mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=False)

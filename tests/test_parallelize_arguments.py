@@ -54,8 +54,6 @@ def llama() -> nn.Module:
 
 @pytest.mark.parametrize("case, where, message", [
     ("linear", "module", "parallelize expects a module returned by blockir.compile, got Linear"),
-    ("fused", "module", "the module was compiled with backend='fused': its fused add+norm ops have no DTensor "
-     "sharding rule, so no layout can run them on sharded or replicated DTensors"),
     ("layer", "module", "parallelize expects a module returned by blockir.compile, got LlamaDecoderLayer"),
     ("other block", "name", "the module was compiled from block 'LlamaModel', not 'LlamaDecoderLayer'"),
     ("unknown block", "name", "no block named 'Llama'"),
@@ -70,8 +68,6 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
         module = nn.Linear(64, 64)
     elif case == "layer":
         module = llama.layers[0]
-    elif case == "fused":
-        module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
     elif case == "other block":
         name = "LlamaDecoderLayer"
     elif case == "unknown block":
@@ -85,6 +81,20 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
     assert (d.code, str(d.span), d.message) == ("E0722", f"blockir.parallelize({where}=…)", message)
     after = module.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_fused_module_is_refused_only_under_the_hidden_layout() -> None:
+    """Its add+norm ops normalise whole rows: features split over ranks would gather the stream at every norm."""
+    module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+    d = _refused(module, (2, 2), LLAMA, "LlamaModel", layout="hidden")
+    assert (d.code, str(d.span)) == ("E0613", "blockir.parallelize(layout=…)")
+    assert d.message == ("the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
+                         "under the hidden layout each rank holds a slice of every row's features, so each norm "
+                         "would first gather the stream")
+    assert d.hint == "parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'"
+    # the row layouts pass the module on to the next check, the mesh's
+    for layout in ("sequence", "replicated"):
+        assert _refused(module, (2, 2), LLAMA, "LlamaModel", layout=layout).span.filename == "blockir.parallelize(mesh=…)"
 
 
 class _Slice:

@@ -17,11 +17,12 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
+from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.numerics import batch_slice
-from blockir.diagnostics import BlockError, argument_error
+from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.program import Block, Program
 from blockir.signatures import public
 
@@ -222,10 +223,6 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
                    "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
-    if _fused(module):
-        raise _bad("module", "the module was compiled with backend='fused': its fused add+norm ops have no "
-                   "DTensor sharding rule, so no layout can run them on sharded or replicated DTensors",
-                   "compile it with backend='fx' to parallelise it")
     plan = getattr(module, "blockir_plan", None)
     if plan is not None:
         raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
@@ -243,6 +240,12 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if layout == "hidden" and _fused(module):
+        raise BlockError([error(
+            "E0613", "the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
+            "under the hidden layout each rank holds a slice of every row's features, so each norm would first "
+            "gather the stream", Span("blockir.parallelize(layout=…)", 0, 0),
+            hint="parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'")])
     if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
         raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel) or a 2-D one named ('dp', 'tp')",
                    f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
