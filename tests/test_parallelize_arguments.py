@@ -149,6 +149,15 @@ def _worker(rank: int, store: str, out: str) -> None:
             blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
         except blockir.BlockError as exc:
             results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
+        fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+        before = {k: v.clone() for k, v in fused.state_dict().items()}
+        try:
+            blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
+        except blockir.BlockError as exc:
+            d = exc.diagnostics[0]
+            results["inlined"] = (d.code, str(d.span), d.message)
+        results["fused unchanged"] = all(torch.equal(before[k], v) and not hasattr(fused, "blockir_plan")
+                                         for k, v in fused.state_dict().items())
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -172,4 +181,10 @@ def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_para
     assert results == {
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
-        "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)")}
+        "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)"),
+        # the fused backend inlines LLaMA's layers into one graph: FSDP2 could not gather them per layer
+        "inlined": ("E0614", "blockir.parallelize(mesh=…)", "the module was compiled with backend='fused', which "
+                    "inlines its layers (layers.0, layers.1) into one graph so that their boundaries fuse: FSDP2 "
+                    "over 'dp' gathers a layer's parameters when the layer's module runs, and these never run as "
+                    "modules"),
+        "fused unchanged": True}

@@ -218,6 +218,20 @@ def _fused(module: nn.Module) -> bool:
                for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
 
 
+def _check_units(module: nn.Module, plan: ParallelPlan) -> None:
+    """FSDP2 gathers a unit's parameters when the unit's module runs: refuse layers the root graph inlined
+    (the fused backend joins a stack's boundaries across layers), whose modules never run."""
+    called = [node.target for node in module.graph.nodes if node.op == "call_module"]  # type: ignore[union-attr]
+    inlined = [path for path in plan.layers if any(str(t).startswith(path + ".") for t in called)]
+    if inlined:
+        raise BlockError([error(
+            "E0614", f"the module was compiled with backend='fused', which inlines its layers "
+            f"({', '.join(inlined)}) into one graph so that their boundaries fuse: FSDP2 over 'dp' gathers a "
+            "layer's parameters when the layer's module runs, and these never run as modules",
+            Span("blockir.parallelize(mesh=…)", 0, 0),
+            hint="parallelise it over a 1-D tensor-parallel mesh, or compile it with backend='fx'")])
+
+
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
@@ -276,6 +290,8 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     block = program.block(name)
     dp, mesh = (mesh["dp"], mesh["tp"]) if mesh.ndim == 2 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size())
+    if dp is not None:
+        _check_units(module, plan)
     stream = _stream(block, program, layout)
     styles = _styles(plan, stream, module, mesh)
     if styles:
