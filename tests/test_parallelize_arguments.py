@@ -1,7 +1,8 @@
 """``parallelize`` checks its arguments before it changes anything, and leaves no process-wide state behind.
 
 The argument checks come before any use of the mesh, so these need no process group; one world of two gloo
-ranks checks the data-parallel batch slice on a real (dp, tp) mesh and a second call on the same module.
+ranks checks the data-parallel batch slice on a real (dp, tp) mesh, a second call on the same module, the
+refusal of FSDP2 over a fused module's inlined layers, and the fused ops' DTensor rules over both ranks.
 """
 from __future__ import annotations
 
@@ -129,6 +130,33 @@ def test_a_forward_that_raises_under_the_batch_slice_leaves_later_modules_their_
 # ------------------------------------------------------------ one real (dp, tp) mesh
 
 
+def _fused_rules() -> dict[str, Any]:
+    """The fused ops on DTensors over both ranks, the stream split by batch (0) or sequence (1), the norm's
+    parameters replicated: each value's placement, and its largest relative error against plain tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from blockir.lower.fused import add_layer_norm, add_rms_norm
+    mesh = init_device_mesh("cpu", (2,))
+    branch, residual, gy, gr = (_x(2, 4, 8, seed=s) for s in range(4))
+    weight, bias = _x(8, seed=4), _x(8, seed=5)
+    found: dict[str, Any] = {}
+    for axis in (0, 1):
+        for family, op, params in (("layer", add_layer_norm, (weight, bias)), ("rms", add_rms_norm, (weight,))):
+            def run(place: Any, replicate: Any) -> list[torch.Tensor]:
+                leaves = [place(t).requires_grad_() for t in (branch, residual)] + \
+                    [replicate(t).requires_grad_() for t in params]
+                y, res = op(*leaves)
+                ((y * place(gy)).sum() + (res * place(gr)).sum()).backward()
+                return [y, res] + [t.grad for t in leaves]
+            want = run(lambda t: t.clone(), lambda t: t.clone())
+            got = run(lambda t: distribute_tensor(t, mesh, [Shard(axis)]),
+                      lambda t: distribute_tensor(t, mesh, [Replicate()]))
+            found[f"{family} S({axis})"] = (
+                [str(t.placements[0]) for t in got],
+                max(((g.full_tensor() - w).norm() / w.norm()).item() for g, w in zip(got, want)))
+    return found
+
+
 def _worker(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
@@ -149,6 +177,7 @@ def _worker(rank: int, store: str, out: str) -> None:
             blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
         except blockir.BlockError as exc:
             results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
+        results["fused rules"] = _fused_rules()
         fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
         before = {k: v.clone() for k, v in fused.state_dict().items()}
         try:
@@ -167,7 +196,8 @@ def _worker(rank: int, store: str, out: str) -> None:
     os._exit(0)  # as the distributed harness does: gloo's teardown may abort after a good run
 
 
-def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused() -> None:
+@pytest.fixture(scope="module")
+def dp_world() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
@@ -177,7 +207,12 @@ def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_para
                 for p in world.processes:
                     p.kill()
                 pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
-        results = torch.load(out)
+        return torch.load(out)
+
+
+def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused(
+        dp_world: dict[str, Any]) -> None:
+    results = {k: v for k, v in dp_world.items() if k != "fused rules"}
     assert results == {
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
@@ -188,3 +223,13 @@ def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_para
                     "over 'dp' gathers a layer's parameters when the layer's module runs, and these never run as "
                     "modules"),
         "fused unchanged": True}
+
+
+def test_the_fused_ops_split_rows_over_ranks_and_sum_parameter_gradients(dp_world: dict[str, Any]) -> None:
+    """normalized, residual_out and the stream's gradients keep the stream's split; the weight and bias
+    gradients are pending sums over the ranks; all equal the plain tensors' within rounding."""
+    for key, (placements, error) in dp_world["fused rules"].items():
+        axis = key[-2]
+        params = ["P(sum)"] * (2 if key.startswith("layer") else 1)
+        assert placements == [f"S({axis})"] * 4 + params, key
+        assert error <= 1e-6, (key, error)
