@@ -12,7 +12,7 @@ sees, and a slice's rows are not the whole tensor's (``fused_boundary`` drops ou
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -22,7 +22,8 @@ from torch.distributed.tensor.experimental import register_sharding
 from blockir.lower.fused.ops import LAYER_TENSORS, RMS_TENSORS  # importing ops registers torch.ops.blockir.*
 from blockir.lower.fused.spec import BackwardInputs
 
-# the stream's tensors, each op's rows; every other tensor is a parameter (or the dropout key)
+# the tensors holding rows of the stream (its values, gradients and statistics); the others are parameters and
+# the dropout key
 STREAM = frozenset({"branch", "residual", "grad_normalized", "grad_residual_out", "residual_out", "mean", "rstd"})
 
 
@@ -37,8 +38,11 @@ def _rows(stream: DTensorSpec, key: object) -> range:
     return range(0 if isinstance(key, DTensorSpec) else stream.ndim - 1)
 
 
-def _forward(names: tuple[str, ...], stats: int):
-    def rule(*args: Any) -> list[tuple[list[Any], list[Any]]]:
+Rules = list[tuple[list[Any], list[Any]]]  # (output placements, input placements) per strategy
+
+
+def _forward(names: tuple[str, ...], stats: int) -> Callable[..., Rules]:
+    def rule(*args: Any) -> Rules:
         by_name = dict(zip(names, args))
         out = [([Replicate()] * (2 + stats), _inputs(names, args, Replicate()))]
         for axis in _rows(by_name["residual"], by_name["dropout_key"]):
@@ -52,7 +56,7 @@ register_sharding(torch.ops.blockir.add_rms_norm.default)(_forward(RMS_TENSORS, 
 
 
 @register_sharding(torch.ops.blockir.add_norm_backward.default)
-def _backward(*args: Any) -> list[tuple[list[Any], list[Any]]]:
+def _backward(*args: Any) -> Rules:
     t = BackwardInputs(*args[:len(BackwardInputs._fields)])
     names = BackwardInputs._fields
     # an absent gradient is an empty tensor, replicated; the present ones sum over the rows of each rank
