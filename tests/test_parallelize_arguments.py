@@ -134,23 +134,29 @@ def _fused_rules() -> dict[str, Any]:
     """The fused ops on DTensors over both ranks, the stream split by batch (0) or sequence (1), the norm's
     parameters replicated: each value's placement, and its largest relative error against plain tensors."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from blockir.lower.fused import add_layer_norm, add_rms_norm
     mesh = init_device_mesh("cpu", (2,))
     branch, residual, gy, gr = (_x(2, 4, 8, seed=s) for s in range(4))
     weight, bias = _x(8, seed=4), _x(8, seed=5)
     found: dict[str, Any] = {}
     for axis in (0, 1):
+        # every rank holds the same full tensors: its DTensors are built from its own slices, with no collective
+        def shard(t: torch.Tensor) -> DTensor:
+            return DTensor.from_local(t.chunk(2, axis)[dist.get_rank()], mesh, [Shard(axis)], run_check=False)
+
+        def whole(t: torch.Tensor) -> DTensor:
+            return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
         for family, op, params in (("layer", add_layer_norm, (weight, bias)), ("rms", add_rms_norm, (weight,))):
             def run(place: Any, replicate: Any) -> list[torch.Tensor]:
                 leaves = [place(t).requires_grad_() for t in (branch, residual)] + \
                     [replicate(t).requires_grad_() for t in params]
-                y, res = op(*leaves)
-                ((y * place(gy)).sum() + (res * place(gr)).sum()).backward()
-                return [y, res] + [t.grad for t in leaves]
-            want = run(lambda t: t.clone(), lambda t: t.clone())
-            got = run(lambda t: distribute_tensor(t, mesh, [Shard(axis)]),
-                      lambda t: distribute_tensor(t, mesh, [Replicate()]))
+                outputs = op(*leaves)
+                torch.autograd.backward(outputs, [place(gy), place(gr)])
+                return [*outputs] + [t.grad for t in leaves]
+            want = run(torch.clone, torch.clone)
+            got = run(shard, whole)
             found[f"{family} S({axis})"] = (
                 [str(t.placements[0]) for t in got],
                 max(((g.full_tensor() - w).norm() / w.norm()).item() for g, w in zip(got, want)))
