@@ -54,11 +54,12 @@ def _mesh(dp: int | tuple[int, ...]) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
-         mode: str, dp: int | tuple[int, ...] = 1, vocab: bool = False) -> dict[str, Any]:
+         mode: str, dp: int | tuple[int, ...] = 1, vocab: bool = False,
+         backend: str = "fx") -> dict[str, Any]:
     import blockir
     from blockir.lifecycle.lm import Layout
     from blockir.lifecycle.token_lm import TokenLM
-    m = blockir.compile(program, name, dims=dims, seed=0)
+    m = blockir.compile(program, name, dims=dims, seed=0, backend=backend)
     m.train(mode == "train")
     tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
@@ -147,6 +148,7 @@ TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its test
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
 # program, block, dims, layout, shape, mode (eval, train, or eval-bf16: FSDP2 mixed precision), dp (a number of
 # data-parallel ranks, or (replicate, shard) for HSDP), and optionally vocab (embedding and head split by vocabulary)
+# and the compile backend (fx when absent)
 Case = tuple[Any, ...]
 
 
@@ -172,7 +174,8 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
 
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
     is a pair, else on one ``tp`` axis of all ranks; a
-    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream. Each
+    ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream; a ninth entry
+    compiles both modules with that backend instead of fx. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
@@ -182,7 +185,7 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their
     own. One spawn for many cases: starting ranks costs more than running them.
     """
-    refs = [_run(program, name, dims, None, shape, mode, 1, *vocab) for program, name, dims, _, shape, mode, _, *vocab
+    refs = [_run(program, name, dims, None, shape, mode, 1, *extra) for program, name, dims, _, shape, mode, _, *extra
             in cases]
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")

@@ -28,6 +28,9 @@ WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout 
     [(model, layout, mode, 1) for model in ("gpt2", "neox", "bert") for layout in LAYOUTS for mode in ("eval", "train")]
 # over four ranks: FSDP2 over dp with the plan over tp on a 2×2 mesh, and LLaMA's 2 key/value heads over tp=4
 # GPT-2 trains with dropout there too: each dp rank keys its masks by its rows of the global batch
+# the fused backend (add+norm boundaries as custom ops, with DTensor rules) in the layouts that split whole rows
+FUSED = [(model, layout, mode, 1, "fused") for model in ("llama", "gpt2") for layout in ("replicated", "sequence")
+         for mode in ("eval",) + (("train",) if model == "gpt2" else ())]
 WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", mode, 2) for mode in ("eval", "train")] + \
     [("llama", layout, "eval", 1) for layout in ("sequence", "hidden")]
 # HSDP on ("dp_replicate", "dp_shard", "tp") meshes: two replicas of two shards, and two replicas of the plan over
@@ -38,15 +41,16 @@ MIXED = [("llama", "sequence", "eval-bf16", 2)]
 VOCAB_DP = ("llama-lm", "sequence", "vocab", 2)
 
 
-def _case(model: str, layout: str, mode: str, dp: Any) -> tuple[Any, ...]:
+def _case(model: str, layout: str, mode: str, dp: Any, backend: str = "fx") -> tuple[Any, ...]:
     program, name = MODELS[model]
     batch = 2 * data_ranks(dp)
-    return program, name, {"B": batch, "S": 8, "D": 64}, layout, (batch, 8, 64), mode, dp
+    case = program, name, {"B": batch, "S": 8, "D": 64}, layout, (batch, 8, 64), mode, dp
+    return case + ((False, backend) if backend != "fx" else ())
 
 
 @pytest.fixture(scope="module")
 def world2() -> dict[tuple[Any, ...], tuple[Any, Any]]:
-    return dict(zip(WORLD2, compare([_case(*c) for c in WORLD2], world=2)))
+    return dict(zip(WORLD2 + FUSED, compare([_case(*c) for c in WORLD2 + FUSED], world=2)))
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +110,24 @@ def test_tensor_parallel_matches_one_process(world2: dict, case: tuple[Any, ...]
     assert par["comms"] == par["planned"]
     if layout == "hidden":
         assert all(par["inputs"][k] == "S(2)" for k in par["inputs"] if k.rsplit(".", 1)[-1].isdigit())
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(map(str, c[:3])))
+def test_the_fused_backend_matches_one_fused_process_and_fx(world2: dict, case: tuple[Any, ...]) -> None:
+    """The fused add+norm ops run on the rows each rank holds: output, input and parameter gradients match
+    the fused module on one process, which matches the fx module (the same masks in training)."""
+    ref, par = world2[case]
+    _matches(ref, par)
+    fx, _ = world2[case[:4]]
+    _matches(fx, ref)
+    params = par["params"]
+    assert params[next(k for k in params if k.endswith("q_proj.weight"))] == "S(0)"
+    # a sequence-sharded stream meets replicated norm parameters, whose gradients the fused backward sums
+    norms = [v for k, v in params.items() if k.endswith(("layernorm.weight", "ln_1.weight", "ln_2.weight"))]
+    assert norms and all(v == ("R" if case[1] == "sequence" else "local") for v in norms)
+    if case[0] == "gpt2":  # LLaMA's fused boundaries join its layers into one graph, which calls no layer module
+        assert par["inputs"]["h.0"] == STREAM[case[1]]
+        assert par["comms"] == par["planned"]
 
 
 @pytest.mark.parametrize("model", ["gpt2", "neox", "bert"])

@@ -1,7 +1,8 @@
 """``parallelize`` checks its arguments before it changes anything, and leaves no process-wide state behind.
 
 The argument checks come before any use of the mesh, so these need no process group; one world of two gloo
-ranks checks the data-parallel batch slice on a real (dp, tp) mesh and a second call on the same module.
+ranks checks the data-parallel batch slice on a real (dp, tp) mesh, a second call on the same module, the
+refusal of FSDP2 over a fused module's inlined layers, and the fused ops' DTensor rules over both ranks.
 """
 from __future__ import annotations
 
@@ -54,8 +55,6 @@ def llama() -> nn.Module:
 
 @pytest.mark.parametrize("case, where, message", [
     ("linear", "module", "parallelize expects a module returned by blockir.compile, got Linear"),
-    ("fused", "module", "the module was compiled with backend='fused': its fused add+norm ops have no DTensor "
-     "sharding rule, so no layout can run them on sharded or replicated DTensors"),
     ("layer", "module", "parallelize expects a module returned by blockir.compile, got LlamaDecoderLayer"),
     ("other block", "name", "the module was compiled from block 'LlamaModel', not 'LlamaDecoderLayer'"),
     ("unknown block", "name", "no block named 'Llama'"),
@@ -73,8 +72,6 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
         module = nn.Linear(64, 64)
     elif case == "layer":
         module = llama.layers[0]
-    elif case == "fused":
-        module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
     elif case == "other block":
         name = "LlamaDecoderLayer"
     elif case == "unknown block":
@@ -91,6 +88,20 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
     assert (d.code, str(d.span), d.message) == ("E0722", f"blockir.parallelize({where}=…)", message)
     after = module.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_fused_module_is_refused_only_under_the_hidden_layout() -> None:
+    """Its add+norm ops normalise whole rows: features split over ranks would gather the stream at every norm."""
+    module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+    d = _refused(module, (2, 2), LLAMA, "LlamaModel", layout="hidden")
+    assert (d.code, str(d.span)) == ("E0613", "blockir.parallelize(layout=…)")
+    assert d.message == ("the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
+                         "under the hidden layout each rank holds a slice of every row's features, so each norm "
+                         "would first gather the stream")
+    assert d.hint == "parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'"
+    # the row layouts pass the module on to the next check, the mesh's
+    for layout in ("sequence", "replicated"):
+        assert _refused(module, (2, 2), LLAMA, "LlamaModel", layout=layout).span.filename == "blockir.parallelize(mesh=…)"
 
 
 def _masks() -> torch.Tensor:
@@ -115,6 +126,39 @@ def test_a_forward_that_raises_under_the_batch_slice_leaves_later_modules_their_
 # ------------------------------------------------------------ one real (dp, tp) mesh
 
 
+def _fused_rules() -> dict[str, Any]:
+    """The fused ops on DTensors over both ranks, the stream split by batch (0) or sequence (1), the norm's
+    parameters replicated: each value's placement, and its largest relative error against plain tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from blockir.lower.fused import add_layer_norm, add_rms_norm
+    mesh = init_device_mesh("cpu", (2,))
+    branch, residual, gy, gr = (_x(2, 4, 8, seed=s) for s in range(4))
+    weight, bias = _x(8, seed=4), _x(8, seed=5)
+    found: dict[str, Any] = {}
+    for axis in (0, 1):
+        # every rank holds the same full tensors: its DTensors are built from its own slices, with no collective
+        def shard(t: torch.Tensor) -> DTensor:
+            return DTensor.from_local(t.chunk(2, axis)[dist.get_rank()], mesh, [Shard(axis)], run_check=False)
+
+        def whole(t: torch.Tensor) -> DTensor:
+            return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
+        for family, op, params in (("layer", add_layer_norm, (weight, bias)), ("rms", add_rms_norm, (weight,))):
+            def run(place: Any, replicate: Any) -> list[torch.Tensor]:
+                leaves = [place(t).requires_grad_() for t in (branch, residual)] + \
+                    [replicate(t).requires_grad_() for t in params]
+                outputs = op(*leaves)
+                torch.autograd.backward(outputs, [place(gy), place(gr)])
+                return [*outputs] + [t.grad for t in leaves]
+            want = run(torch.clone, torch.clone)
+            got = run(shard, whole)
+            found[f"{family} S({axis})"] = (
+                [str(t.placements[0]) for t in got],
+                max(((g.full_tensor() - w).norm() / w.norm()).item() for g, w in zip(got, want)))
+    return found
+
+
 def _worker(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
@@ -135,6 +179,16 @@ def _worker(rank: int, store: str, out: str) -> None:
             blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
         except blockir.BlockError as exc:
             results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
+        results["fused rules"] = _fused_rules()
+        fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+        before = {k: v.clone() for k, v in fused.state_dict().items()}
+        try:
+            blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
+        except blockir.BlockError as exc:
+            d = exc.diagnostics[0]
+            results["inlined"] = (d.code, str(d.span), d.message)
+        results["fused unchanged"] = all(torch.equal(before[k], v) and not hasattr(fused, "blockir_plan")
+                                         for k, v in fused.state_dict().items())
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -144,7 +198,8 @@ def _worker(rank: int, store: str, out: str) -> None:
     os._exit(0)  # as the distributed harness does: gloo's teardown may abort after a good run
 
 
-def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused() -> None:
+@pytest.fixture(scope="module")
+def dp_world() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
@@ -154,8 +209,29 @@ def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_para
                 for p in world.processes:
                     p.kill()
                 pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
-        results = torch.load(out)
+        return torch.load(out)
+
+
+def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused(
+        dp_world: dict[str, Any]) -> None:
+    results = {k: v for k, v in dp_world.items() if k != "fused rules"}
     assert results == {
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
-        "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)")}
+        "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)"),
+        # the fused backend inlines LLaMA's layers into one graph: FSDP2 could not gather them per layer
+        "inlined": ("E0614", "blockir.parallelize(mesh=…)", "the module was compiled with backend='fused', which "
+                    "inlines its layers (layers.0, layers.1) into one graph so that their boundaries fuse: FSDP2 "
+                    "over 'dp' gathers a layer's parameters when the layer's module runs, and these never run as "
+                    "modules"),
+        "fused unchanged": True}
+
+
+def test_the_fused_ops_split_rows_over_ranks_and_sum_parameter_gradients(dp_world: dict[str, Any]) -> None:
+    """normalized, residual_out and the stream's gradients keep the stream's split; the weight and bias
+    gradients are pending sums over the ranks; all equal the plain tensors' within rounding."""
+    for key, (placements, error) in dp_world["fused rules"].items():
+        axis = key[-2]
+        params = ["P(sum)"] * (2 if key.startswith("layer") else 1)
+        assert placements == [f"S({axis})"] * 4 + params, key
+        assert error <= 1e-6, (key, error)

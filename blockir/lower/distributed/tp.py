@@ -17,13 +17,14 @@ from torch.distributed.tensor.placement_types import Placement
 from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
+from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.fixup_bias import ACT, OUT
 from blockir.lower.layers.numerics import batch_slice
-from blockir.diagnostics import BlockError, argument_error
+from blockir.diagnostics import BlockError, Span, argument_error, error
 from blockir.ir.program import Block, Program
 from blockir.signatures import public
 
@@ -247,16 +248,26 @@ def _fused(module: nn.Module) -> bool:
                for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
 
 
+def _check_units(module: nn.Module, plan: ParallelPlan) -> None:
+    """FSDP2 gathers a unit's parameters when the unit's module runs: refuse layers the root graph inlined
+    (the fused backend joins a stack's boundaries across layers), whose modules never run."""
+    called = [node.target for node in module.graph.nodes if node.op == "call_module"]  # type: ignore[union-attr]
+    inlined = [path for path in plan.layers if any(str(t).startswith(path + ".") for t in called)]
+    if inlined:
+        raise BlockError([error(
+            "E0614", f"the module was compiled with backend='fused', which inlines its layers "
+            f"({', '.join(inlined)}) into one graph so that their boundaries fuse: FSDP2 over 'dp' gathers a "
+            "layer's parameters when the layer's module runs, and these never run as modules",
+            Span("blockir.parallelize(mesh=…)", 0, 0),
+            hint="parallelise it over a 1-D tensor-parallel mesh, or compile it with backend='fx'")])
+
+
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
                      mp_policy: object, vocab: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
                    "m = blockir.compile(program, name); blockir.parallelize(m, mesh, program, name)")
-    if _fused(module):
-        raise _bad("module", "the module was compiled with backend='fused': its fused add+norm ops have no "
-                   "DTensor sharding rule, so no layout can run them on sharded or replicated DTensors",
-                   "compile it with backend='fx' to parallelise it")
     plan = getattr(module, "blockir_plan", None)
     if plan is not None:
         raise _bad("module", f"the module is already parallelised ({plan.layout} layout over {plan.world} "
@@ -274,6 +285,12 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if layout == "hidden" and _fused(module):
+        raise BlockError([error(
+            "E0613", "the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
+            "under the hidden layout each rank holds a slice of every row's features, so each norm would first "
+            "gather the stream", Span("blockir.parallelize(layout=…)", 0, 0),
+            hint="parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'")])
     if not isinstance(vocab, bool):
         raise _bad("vocab", f"vocab must be True or False, got {vocab!r}")
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -324,6 +341,8 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh["tp"]) if mesh.ndim > 1 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
+    if dp is not None:
+        _check_units(module, plan)
     stream = _stream(block, program, layout)
     shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
     styles = _styles(plan, stream, module, mesh)

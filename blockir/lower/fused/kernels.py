@@ -130,7 +130,9 @@ def forward(x: Inputs, spec: BoundarySpec, block_size: int | None = None) -> tup
             enable_fp_fusion=False,
             **_common_flags(spec, weight, branch_bias, branch_scale, residual.dtype, t1, t2),
         )
-    return out.view(shape), residual_out.view(shape), mean, rstd
+    # the statistics keep the leading axes: a stream sharded on any of them shards its statistics the same way
+    stats = shape[:-1]
+    return out.view(shape), residual_out.view(shape), None if mean is None else mean.view(stats), rstd.view(stats)
 
 
 def _or(t: Tensor | None, placeholder: Tensor) -> Tensor:

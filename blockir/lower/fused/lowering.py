@@ -23,6 +23,11 @@ def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module
     """(normalized, residual) of one boundary, with the same dropout identity as the unfused graph."""
     active = training and p > 0.0
     key = dropout_key(seed, layer, site) if active else None
+    if active and (numerics.is_dtensor(branch) or numerics.BatchSlice.current[1] > 1):
+        # on a slice of the rows the op would key its mask by the slice's rows: numerics keys it by the
+        # whole tensor's, as the unsharded run does, and the op adds and normalises the dropped branch
+        branch, active = numerics.dropout(branch, p, "element", True, key), False
+        key = None
     common = dict(branch_scale=branch_scale, shortcut_scale=shortcut_scale, p=p if active else 0.0,
                   training=active, dropout_key=key, accum=norm.accum)
     if norm.family.fused_code == "layer":

@@ -16,7 +16,6 @@ kernels be checked end to end without a GPU.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -135,11 +134,10 @@ def _forward(x: Inputs, spec: BoundarySpec, impl: ModuleType) -> tuple[Tensor, T
 def _fake_forward(x: Inputs, spec: BoundarySpec, stats: int) -> tuple[Tensor, ...]:
     check_inputs(spec, x)
     residual = x.residual
-    rows = math.prod(residual.shape[:-1])
     dtype = output_dtype(spec, residual.dtype, None if x.weight is None else x.weight.dtype)
     normalized = residual.new_empty(residual.shape, dtype=dtype)
     return (normalized, residual.new_empty(residual.shape)) + tuple(
-        residual.new_empty((rows,), dtype=spec.accum) for _ in range(stats)
+        residual.new_empty(residual.shape[:-1], dtype=spec.accum) for _ in range(stats)
     )
 
 
@@ -227,11 +225,17 @@ def _save(ctx, x: Inputs, spec: BoundarySpec, residual_out: Tensor, mean: Tensor
     saved = {**x._asdict(), "residual_out": residual_out, "mean": mean, "rstd": rstd,
              "branch": x.branch if keep_branch else None}
     ctx.save_for_backward(*(saved[name] for name in SAVED))
+    # an unused output's gradient comes as None, not as a zero tensor autograd would make without the
+    # output's subclass (a plain tensor beside DTensor gradients): the backward then skips it
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_normalized: Tensor, grad_residual_out: Tensor | None) -> tuple[Tensor | None, ...]:
+def _backward(ctx, grad_normalized: Tensor | None, grad_residual_out: Tensor | None) -> tuple[Tensor | None, ...]:
     """A gradient for each of the op's arguments: its differentiable inputs', None for the rest."""
-    t = BackwardInputs(grad_normalized, grad_residual_out, *ctx.saved_tensors)
+    saved = ctx.saved_tensors
+    if grad_normalized is None:
+        grad_normalized = torch.zeros_like(saved[0])  # the new stream's shape, in its type
+    t = BackwardInputs(grad_normalized, grad_residual_out, *saved)
     s: BoundarySpec = ctx.spec
     grads = add_norm_backward(*t, s.family.value, s.eps, s.offset, s.cast, s.p, s.training, s.branch_scale_const,
                               s.shortcut_scale, ctx.branch_dtype, s.accum)

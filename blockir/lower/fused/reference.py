@@ -56,8 +56,9 @@ def normalize(residual_out: Tensor, weight: Tensor | None, bias: Tensor | None, 
 
 
 def row_stats(residual_out: Tensor, spec: BoundarySpec) -> tuple[Tensor | None, Tensor]:
-    """Per-row ``(mean, rstd)`` in the accumulation dtype, flattened to ``[rows]``; mean is None for RMSNorm."""
-    work = residual_out.reshape(-1, residual_out.shape[-1]).to(spec.accum)
+    """Per-row ``(mean, rstd)`` in the accumulation dtype, of the leading axes' shape (``[B, S]`` for a
+    ``[B, S, D]`` stream); mean is None for RMSNorm."""
+    work = residual_out.to(spec.accum)
     if spec.family is Family.LAYER:
         mean = work.mean(-1, keepdim=True)
         variance = (work - mean).pow(2).mean(-1)
@@ -106,8 +107,9 @@ def backward(
     shape, width = residual_out.shape, residual_out.shape[-1]
     x = residual_out.reshape(-1, width).to(acc)
     gy = t.grad_normalized.reshape(-1, width).to(acc)
-    r = t.rstd.to(acc).unsqueeze(-1)
-    x_hat = (x - mean.to(acc).unsqueeze(-1)) * r if mean is not None else x * r
+    # statistics of any shape holding one value per row, leading axes kept or flattened
+    r = t.rstd.to(acc).reshape(-1, 1)
+    x_hat = (x - mean.to(acc).reshape(-1, 1)) * r if mean is not None else x * r
 
     g_hat = gy if weight is None else gy * _effective_weight(weight, spec)
     gx = g_hat - x_hat * (g_hat * x_hat).mean(-1, keepdim=True)
