@@ -155,6 +155,36 @@ def with_program(args: argparse.Namespace, fn: Callable[[Program, Block], int]) 
     return fn(program, target_block(program, getattr(args, "block", None)))
 
 
+def user_class(path: str, cls_name: str, module_prefix: str) -> type:
+    """The ``nn.Module`` class ``cls_name`` of the user's Python file ``path``, imported with its folder on the
+    import path (its own imports of its neighbours); a file that fails to import is E0910 at the file."""
+    import importlib.util
+    from pathlib import Path
+
+    from torch import nn
+
+    from blockir.diagnostics import error
+    if not Path(path).is_file():
+        raise UsageError(f"cannot read {path}")
+    folder = str(Path(path).resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(f"{module_prefix}_{Path(path).stem}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:  # the user's file
+            raise BlockError([error("E0910", f"importing {path} fails: {type(exc).__name__}: {exc}",
+                                    Span(path, 1, 1), hint="the file must import on its own")]) from None
+    finally:
+        sys.path.remove(folder)
+    cls = getattr(mod, cls_name, None)
+    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+        raise UsageError(f"{path} defines no nn.Module class '{cls_name}'")
+    return cls
+
+
 def _command_modules(argv: Sequence[str]) -> list[str]:
     """The modules of ``blockir.commands`` whose subcommand this command line can run: the one it names
     (a module is named after its command, ``import_`` for ``import``), else all of them (for the command

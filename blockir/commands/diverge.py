@@ -9,11 +9,10 @@ backends or precisions. Exit 0 when every value agrees, 1 at a divergence (as ``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option,
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, user_class, add_block_option, add_dims_option, add_format_option,
                          load_program, log, print_json, target_block, with_callees)
 from blockir.commands.run import name_stand_ins, row_dims, set_threads
 from blockir.diagnostics import BlockError, Span, error
@@ -46,30 +45,10 @@ def _module(program: Any, block: Any, dims: dict[str, int], seed: int, backend: 
 
 def _implementation(target: str, width: int, eps: float | None) -> Any:
     """``PATH.py:CLASS`` built as a norm module is: ``CLASS(width, eps=eps)``."""
-    import importlib.util
-
-    from torch import nn
     path, sep, cls_name = target.rpartition(":")
     if not sep or not path.endswith(".py") or not cls_name.isidentifier():
         raise UsageError(f"--bind expects NAME=PATH.py:CLASS, got '{target}'")
-    if not Path(path).is_file():
-        raise UsageError(f"cannot read {path}")
-    folder = str(Path(path).resolve().parent)
-    sys.path.insert(0, folder)  # the file's own imports of its neighbours
-    try:
-        spec = importlib.util.spec_from_file_location(f"blockir_bound_{Path(path).stem}", path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as exc:  # the user's file
-            raise BlockError([error("E0910", f"importing {path} fails: {type(exc).__name__}: {exc}",
-                                    Span(path, 1, 1), hint="the file must import on its own")]) from None
-    finally:
-        sys.path.remove(folder)
-    cls = getattr(mod, cls_name, None)
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        raise UsageError(f"{path} defines no nn.Module class '{cls_name}'")
+    cls = user_class(path, cls_name, "blockir_bound")
     keywords = {} if eps is None else {"eps": eps}
     try:
         return cls(width, **keywords)

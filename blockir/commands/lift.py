@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blockir.cli import EXIT_ERRORS, EXIT_OK, UsageError, add_dims_option, log
+from blockir.cli import EXIT_ERRORS, EXIT_OK, UsageError, add_dims_option, log, user_class
 from blockir.diagnostics import BlockError, Span, error, render
 
 
@@ -40,32 +40,13 @@ def _constructor_args(text: str | None) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _from_file(target: str, args: argparse.Namespace) -> tuple[Any, Any]:
-    import importlib.util
-
     import torch
 
     path, sep, cls_name = target.rpartition(":")
     if not sep or not path.endswith(".py") or not cls_name.isidentifier():
         raise UsageError(f"expected PATH.py:ClassName or 'hf MODEL_TYPE', got '{target}'")
-    if not Path(path).is_file():
-        raise UsageError(f"cannot read {path}")
     positional, keywords = _constructor_args(args.args)
-    folder = str(Path(path).resolve().parent)
-    sys.path.insert(0, folder)  # the file's own imports of its neighbours
-    try:
-        spec = importlib.util.spec_from_file_location(f"blockir_lift_{Path(path).stem}", path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as exc:  # the user's file
-            raise BlockError([error("E0910", f"importing {path} fails: {type(exc).__name__}: {exc}",
-                                    Span(path, 1, 1), hint="the file must import on its own")]) from None
-    finally:
-        sys.path.remove(folder)
-    cls = getattr(mod, cls_name, None)
-    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        raise UsageError(f"{path} defines no nn.Module class '{cls_name}'")
+    cls = user_class(path, cls_name, "blockir_lift")
     try:
         module = cls(*positional, **keywords)
     except Exception as exc:  # the user's constructor
