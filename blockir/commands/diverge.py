@@ -12,8 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, user_class, add_block_option, add_dims_option, add_format_option,
-                         load_program, log, print_json, target_block, with_callees)
+from blockir.cli import (EXIT_ERRORS, EXIT_OK, UsageError, add_block_option, add_dims_option, add_format_option,
+                         load_program, log, print_json, target_block, user_class, with_callees)
 from blockir.commands.run import name_stand_ins, row_dims, set_threads
 from blockir.diagnostics import BlockError, Span, error
 from blockir.ir.decls import ExternDecl
