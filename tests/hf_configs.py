@@ -4,6 +4,7 @@ from __future__ import annotations
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+SMALL = dict(COMMON, hidden_size=32, intermediate_size=48)
 CONFIGS: dict[str, dict] = {
     "llama": dict(COMMON, model_type="llama", num_key_value_heads=2, attention_bias=True, rms_norm_eps=1e-5),
     "mistral": dict(COMMON, model_type="mistral", num_key_value_heads=1, sliding_window=5),
@@ -40,6 +41,14 @@ CONFIGS: dict[str, dict] = {
                         sliding_window=3, query_pre_attn_scalar=24),
     "cohere2": dict(COMMON, model_type="cohere2", num_hidden_layers=5, num_key_value_heads=2, sliding_window=3,
                     logit_scale=0.125),
+    "glm": dict(SMALL, model_type="glm", num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    "glm4": dict(SMALL, model_type="glm4", num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.75,
+                 pad_token_id=0),
+    "ernie4_5": dict(SMALL, model_type="ernie4_5", num_key_value_heads=2, head_dim=8, use_bias=True),
+    "jais2": dict(SMALL, model_type="jais2", num_key_value_heads=2, pad_token_id=1, bos_token_id=1, eos_token_id=2),
+    "vaultgemma": dict(SMALL, model_type="vaultgemma", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                       sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                       final_logit_softcapping=3.0),
     # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
     "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
                                                                           rope_theta=10000.0)),

@@ -11,7 +11,7 @@ from blockir.api import hf_block_text as block_text  # noqa: E402
 
 from hf_configs import CONFIGS  # noqa: E402
 
-EAGER_ONLY = {"gemma2"}  # HF refuses SDPA for soft-capped attention: eager is the reference
+EAGER_ONLY = {"gemma2", "vaultgemma"}  # HF refuses SDPA for soft-capped attention: eager is the reference
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 
 

@@ -18,9 +18,10 @@ from blockir.ir.consts import MAX_MAGNITUDE
 from blockir.importers.hf.family import ACTS, Family
 from blockir.importers.hf.fields_encoders import FAMILIES as _ENCODERS
 from blockir.importers.hf.fields_gpt import FAMILIES as _GPT
+from blockir.importers.hf.fields_kin import FAMILIES as _KIN
 from blockir.importers.hf.fields_llama import FAMILIES as _LLAMA
 
-FAMILIES: dict[str, Family] = {**_LLAMA, **_GPT, **_ENCODERS}
+FAMILIES: dict[str, Family] = {**_LLAMA, **_KIN, **_GPT, **_ENCODERS}
 INF = MAX_MAGNITUDE  # the largest magnitude a constant of the language may have
 # kind -> (what it is, low, high, low included, high included); ints are never booleans
 NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {

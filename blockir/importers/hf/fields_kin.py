@@ -1,0 +1,66 @@
+"""The config fields of the LLaMA and Gemma 2 near-copies written by the same writers with other options (GLM,
+GLM-4, ERNIE 4.5, Jais 2, VaultGemma), as their transformers config classes declare them.
+
+Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
+default against the class and every field the modeling code reads against this table. The format is
+described in blockir.importers.hf.family.
+"""
+from __future__ import annotations
+
+from blockir.importers.hf.family import Family
+
+_ROPE = dict(rope_scaling=('rope?', None, 'rope'))
+
+
+def _glm(config: str) -> Family:
+    return Family(config, {}, dict(
+        vocab_size=('size', 151552), hidden_size=('size', 4096), intermediate_size=('size', 13696),
+        num_hidden_layers=('layers', 40), num_attention_heads=('heads', 32),
+        num_key_value_heads=('heads?', 2, '=num_attention_heads'),
+        head_dim=('size?', 128, '=hidden_size // num_attention_heads'), hidden_act=('act', 'silu'),
+        attention_dropout=('prob', 0.0), max_position_embeddings=('size', 131072),
+        initializer_range=('real', 0.02, 'init'), rms_norm_eps=('eps', 1.5625e-07), use_cache=('bool', True),
+        tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
+        pad_token_id=('token?', 151329, 'row'), eos_token_id=('tokens?', [151329, 151336, 151338], 'gen'),
+        bos_token_id=('token?', None, 'gen'), attention_bias=('bool', True),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', 0.5, 'rope'), **_ROPE))
+
+
+FAMILIES: dict[str, Family] = {
+    "glm": _glm("GlmConfig"),
+    "glm4": _glm("Glm4Config"),
+    "ernie4_5": Family("Ernie4_5Config", {}, dict(
+        vocab_size=('size', 103424), hidden_size=('size', 1024), intermediate_size=('size', 3072),
+        num_hidden_layers=('layers', 18), num_attention_heads=('heads', 16),
+        num_key_value_heads=('heads?', 2, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 131072), initializer_range=('real', 0.02, 'init'),
+        rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), pad_token_id=('token?', 0, 'row'),
+        bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', True),
+        rope_parameters=('rope?', None), use_bias=('bool', False),
+        head_dim=('size?', 128, '=hidden_size // num_attention_heads'),
+        rope_theta=('positive', 500000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+    "jais2": Family("Jais2Config", {}, dict(
+        vocab_size=('size', 150272), hidden_size=('size', 3328), intermediate_size=('size', 26624),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 26),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), hidden_act=('act', 'relu2'),
+        max_position_embeddings=('size', 8192), initializer_range=('real', 0.02, 'init'), use_cache=('bool', True),
+        pad_token_id=('token?', None, 'row'), bos_token_id=('token?', 0, 'gen'),
+        eos_token_id=('tokens?', 150024, 'gen'), tie_word_embeddings=('bool', False),
+        rope_parameters=('rope?', None), attention_bias=('bool', True), attention_dropout=('prob', 0.0),
+        mlp_bias=('bool', True), head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        layer_norm_eps=('eps', 1e-05),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+    "vaultgemma": Family("VaultGemmaConfig", {}, dict(
+        vocab_size=('size', 256000), hidden_size=('size', 2304), intermediate_size=('size', 9216),
+        num_hidden_layers=('layers', 26), num_attention_heads=('heads', 8),
+        num_key_value_heads=('heads?', 4, '=num_attention_heads'),
+        head_dim=('size?', 256, '=hidden_size // num_attention_heads'), hidden_activation=('act', 'gelu_pytorch_tanh'),
+        max_position_embeddings=('size', 8192), initializer_range=('real', 0.02, 'init'),
+        rms_norm_eps=('eps', 1e-06), use_cache=('bool', True), pad_token_id=('token?', 0, 'row'),
+        eos_token_id=('tokens?', 1, 'gen'), bos_token_id=('token?', 2, 'gen'), tie_word_embeddings=('bool', True),
+        rope_parameters=('rope?', None), attention_bias=('bool', False), attention_dropout=('prob', 0.0),
+        query_pre_attn_scalar=('positive', 256), sliding_window=('window?', 4096),
+        layer_types=('layer_types?', None, '=period 2'), final_logit_softcapping=('positive?', 30.0),
+        attn_logit_softcapping=('positive?', 50.0),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+}
