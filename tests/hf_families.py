@@ -48,6 +48,13 @@ FAMILIES: dict[str, dict] = {
     "gpt_neo": dict(model_type="gpt_neo", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                     max_position_embeddings=64, attention_types=[[["global", "local"], 1]], window_size=3),
     "biogpt": dict(COMMON, model_type="biogpt"),
+    "glm": dict(COMMON, model_type="glm", num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=2),
+    "glm4": dict(COMMON, model_type="glm4", num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=2),
+    "ernie4_5": dict(COMMON, model_type="ernie4_5", num_key_value_heads=2, head_dim=8, use_bias=True),
+    "jais2": dict(COMMON, model_type="jais2", num_key_value_heads=2, bos_token_id=1, eos_token_id=2),
+    "vaultgemma": dict(COMMON, model_type="vaultgemma", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                       sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                       final_logit_softcapping=3.0),
 }
-EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
+EAGER_ONLY = {"gemma2", "vaultgemma", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
 SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index
