@@ -49,6 +49,13 @@ CONFIGS: dict[str, dict] = {
     "vaultgemma": dict(SMALL, model_type="vaultgemma", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
                        sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
                        final_logit_softcapping=3.0),
+    "olmo3": dict(SMALL, model_type="olmo3", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3, eos_token_id=2,
+                  rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                                       full_attention=dict(rope_type="default", rope_theta=500000.0))),
+    "cwm": dict(SMALL, model_type="cwm", num_hidden_layers=3, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                bos_token_id=1, eos_token_id=2, rope_parameters=dict(
+                    rope_type="llama3", rope_theta=1e6, factor=16.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                    original_max_position_embeddings=16)),
     # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
     "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,
                                                                           rope_theta=10000.0)),

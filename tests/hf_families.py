@@ -55,6 +55,10 @@ FAMILIES: dict[str, dict] = {
     "vaultgemma": dict(COMMON, model_type="vaultgemma", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
                        sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
                        final_logit_softcapping=3.0),
+    "olmo3": dict(COMMON, model_type="olmo3", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3,
+                  eos_token_id=2),
+    "cwm": dict(COMMON, model_type="cwm", num_hidden_layers=3, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                bos_token_id=1, eos_token_id=2),
 }
 EAGER_ONLY = {"gemma2", "vaultgemma", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
 SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index

@@ -42,6 +42,7 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
     "original_max_position_embeddings": ("read only by longrope scaling, which is refused", {"phi3"}),
     "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
     "num_ln_in_parallel_attn": ("read only with new_decoder_architecture", {"falcon"}),
+    "rope_theta": ("the tested config's rope_parameters hold their own base, which wins", {"olmo3", "cwm"}),
 }
 
 

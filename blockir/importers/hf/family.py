@@ -88,7 +88,7 @@ BASES: dict[str, tuple[str, str]] = {
     "falcon": ("FalconModel", "transformer."), "gemma": ("GemmaModel", "model."),
     "gemma2": ("Gemma2Model", "model."), "glm": ("GlmModel", "model."), "glm4": ("Glm4Model", "model."),
     "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
-    "vaultgemma": ("VaultGemmaModel", "model."), "gemma3_text": ("Gemma3TextModel", "model."),
+    "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."), "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
     "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),

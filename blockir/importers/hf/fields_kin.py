@@ -1,5 +1,5 @@
-"""The config fields of the LLaMA and Gemma 2 near-copies written by the same writers with other options (GLM,
-GLM-4, ERNIE 4.5, Jais 2, VaultGemma), as their transformers config classes declare them.
+"""The config fields of the LLaMA, Gemma 2 and OLMo 2 near-copies written by the same writers with other options
+(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, CWM), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -63,4 +63,32 @@ FAMILIES: dict[str, Family] = {
         layer_types=('layer_types?', None, '=period 2'), final_logit_softcapping=('positive?', 30.0),
         attn_logit_softcapping=('positive?', 50.0),
         rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+    "olmo3": Family("Olmo3Config", {}, dict(
+        head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        vocab_size=('size', 50304), hidden_size=('size', 4096), intermediate_size=('size', 11008),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 2048), initializer_range=('real', 0.02, 'init'), use_cache=('bool', True),
+        pad_token_id=('token?', 1, 'row'), bos_token_id=('token?', None, 'gen'),
+        eos_token_id=('tokens?', 50279, 'gen'), tie_word_embeddings=('bool', False),
+        rope_parameters=('ropes?', {"sliding_attention": {"rope_type": "default"},
+                                    "full_attention": {"rope_type": "default"}}),
+        attention_bias=('bool', False), attention_dropout=('prob', 0.0), rms_norm_eps=('eps', 1e-05),
+        sliding_window=('window?', 4096), layer_types=('layer_types?', None, '=period 4'),
+        rope_theta=('positive', 500000.0, 'rope'), **_ROPE)),
+    "cwm": Family("CwmConfig", {}, dict(
+        vocab_size=('size', 128256), hidden_size=('size', 6144), intermediate_size=('size', 21504),
+        num_hidden_layers=('layers', 64), num_attention_heads=('heads', 48),
+        num_key_value_heads=('heads?', 8, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 131072), initializer_range=('real', 0.02, 'init'),
+        rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), pad_token_id=('token?', None, 'row'),
+        bos_token_id=('token?', 128000, 'gen'), eos_token_id=('tokens?', [128001, 128008, 128009], 'gen'),
+        pretraining_tp=('size', 1, 'tp'), tie_word_embeddings=('bool', False),
+        rope_parameters=('rope?', {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 16.0,
+                                   "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                   "original_max_position_embeddings": 8192}),
+        attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
+        head_dim=('size?', 128, '=hidden_size // num_attention_heads'), sliding_window=('window?', 8192),
+        layer_types=('layer_types?', None, '=first of period 4'),
+        rope_theta=('positive', 1000000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
 }

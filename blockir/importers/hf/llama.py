@@ -15,11 +15,13 @@ from blockir.importers.hf.writer import register, writes
 def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_norm: bool = False,
                out_bias: bool | str | None = None, rope_style: str = "half", gated: bool = True,
                rope_f32: bool = False, mlp_bias: str = "mlp_bias", fused_mlp: bool = False,
-               post_norms: tuple[str, str] | None = None) -> Callable[[Config, str, bool], str]:
+               post_norms: tuple[str, str] | None = None,
+               windows: Callable[[Config], list[str]] = window) -> Callable[[Config, str, bool], str]:
     """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
     (None) from ``attention_bias``; ``mlp_bias``: the key of the MLP's biases; ``gated=False``: a plain
     ``up_proj``/``down_proj`` MLP; ``fused_mlp``: one ``gate_up_proj``; ``post_norms``: the names of the norms on
-    the attention and MLP outputs before each residual add (GLM-4)."""
+    the attention and MLP outputs before each residual add (GLM-4); ``windows``: the window options of the layer
+    types."""
     def write(c: Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
@@ -29,7 +31,7 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_nor
         if not all((c.get("no_rope_layers") or [1])[:layers]):
             raise fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
                        at=("no_rope_layers",))
-        attn = attn_opts(c, exact) + window(c)
+        attn = attn_opts(c, exact) + windows(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
         if rope_f32:
@@ -169,11 +171,15 @@ def sandwich_text(cls: str, layer: str, model_type: str, c: Config, attn: list[s
 
 @writes("olmo2", norm=rms(cast="after_weight"))
 def _olmo2(c: Config, model_type: str, exact: bool) -> str:
-    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+    return olmo2_text("Olmo2ForCausalLM", "Olmo2DecoderLayer", model_type, c, attn_opts(c, exact) + window(c))
+
+
+def olmo2_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
+    """An OLMo 2-style file: RMSNorms on the branch outputs only, q/k RMSNorms over all heads, f32 rotary tables;
+    ``attn`` holds the heads, RoPE and window options of the family."""
     norm = c.norm()
-    attn = attn_opts(c, exact) + window(c) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width",
-                                              "qk_norm_cast=after_weight",
-                                              f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
+    attn = attn + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+                   f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})

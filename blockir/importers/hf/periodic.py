@@ -9,20 +9,21 @@ difference.
 from __future__ import annotations
 
 from blockir.importers.hf.gpt import COHERE_NORM
-from blockir.importers.hf.llama import sandwich_text
+from blockir.importers.hf.llama import llama_like, olmo2_text, sandwich_text
 from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms
-from blockir.importers.hf.writer import writes
+from blockir.importers.hf.writer import register, writes
 
 
 def _period(c: Config) -> tuple[int, str]:
-    """The period of ``layer_types`` (sliding layers, then one full layer) and its sliding-layer indicator."""
+    """The period of ``layer_types`` (one full layer in each, at the same place) and its sliding-layer indicator."""
     types = c.get("layer_types") or []
     sliding = [t == "sliding_attention" for t in types]
     for period in range(1, len(types) + 2):
-        if sliding == [(i + 1) % period != 0 for i in range(len(types))]:
-            if period == 1:
-                return 1, "0"
-            return period, f"(((layer + 1) % {period} + {period - 1}) // {period})"
+        for shift in range(1, period + 1):  # 1: the last layer of each period is full (Gemma 3); period: the first
+            if sliding == [(i + shift) % period != 0 for i in range(len(types))]:
+                if period == 1:
+                    return 1, "0"
+                return period, f"(((layer + {shift}) % {period} + {period - 1}) // {period})"
     raise fail("this mix of sliding and full attention layers is not supported",
                 "supported: every n-th layer full, the others sliding", at=("layer_types",))
 
@@ -94,3 +95,24 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
                  "lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))")
     return "\n".join(lines + model) + "\n"
 
+
+
+def _windows(c: Config) -> list[str]:
+    """The window of the sliding layers of the period, none on its full layer."""
+    period, sliding = _period(c)
+    return [f"window={_mixed(c.get('sliding_window'), 0, sliding)}"] if c.get("sliding_window") and period != 1 else []
+
+
+@writes("olmo3", norm=rms(cast="after_weight"))
+def _olmo3(c: Config, model_type: str, exact: bool) -> str:
+    """OLMo 3: OLMo 2's layer, a period of ``layer_types`` and a RoPE base per layer type."""
+    _, sliding = _period(c)
+    local, full = _rope_by_type(c)
+    theta = _mixed(local.get("rope_theta", 500000.0), full.get("rope_theta", 500000.0), sliding)
+    c.raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1.0}  # the base is written per layer below
+    attn = [o for o in attn_opts(c, exact) if not o.startswith("rope_theta=")] + [f"rope_theta={theta}"]
+    return olmo2_text("Olmo3ForCausalLM", "Olmo3DecoderLayer", model_type, c, attn + _windows(c))
+
+
+# CWM: LLaMA's layer without biases, its first layer of every period full
+register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows), rms())

@@ -216,6 +216,8 @@ def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
     if words[0] == "period":  # every n-th layer full, the others sliding
         n = int(words[1]) if words[1].isdigit() else values[words[1]]
         return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+    if words[:3] == ["first", "of", "period"]:  # the first layer of every n full, the others sliding
+        return ["sliding_attention" if i % int(words[3]) else "full_attention" for i in range(layers)]
     if words[0] == "after":  # sliding from the given layer on, when there is a window
         sliding = values.get("sliding_window") is not None
         return ["sliding_attention" if sliding and i >= values[words[1]] else "full_attention" for i in range(layers)]
