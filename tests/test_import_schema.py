@@ -11,6 +11,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from blockir.importers.hf.config import ROPE_LEGACY, read_fields  # noqa: E402
 from blockir.importers.hf.family import COMMON, IGNORED  # noqa: E402
@@ -27,8 +28,12 @@ def _config_class(model_type: str) -> type:
 
 
 def _modeling_reads(model_type: str) -> set[str]:
-    """``config.NAME`` and ``getattr(config, "NAME"`` in the family's modeling file, less the config's methods."""
+    """``config.NAME`` and ``getattr(config, "NAME"`` in the family's modeling file (the file of the causal-LM class
+    HF builds where the family has none of its own, as InternLM3's config builds LLaMA), less the config's methods."""
     source = Path(sys.modules[_config_class(model_type).__module__].__file__.replace("configuration_", "modeling_"))
+    if not source.exists():
+        built = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+        source = Path(sys.modules[built.__module__].__file__)
     text = source.read_text()
     names = set(re.findall(r"\bconfig\.([A-Za-z_]\w*)", text)) | \
         set(re.findall(r"getattr\(\s*(?:self\.)?config\s*,\s*[\"'](\w+)", text))

@@ -12,7 +12,7 @@ import copy
 from typing import Any, Mapping
 
 from blockir.diagnostics import BlockError
-from blockir.importers.hf.family import COMMON, REFUSED, Family
+from blockir.importers.hf.family import COMMON, REFUSED, UNWRITTEN, Family
 from blockir.importers.hf.schema import FAMILIES, ROPE_LAYER_KEYS, Checker, show, check_kind, derive
 
 # legacy RoPE keys -> where the config class puts them in rope_parameters
@@ -50,8 +50,9 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
         ch.add("E0811", (), "the config has no model_type", "transformers writes it into every config.json; "
                "supported: " + ", ".join(sorted(FAMILIES)))
     elif not isinstance(model_type, str) or model_type not in FAMILIES:
-        ch.add("E0800", ("model_type",), f"model type {show(model_type)} is not supported",
-               "supported: " + ", ".join(sorted(FAMILIES)))
+        reason = UNWRITTEN.get(model_type) if isinstance(model_type, str) else None
+        ch.add("E0800", ("model_type",), f"model type {show(model_type)} is not supported" +
+               (f": {reason}" if reason else ""), "supported: " + ", ".join(sorted(FAMILIES)))
     ch.raise_if_any()
     family = FAMILIES[model_type]
     fields = table(family)

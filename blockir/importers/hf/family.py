@@ -64,6 +64,20 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "alibi": (False, "Falcon with alibi=true is not supported"),
 }
 
+# model types of the installed transformers whose layer uses a construct the language cannot state: what it is
+UNWRITTEN: dict[str, str] = {
+    "apertus": "its MLP's xIELU activation (learned per layer) has no counterpart in the language",
+    "hunyuan_v1_dense": "its q/k RMSNorms (query_layernorm, key_layernorm) act after RoPE; the language's qk_norm "
+                        "acts before",
+    "nanochat": "its q/k norms act after RoPE, and its final norm also runs on the embeddings",
+    "nemotron": "its LayerNorm1P scales by 1 + weight; the language's layernorm has no gain offset",
+    "granite_swa": "its attention has learned per-head sinks",
+    "ministral3": "its queries are scaled by position (llama_4_scaling_beta)",
+    "youtu": "its attention is DeepSeek-V3's multi-head latent attention (low-rank q and kv projections)",
+    "bitnet": "its branches norm inside themselves (attn_sub_norm before o_proj, ffn_sub_norm before down_proj)",
+    "xglm": "its positions come from a fixed sinusoidal table",
+}
+
 # read by PreTrainedConfig, PreTrainedModel or the runtime of every family
 COMMON: dict[str, tuple[Any, ...]] = dict(
     model_type=("str", None), architectures=("strs?", None), dtype=("str?", None, "hf"),
@@ -88,7 +102,9 @@ BASES: dict[str, tuple[str, str]] = {
     "falcon": ("FalconModel", "transformer."), "gemma": ("GemmaModel", "model."),
     "gemma2": ("Gemma2Model", "model."), "glm": ("GlmModel", "model."), "glm4": ("Glm4Model", "model."),
     "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
-    "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."), "gemma3_text": ("Gemma3TextModel", "model."),
+    "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
+    "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."),
+    "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
     "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),

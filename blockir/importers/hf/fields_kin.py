@@ -1,5 +1,6 @@
 """The config fields of the LLaMA, Gemma 2 and OLMo 2 near-copies written by the same writers with other options
-(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, CWM), as their transformers config classes declare them.
+(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, CWM, and InternLM3 and IQuest-Coder, whose configs HF builds
+``LlamaForCausalLM`` from), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -26,7 +27,31 @@ def _glm(config: str) -> Family:
         rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', 0.5, 'rope'), **_ROPE))
 
 
+def _llama_config(config: str, aliases: dict[str, str], **defaults: object) -> Family:
+    """A config class of LLaMA's fields, without ``pretraining_tp``, that HF builds ``LlamaForCausalLM`` from."""
+    return Family(config, aliases, dict(
+        vocab_size=('size', defaults["vocab_size"]), hidden_size=('size', defaults["hidden_size"]),
+        intermediate_size=('size', defaults["intermediate_size"]),
+        num_hidden_layers=('layers', defaults["num_hidden_layers"]),
+        num_attention_heads=('heads', defaults["num_attention_heads"]),
+        num_key_value_heads=('heads?', defaults["num_key_value_heads"], '=num_attention_heads'),
+        hidden_act=('act', 'silu'), max_position_embeddings=('size', defaults["max_position_embeddings"]),
+        initializer_range=('real', 0.02, 'init'), rms_norm_eps=('eps', 1e-05), use_cache=('bool', True),
+        pad_token_id=('token?', defaults["pad_token_id"], 'row'), bos_token_id=('token?', 1, 'gen'),
+        eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
+        attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
+        head_dim=('size?', 128, '=hidden_size // num_attention_heads'),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE))
+
+
 FAMILIES: dict[str, Family] = {
+    "internlm3": _llama_config("InternLM3Config", {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
+                               vocab_size=128512, hidden_size=4096, intermediate_size=10240, num_hidden_layers=48,
+                               num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=32768,
+                               pad_token_id=2),
+    "iquestcoder": _llama_config("IQuestCoderConfig", {}, vocab_size=76800, hidden_size=5120,
+                                 intermediate_size=27648, num_hidden_layers=80, num_attention_heads=40,
+                                 num_key_value_heads=8, max_position_embeddings=131072, pad_token_id=None),
     "glm": _glm("GlmConfig"),
     "glm4": _glm("Glm4Config"),
     "ernie4_5": Family("Ernie4_5Config", {}, dict(
