@@ -92,6 +92,8 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
     (dict(CONFIGS["smollm3"], no_rope_layers=[1, 0]), "layers without RoPE (no_rope_layers) are not supported"),
     (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="longrope", rope_theta=1e4)),
      "RoPE scaling type 'longrope' is not supported"),
+    (dict(CONFIGS["llama"], model_type="hunyuan_v1_dense"), "model type 'hunyuan_v1_dense' is not supported: its "
+     "q/k RMSNorms (query_layernorm, key_layernorm) act after RoPE; the language's qk_norm acts before"),
 ])
 def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
     with pytest.raises(blockir.BlockError) as info:

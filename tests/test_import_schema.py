@@ -14,7 +14,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from blockir.importers.hf.config import ROPE_LEGACY, read_fields  # noqa: E402
-from blockir.importers.hf.family import COMMON, IGNORED  # noqa: E402
+from blockir.importers.hf.family import COMMON, IGNORED, UNWRITTEN  # noqa: E402
 from blockir.importers.hf.schema import FAMILIES, KIND_NAMES  # noqa: E402
 
 BASE = transformers.PretrainedConfig
@@ -84,3 +84,8 @@ def test_a_derived_default_follows_the_given_fields() -> None:
                                 "rotary_emb_base": 500.0})
     assert "num_key_value_heads" not in values  # GPT-NeoX's code never reads it
     assert values["rope_parameters"] == transformers.GPTNeoXConfig(rotary_pct=0.5, rotary_emb_base=500.0).rope_parameters
+
+
+def test_each_refused_model_type_is_one_transformers_has_and_no_table_writes() -> None:
+    assert set(UNWRITTEN) <= set(CONFIG_MAPPING), sorted(set(UNWRITTEN) - set(CONFIG_MAPPING))
+    assert not set(UNWRITTEN) & set(FAMILIES)
