@@ -56,6 +56,8 @@ CONFIGS: dict[str, dict] = {
                 bos_token_id=1, eos_token_id=2, rope_parameters=dict(
                     rope_type="llama3", rope_theta=1e6, factor=16.0, high_freq_factor=4.0, low_freq_factor=1.0,
                     original_max_position_embeddings=16)),
+    "exaone4": dict(SMALL, model_type="exaone4", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3,
+                    sliding_window_pattern=2, eos_token_id=2),
     "internlm3": dict(SMALL, model_type="internlm3", num_key_value_heads=2, head_dim=8, attention_bias=True,
                       mlp_bias=True),
     "iquestcoder": dict(SMALL, model_type="iquestcoder", num_key_value_heads=2, head_dim=8),

@@ -173,15 +173,20 @@ def sandwich_text(cls: str, layer: str, model_type: str, c: Config, attn: list[s
 
 @writes("olmo2", norm=rms(cast="after_weight"))
 def _olmo2(c: Config, model_type: str, exact: bool) -> str:
-    return olmo2_text("Olmo2ForCausalLM", "Olmo2DecoderLayer", model_type, c, attn_opts(c, exact) + window(c))
+    return post_norm_text("Olmo2ForCausalLM", "Olmo2DecoderLayer", model_type, c,
+                          attn_opts(c, exact) + window(c) + olmo_qk(c))
 
 
-def olmo2_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
-    """An OLMo 2-style file: RMSNorms on the branch outputs only, q/k RMSNorms over all heads, f32 rotary tables;
-    ``attn`` holds the heads, RoPE and window options of the family."""
+def olmo_qk(c: Config) -> list[str]:
+    """OLMo 2's attention options: f32 rotary tables, q/k RMSNorms over all heads."""
+    return ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+            f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
+
+
+def post_norm_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
+    """An OLMo 2-style file: norms on the branch outputs only, a gated MLP; ``attn`` holds the attention options
+    of the family."""
     norm = c.norm()
-    attn = attn + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
-                   f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})

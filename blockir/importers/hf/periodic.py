@@ -9,7 +9,7 @@ difference.
 from __future__ import annotations
 
 from blockir.importers.hf.gpt import COHERE_NORM
-from blockir.importers.hf.llama import llama_like, olmo2_text, sandwich_text
+from blockir.importers.hf.llama import llama_like, olmo_qk, post_norm_text, sandwich_text
 from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms
 from blockir.importers.hf.writer import register, writes
 
@@ -111,7 +111,23 @@ def _olmo3(c: Config, model_type: str, exact: bool) -> str:
     theta = _mixed(local.get("rope_theta", 500000.0), full.get("rope_theta", 500000.0), sliding)
     c.raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1.0}  # the base is written per layer below
     attn = [o for o in attn_opts(c, exact) if not o.startswith("rope_theta=")] + [f"rope_theta={theta}"]
-    return olmo2_text("Olmo3ForCausalLM", "Olmo3DecoderLayer", model_type, c, attn + _windows(c))
+    return post_norm_text("Olmo3ForCausalLM", "Olmo3DecoderLayer", model_type, c, attn + _windows(c) + olmo_qk(c))
+
+
+@writes("exaone4", norm=rms())
+def _exaone4(c: Config, model_type: str, exact: bool) -> str:
+    """EXAONE 4: OLMo 2's layer with per-head q/k RMSNorms; given a window, RoPE and the window on the sliding
+    layers of the period only."""
+    attn = attn_opts(c, exact)
+    if c.get("sliding_window"):
+        period, sliding = _period(c)
+        h = c.need("num_attention_heads")
+        hd = c.get("head_dim") or c.need("hidden_size") // h
+        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
+        attn = [o for o in attn if not o.startswith("rotary_dim=")] + \
+            [f"rotary_dim={_mixed(rotated, 0, sliding)}"] + _windows(c)
+    attn += ["qk_norm=rmsnorm", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-5))}"]
+    return post_norm_text("Exaone4ForCausalLM", "Exaone4DecoderLayer", model_type, c, attn)
 
 
 # CWM: LLaMA's layer without biases, its first layer of every period full
