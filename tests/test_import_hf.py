@@ -128,6 +128,19 @@ def test_periodic_layer_types_become_an_indicator_in_layer(model_type, types, wi
     assert rotated == ([16] * 7 if model_type == "gemma3_text" else [16, 16, 16, 0, 16])
 
 
+def test_cohere2_full_layers_alone_rotate_nothing() -> None:
+    """HF's Cohere 2 applies RoPE only on layers with a window: all-full layers rotate nothing."""
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**dict(CONFIGS["cohere2"], layer_types=["full_attention"] * 5))
+    cfg._attn_implementation = "eager"
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = blockir.compile(blockir.parse(block_text(real.config.to_dict(), exact=True)), "Cohere2ForCausalLM")
+    model.load_state_dict(real.state_dict(), strict=True)
+    ids, keep = _inputs()
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
+
+
 def test_a_layer_mix_without_a_period_is_refused() -> None:
     with pytest.raises(blockir.BlockError) as info:
         block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention",

@@ -78,11 +78,11 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
     attn = attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
-    if period != 1:  # the rotated channels on sliding layers, none on full ones
-        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
-        attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={rotated} * {sliding}"]
-        if c.get("sliding_window"):
-            attn.append(f"window={c.get('sliding_window')} * {sliding}")
+    # the rotated channels on sliding layers, none on full ones; HF's layers rotate only with a window
+    rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0)) if c.get("sliding_window") else 0
+    attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={_mixed(rotated, 0, sliding)}"]
+    if period != 1 and c.get("sliding_window"):
+        attn.append(f"window={c.get('sliding_window')} * {sliding}")
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
