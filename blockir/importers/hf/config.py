@@ -70,7 +70,8 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
     for name, value in given.items():
         before = len(ch.found)
         check_kind(ch, (keys[name],), fields[name][0], value)
-        if len(ch.found) == before and name in REFUSED and value is not None and not _same(value, REFUSED[name][0]):
+        if len(ch.found) == before and name in REFUSED and name not in family.states and value is not None \
+                and not _same(value, REFUSED[name][0]):
             ch.add("E0800", (keys[name],), REFUSED[name][1], f"supported: {name}={show(REFUSED[name][0])}")
     ch.raise_if_any()
     values = _resolve(family, fields, given)

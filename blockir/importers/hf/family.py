@@ -28,6 +28,7 @@ class Family(NamedTuple):
     config: str  # the transformers config class
     aliases: dict[str, str]  # HF's attribute_map: the other name → the field
     fields: dict[str, tuple[Any, ...]]
+    states: frozenset[str] = frozenset()  # fields of REFUSED this family's writer states with any value
 
 
 IGNORED = {
@@ -103,7 +104,7 @@ BASES: dict[str, tuple[str, str]] = {
     "gemma2": ("Gemma2Model", "model."), "glm": ("GlmModel", "model."), "glm4": ("Glm4Model", "model."),
     "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
     "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
-    "exaone4": ("Exaone4Model", "model."),
+    "exaone4": ("Exaone4Model", "model."), "persimmon": ("PersimmonModel", "model."),
     "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."),
     "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),

@@ -1,5 +1,5 @@
 """The config fields of the LLaMA, Gemma 2 and OLMo 2 near-copies written by the same writers with other options
-(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, EXAONE 4, CWM, and InternLM3 and IQuest-Coder, whose configs HF builds
+(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and IQuest-Coder, whose configs HF builds
 ``LlamaForCausalLM`` from), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
@@ -113,6 +113,17 @@ FAMILIES: dict[str, Family] = {
         sliding_window=('window?', 4096), sliding_window_pattern=('size', 4),
         layer_types=('layer_types?', None, '=period sliding_window_pattern'),
         rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+    "persimmon": Family("PersimmonConfig", {}, dict(
+        head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        vocab_size=('size', 262144), hidden_size=('size', 4096), intermediate_size=('size', 16384),
+        num_hidden_layers=('layers', 36), num_attention_heads=('heads', 64), hidden_act=('act', 'relu2'),
+        max_position_embeddings=('size', 16384), initializer_range=('real', 0.02, 'init'),
+        layer_norm_eps=('eps', 1e-05), use_cache=('bool', True), tie_word_embeddings=('bool', False),
+        rope_parameters=('rope?', None), qk_layernorm=('bool', True), hidden_dropout=('prob', 0.0),
+        attention_dropout=('prob', 0.0), pad_token_id=('token?', None, 'row'), bos_token_id=('token?', 1, 'gen'),
+        eos_token_id=('tokens?', 2, 'gen'),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', 0.5, 'rope'), **_ROPE),
+        frozenset({"qk_layernorm"})),
     "cwm": Family("CwmConfig", {}, dict(
         vocab_size=('size', 128256), hidden_size=('size', 6144), intermediate_size=('size', 21504),
         num_hidden_layers=('layers', 64), num_attention_heads=('heads', 48),
