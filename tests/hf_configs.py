@@ -25,6 +25,7 @@ CONFIGS: dict[str, dict] = {
     "stablelm": dict(COMMON, model_type="stablelm", num_key_value_heads=2, use_qkv_bias=True, pad_token_id=0),
     "stablelm-parallel": dict(COMMON, model_type="stablelm", num_key_value_heads=4, use_parallel_residual=True, partial_rotary_factor=0.5),
     "phi": dict(COMMON, model_type="phi", partial_rotary_factor=0.5, pad_token_id=1),
+    "phi-qk": dict(SMALL, model_type="phi", qk_layernorm=True, layer_norm_eps=1e-4),
     "cohere": dict(COMMON, model_type="cohere", num_key_value_heads=2, logit_scale=0.125, pad_token_id=0),
     "gemma2": dict(COMMON, model_type="gemma2", num_hidden_layers=3, num_key_value_heads=2, head_dim=16, sliding_window=3,
                    query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),

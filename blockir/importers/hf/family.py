@@ -53,7 +53,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "add_cross_attention": (False, "add_cross_attention=true (cross-attention layers) is not supported"),
     "layerdrop": (0, "layerdrop (skipping whole layers while training) is not supported"),
     "clip_qkv": (None, "clip_qkv (clamping q, k and v) is not supported"),
-    "qk_layernorm": (False, "q/k LayerNorms (qk_layernorm) are not supported"),
+    "qk_layernorm": (False, "q/k LayerNorms of their own for each head (qk_layernorm) are not supported"),
     "use_qk_norm": (False, "Cohere's q/k norms (use_qk_norm) are not supported"),
     "sinusoidal_pos_embds": (False, "DistilBERT's frozen sinusoidal position table (sinusoidal_pos_embds) is not "
                                     "supported"),

@@ -67,6 +67,14 @@ def _gpt_neox(c: Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def qk_layernorms(c: Config, default: bool = False) -> list[str]:
+    """``qk_layernorm``: one LayerNorm over the head width for all query heads, one for all key heads."""
+    if not c.get("qk_layernorm", default):
+        return []
+    return ["qk_norm=layernorm", f"qk_norm_eps={num(c.get('layer_norm_eps', 1e-5))}", "q_norm=q_layernorm",
+            "k_norm=k_layernorm"]
+
+
 @writes("persimmon", norm=Norm("layernorm", "layer_norm_eps"))
 def _persimmon(c: Config, model_type: str, exact: bool) -> str:
     """Persimmon: GPT-NeoX's per-head fused attention with per-head q/k LayerNorms in LLaMA's sequential layer."""
@@ -77,9 +85,7 @@ def _persimmon(c: Config, model_type: str, exact: bool) -> str:
                    at=("head_dim",))
     norm = c.norm()
     attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value", "o=dense"]
-    if c.get("qk_layernorm", True):
-        attn += ["qk_norm=layernorm", f"qk_norm_eps={num(c.get('layer_norm_eps', 1e-5))}", "q_norm=q_layernorm",
-                 "k_norm=k_layernorm"]
+    attn += qk_layernorms(c, True)
     mlp = ["F", f"act={c.act(default='relu2')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     update = drop(c.get("hidden_dropout", 0.0))  # on the MLP's output only
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
@@ -139,7 +145,7 @@ def _stablelm(c: Config, model_type: str, exact: bool) -> str:
 def _phi(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
+    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"] + qk_layernorms(c)
     update = drop(c.get("resid_pdrop", 0.0))
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",
