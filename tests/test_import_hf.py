@@ -141,6 +141,21 @@ def test_cohere2_full_layers_alone_rotate_nothing() -> None:
         assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
 
 
+@pytest.mark.parametrize("model_type", ["ernie4_5", "exaone4", "internlm3"])
+def test_a_rotary_embedding_that_turns_every_channel_ignores_partial_rotary_factor(model_type: str) -> None:
+    """These classes' RoPE reads no partial_rotary_factor: HF rotates the whole head whatever the config says."""
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**dict(CONFIGS[model_type], partial_rotary_factor=0.5))
+    cfg._attn_implementation = "eager"
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert real.config.rope_parameters["partial_rotary_factor"] == 0.5
+    model = blockir.compile(blockir.parse(block_text(real.config.to_dict(), exact=True)), _class_name(model_type))
+    model.load_state_dict(real.state_dict(), strict=True)
+    ids, keep = _inputs()
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
+
+
 def test_a_layer_mix_without_a_period_is_refused() -> None:
     with pytest.raises(blockir.BlockError) as info:
         block_text(dict(CONFIGS["cohere2"], layer_types=["sliding_attention", "full_attention", "full_attention",

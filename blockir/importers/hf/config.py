@@ -19,7 +19,8 @@ from blockir.importers.hf.schema import FAMILIES, ROPE_LAYER_KEYS, Checker, show
 ROPE_LEGACY = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "partial_rotary_factor":
                "partial_rotary_factor", "rotary_pct": "partial_rotary_factor"}
 MAX_DEPTH = 32  # real configs nest four deep; deeper JSON is refused before anything walks it recursively
-ORDER = {"if": 0, "period": 2, "first": 2, "after": 2, "all": 2, "nope": 2}  # derivations that read derived fields go last
+# derivations that read derived fields go last
+ORDER = {"if": 0, "period": 2, "first": 2, "after": 2, "all": 2, "nope": 2}
 
 
 def table(family: Family) -> dict[str, tuple[Any, ...]]:

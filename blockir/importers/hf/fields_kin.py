@@ -1,6 +1,6 @@
-"""The config fields of the LLaMA, Gemma 2 and OLMo 2 near-copies written by the same writers with other options
-(GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and IQuest-Coder, whose configs HF builds
-``LlamaForCausalLM`` from), as their transformers config classes declare them.
+"""The config fields of the near-copies of LLaMA, Gemma 2, OLMo 2 and GPT-NeoX written by the same writers with
+other options (GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and
+IQuest-Coder, whose configs HF builds ``LlamaForCausalLM`` from), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -41,7 +41,7 @@ def _llama_config(config: str, aliases: dict[str, str], **defaults: object) -> F
         eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
         attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
         head_dim=('size?', 128, '=hidden_size // num_attention_heads'),
-        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE))
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE))
 
 
 FAMILIES: dict[str, Family] = {
@@ -63,7 +63,7 @@ FAMILIES: dict[str, Family] = {
         bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', True),
         rope_parameters=('rope?', None), use_bias=('bool', False),
         head_dim=('size?', 128, '=hidden_size // num_attention_heads'),
-        rope_theta=('positive', 500000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+        rope_theta=('positive', 500000.0, 'rope'), **_ROPE)),
     "jais2": Family("Jais2Config", {}, dict(
         vocab_size=('size', 150272), hidden_size=('size', 3328), intermediate_size=('size', 26624),
         num_hidden_layers=('layers', 32), num_attention_heads=('heads', 26),
@@ -74,7 +74,7 @@ FAMILIES: dict[str, Family] = {
         rope_parameters=('rope?', None), attention_bias=('bool', True), attention_dropout=('prob', 0.0),
         mlp_bias=('bool', True), head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         layer_norm_eps=('eps', 1e-05),
-        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
     "vaultgemma": Family("VaultGemmaConfig", {}, dict(
         vocab_size=('size', 256000), hidden_size=('size', 2304), intermediate_size=('size', 9216),
         num_hidden_layers=('layers', 26), num_attention_heads=('heads', 8),
@@ -87,7 +87,7 @@ FAMILIES: dict[str, Family] = {
         query_pre_attn_scalar=('positive', 256), sliding_window=('window?', 4096),
         layer_types=('layer_types?', None, '=period 2'), final_logit_softcapping=('positive?', 30.0),
         attn_logit_softcapping=('positive?', 50.0),
-        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
     "olmo3": Family("Olmo3Config", {}, dict(
         head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         vocab_size=('size', 50304), hidden_size=('size', 4096), intermediate_size=('size', 11008),
@@ -112,7 +112,7 @@ FAMILIES: dict[str, Family] = {
         tie_word_embeddings=('bool', False), rope_parameters=('rope?', None), attention_dropout=('prob', 0.0),
         sliding_window=('window?', 4096), sliding_window_pattern=('size', 4),
         layer_types=('layer_types?', None, '=period sliding_window_pattern'),
-        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
     "persimmon": Family("PersimmonConfig", {}, dict(
         head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         vocab_size=('size', 262144), hidden_size=('size', 4096), intermediate_size=('size', 16384),
@@ -138,5 +138,5 @@ FAMILIES: dict[str, Family] = {
         attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
         head_dim=('size?', 128, '=hidden_size // num_attention_heads'), sliding_window=('window?', 8192),
         layer_types=('layer_types?', None, '=first of period 4'),
-        rope_theta=('positive', 1000000.0, 'rope'), partial_rotary_factor=('fraction?', None, 'rope'), **_ROPE)),
+        rope_theta=('positive', 1000000.0, 'rope'), **_ROPE)),
 }

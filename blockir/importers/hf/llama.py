@@ -16,12 +16,13 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_nor
                out_bias: bool | str | None = None, rope_style: str = "half", gated: bool = True,
                rope_f32: bool = False, mlp_bias: str = "mlp_bias", fused_mlp: bool = False,
                post_norms: tuple[str, str] | None = None,
-               windows: Callable[[Config], list[str]] = window) -> Callable[[Config, str, bool], str]:
+               windows: Callable[[Config], list[str]] = window,
+               partial: bool = True) -> Callable[[Config, str, bool], str]:
     """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
     (None) from ``attention_bias``; ``mlp_bias``: the key of the MLP's biases; ``gated=False``: a plain
     ``up_proj``/``down_proj`` MLP; ``fused_mlp``: one ``gate_up_proj``; ``post_norms``: the names of the norms on
     the attention and MLP outputs before each residual add (GLM-4); ``windows``: the window options of the layer
-    types."""
+    types; ``partial=False``: the class's RoPE turns every channel whatever ``partial_rotary_factor`` says."""
     def write(c: Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
@@ -31,7 +32,7 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_nor
         if not all((c.get("no_rope_layers") or [1])[:layers]):
             raise fail("layers without RoPE (no_rope_layers) are not supported", "every layer must use RoPE",
                        at=("no_rope_layers",))
-        attn = attn_opts(c, exact) + windows(c)
+        attn = attn_opts(c, exact, partial=partial) + windows(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
         if rope_f32:
@@ -91,8 +92,8 @@ def _multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, st
 
 for _type, _write, _norm in (
         ("llama", llama_like("LlamaForCausalLM", "Llama"), rms()),
-        ("internlm3", llama_like("LlamaForCausalLM", "Llama"), rms()),
-        ("iquestcoder", llama_like("LlamaForCausalLM", "Llama"), rms()),
+        ("internlm3", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
+        ("iquestcoder", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
         ("mistral", llama_like("MistralForCausalLM", "Mistral", qkv_bias=False), rms()),
         ("qwen2", llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True), rms()),
         ("qwen3", llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True), rms()),
@@ -109,8 +110,9 @@ for _type, _write, _norm in (
                             post_norms=("post_self_attn_layernorm", "post_mlp_layernorm")), rms()),
         # ERNIE 4.5: every projection biased by use_bias; interleaved rotary on f32 tables
         ("ernie4_5", llama_like("Ernie4_5ForCausalLM", "Ernie4_5", qkv_bias="use_bias", out_bias="use_bias",
-                                mlp_bias="use_bias", rope_style="interleaved", rope_f32=True), rms()),
-        ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False), Norm("layernorm", "layer_norm_eps")),
+                                mlp_bias="use_bias", rope_style="interleaved", rope_f32=True, partial=False), rms()),
+        ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False, partial=False),
+         Norm("layernorm", "layer_norm_eps")),
         # OLMo's LayerNorm has no parameters and no eps field, and runs on an f32 copy
         ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
          Norm("layernorm", 1e-5, ("affine=false", "upcast=true")))):
@@ -140,12 +142,12 @@ def _gemma2(c: Config, model_type: str, exact: bool) -> str:
 @writes("vaultgemma", norm=rms(offset=1, cast="after_weight"))
 def _vaultgemma(c: Config, model_type: str, exact: bool) -> str:
     """Gemma 2 without the norms on the branch outputs."""
-    return sandwich_text("VaultGemmaForCausalLM", "VaultGemmaDecoderLayer", model_type, c, _gemma2_attn(c, exact),
-                         post=False)
+    return sandwich_text("VaultGemmaForCausalLM", "VaultGemmaDecoderLayer", model_type, c,
+                         _gemma2_attn(c, exact, partial=False), post=False)
 
 
-def _gemma2_attn(c: Config, exact: bool) -> list[str]:
-    attn = attn_opts(c, exact) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+def _gemma2_attn(c: Config, exact: bool, partial: bool = True) -> list[str]:
+    attn = attn_opts(c, exact, partial=partial) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
     if c.get("attn_logit_softcapping") is not None:
         attn.append(f"softcap={num(c.get('attn_logit_softcapping'))}")
     return attn

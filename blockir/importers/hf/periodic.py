@@ -73,7 +73,7 @@ def _gemma3_text(c: Config, model_type: str, exact: bool) -> str:
 def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     """Cohere 2: Cohere's parallel layer, with RoPE and a window on the sliding layers only."""
     cls, layer = "Cohere2ForCausalLM", "Cohere2DecoderLayer"
-    period, sliding = _period(c)
+    _, sliding = _period(c)
     norm = c.norm()
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
@@ -81,8 +81,7 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     # the rotated channels on sliding layers, none on full ones; HF's layers rotate only with a window
     rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0)) if c.get("sliding_window") else 0
     attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={_mixed(rotated, 0, sliding)}"]
-    if period != 1 and c.get("sliding_window"):
-        attn.append(f"window={c.get('sliding_window')} * {sliding}")
+    attn += _windows(c)
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
@@ -94,7 +93,6 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     model[-2] = (f"  return {num(c.get('logit_scale', 0.0625))} * "
                  "lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))")
     return "\n".join(lines + model) + "\n"
-
 
 
 def _windows(c: Config) -> list[str]:
@@ -118,17 +116,14 @@ def _olmo3(c: Config, model_type: str, exact: bool) -> str:
 def _exaone4(c: Config, model_type: str, exact: bool) -> str:
     """EXAONE 4: OLMo 2's layer with per-head q/k RMSNorms; given a window, RoPE and the window on the sliding
     layers of the period only."""
-    attn = attn_opts(c, exact)
+    attn = attn_opts(c, exact, partial=False)
     if c.get("sliding_window"):
-        period, sliding = _period(c)
-        h = c.need("num_attention_heads")
-        hd = c.get("head_dim") or c.need("hidden_size") // h
-        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
-        attn = [o for o in attn if not o.startswith("rotary_dim=")] + \
-            [f"rotary_dim={_mixed(rotated, 0, sliding)}"] + _windows(c)
+        _, sliding = _period(c)
+        rotated = c.get("head_dim") or c.need("hidden_size") // c.need("num_attention_heads")
+        attn += [f"rotary_dim={_mixed(rotated, 0, sliding)}"] + _windows(c)
     attn += ["qk_norm=rmsnorm", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-5))}"]
     return post_norm_text("Exaone4ForCausalLM", "Exaone4DecoderLayer", model_type, c, attn)
 
 
 # CWM: LLaMA's layer without biases, its first layer of every period full
-register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows), rms())
+register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows, partial=False), rms())
