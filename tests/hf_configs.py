@@ -61,6 +61,8 @@ CONFIGS: dict[str, dict] = {
     "exaone4": dict(SMALL, model_type="exaone4", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3,
                     sliding_window_pattern=2, eos_token_id=2),
     "persimmon": dict(SMALL, model_type="persimmon", pad_token_id=0, hidden_dropout=0.1, attention_dropout=0.1),
+    "nemotron": dict(SMALL, model_type="nemotron", num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+                     bos_token_id=1, eos_token_id=2),
     "internlm3": dict(SMALL, model_type="internlm3", num_key_value_heads=2, head_dim=8, attention_bias=True,
                       mlp_bias=True),
     "iquestcoder": dict(SMALL, model_type="iquestcoder", num_key_value_heads=2, head_dim=8),

@@ -71,7 +71,6 @@ UNWRITTEN: dict[str, str] = {
     "hunyuan_v1_dense": "its q/k RMSNorms (query_layernorm, key_layernorm) act after RoPE; the language's qk_norm "
                         "acts before",
     "nanochat": "its q/k norms act after RoPE, and its final norm also runs on the embeddings",
-    "nemotron": "its LayerNorm1P scales by 1 + weight; the language's layernorm has no gain offset",
     "granite_swa": "its attention has learned per-head sinks",
     "ministral3": "its queries are scaled by position (llama_4_scaling_beta)",
     "youtu": "its attention is DeepSeek-V3's multi-head latent attention (low-rank q and kv projections)",
@@ -105,6 +104,7 @@ BASES: dict[str, tuple[str, str]] = {
     "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
     "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
     "exaone4": ("Exaone4Model", "model."), "persimmon": ("PersimmonModel", "model."),
+    "nemotron": ("NemotronModel", "model."),
     "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."),
     "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),

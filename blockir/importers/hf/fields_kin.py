@@ -1,5 +1,5 @@
 """The config fields of the near-copies of LLaMA, Gemma 2, OLMo 2 and GPT-NeoX written by the same writers with
-other options (GLM, GLM-4, ERNIE 4.5, Jais 2, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and
+other options (GLM, GLM-4, ERNIE 4.5, Jais 2, Nemotron, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and
 IQuest-Coder, whose configs HF builds ``LlamaForCausalLM`` from), as their transformers config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
@@ -75,6 +75,16 @@ FAMILIES: dict[str, Family] = {
         mlp_bias=('bool', True), head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         layer_norm_eps=('eps', 1e-05),
         rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
+    "nemotron": Family("NemotronConfig", {}, dict(
+        vocab_size=('size', 256000), hidden_size=('size', 6144), intermediate_size=('size', 24576),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 48),
+        head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        num_key_value_heads=('heads?', None), hidden_act=('act', 'relu2'),  # no default: HF's model needs them
+        max_position_embeddings=('size', 4096), initializer_range=('real', 0.0134, 'init'), norm_eps=('eps', 1e-05),
+        use_cache=('bool', True), pad_token_id=('token?', None, 'row'), bos_token_id=('token?', 2, 'gen'),
+        eos_token_id=('tokens?', 3, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
+        attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
+        rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', 0.5, 'rope'), **_ROPE)),
     "vaultgemma": Family("VaultGemmaConfig", {}, dict(
         vocab_size=('size', 256000), hidden_size=('size', 2304), intermediate_size=('size', 9216),
         num_hidden_layers=('layers', 26), num_attention_heads=('heads', 8),

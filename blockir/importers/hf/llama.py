@@ -113,6 +113,9 @@ for _type, _write, _norm in (
                                 mlp_bias="use_bias", rope_style="interleaved", rope_f32=True, partial=False), rms()),
         ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False, partial=False),
          Norm("layernorm", "layer_norm_eps")),
+        # Nemotron's LayerNorm1P scales by 1 + weight; partial rotary
+        ("nemotron", llama_like("NemotronForCausalLM", "Nemotron", gated=False),
+         Norm("layernorm", "norm_eps", ("offset=1",))),
         # OLMo's LayerNorm has no parameters and no eps field, and runs on an f32 copy
         ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
          Norm("layernorm", 1e-5, ("affine=false", "upcast=true")))):
