@@ -65,6 +65,8 @@ CONFIGS: dict[str, dict] = {
                      bos_token_id=1, eos_token_id=2),
     "internlm3": dict(SMALL, model_type="internlm3", num_key_value_heads=2, head_dim=8, attention_bias=True,
                       mlp_bias=True),
+    "exaone": dict(SMALL, model_type="exaone", num_key_value_heads=2, hidden_act="gelu_new", pad_token_id=0,
+                   eos_token_id=2),
     "iquestcoder": dict(SMALL, model_type="iquestcoder", num_key_value_heads=2, head_dim=8),
     # RoPE context extension, with original contexts short enough that the 7-token test spans the ramps
     "llama-linear": dict(COMMON, model_type="llama", rope_parameters=dict(rope_type="linear", factor=2.0,

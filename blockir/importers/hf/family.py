@@ -105,7 +105,7 @@ BASES: dict[str, tuple[str, str]] = {
     "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
     "exaone4": ("Exaone4Model", "model."), "persimmon": ("PersimmonModel", "model."),
     "nemotron": ("NemotronModel", "model."),
-    "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."),
+    "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."), "exaone": ("LlamaModel", "model."),
     "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),

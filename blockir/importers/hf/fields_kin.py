@@ -1,6 +1,7 @@
 """The config fields of the near-copies of LLaMA, Gemma 2, OLMo 2 and GPT-NeoX written by the same writers with
-other options (GLM, GLM-4, ERNIE 4.5, Jais 2, Nemotron, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and InternLM3 and
-IQuest-Coder, whose configs HF builds ``LlamaForCausalLM`` from), as their transformers config classes declare them.
+other options (GLM, GLM-4, ERNIE 4.5, Jais 2, Nemotron, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and
+InternLM3, IQuest-Coder and EXAONE 3, whose configs HF builds ``LlamaForCausalLM`` from), as their transformers
+config classes declare them.
 
 Generated from the installed config classes and reviewed by hand; tests/test_import_schema.py checks every
 default against the class and every field the modeling code reads against this table. The format is
@@ -28,30 +29,35 @@ def _glm(config: str) -> Family:
 
 
 def _llama_config(config: str, aliases: dict[str, str], **defaults: object) -> Family:
-    """A config class of LLaMA's fields, without ``pretraining_tp``, that HF builds ``LlamaForCausalLM`` from."""
-    return Family(config, aliases, dict(
-        vocab_size=('size', defaults["vocab_size"]), hidden_size=('size', defaults["hidden_size"]),
-        intermediate_size=('size', defaults["intermediate_size"]),
-        num_hidden_layers=('layers', defaults["num_hidden_layers"]),
-        num_attention_heads=('heads', defaults["num_attention_heads"]),
-        num_key_value_heads=('heads?', defaults["num_key_value_heads"], '=num_attention_heads'),
-        hidden_act=('act', 'silu'), max_position_embeddings=('size', defaults["max_position_embeddings"]),
-        initializer_range=('real', 0.02, 'init'), rms_norm_eps=('eps', 1e-05), use_cache=('bool', True),
-        pad_token_id=('token?', defaults["pad_token_id"], 'row'), bos_token_id=('token?', 1, 'gen'),
-        eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
-        attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
-        head_dim=('size?', 128, '=hidden_size // num_attention_heads'),
-        rope_theta=('positive', 10000.0, 'rope'), **_ROPE))
+    """A config class of LLaMA's fields, without ``pretraining_tp``, that HF builds ``LlamaForCausalLM`` from; its
+    own ``defaults`` replace LLaMA's."""
+    fields = dict(
+        vocab_size=('size', 32000), hidden_size=('size', 4096), intermediate_size=('size', 11008),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 2048), initializer_range=('real', 0.02, 'init'),
+        rms_norm_eps=('eps', 1e-05), use_cache=('bool', True), pad_token_id=('token?', None, 'row'),
+        bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False),
+        rope_parameters=('rope?', None), attention_bias=('bool', False), attention_dropout=('prob', 0.0),
+        mlp_bias=('bool', False), head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE)
+    for name, value in defaults.items():
+        kind, _, *note = fields[name]
+        fields[name] = (kind, value, *note)
+    return Family(config, aliases, fields)
 
 
 FAMILIES: dict[str, Family] = {
     "internlm3": _llama_config("InternLM3Config", {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
-                               vocab_size=128512, hidden_size=4096, intermediate_size=10240, num_hidden_layers=48,
-                               num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=32768,
-                               pad_token_id=2),
+                               vocab_size=128512, intermediate_size=10240, num_hidden_layers=48,
+                               num_key_value_heads=2, max_position_embeddings=32768, pad_token_id=2, head_dim=128),
     "iquestcoder": _llama_config("IQuestCoderConfig", {}, vocab_size=76800, hidden_size=5120,
                                  intermediate_size=27648, num_hidden_layers=80, num_attention_heads=40,
-                                 num_key_value_heads=8, max_position_embeddings=131072, pad_token_id=None),
+                                 num_key_value_heads=8, max_position_embeddings=131072, head_dim=128),
+    "exaone": _llama_config("ExaoneConfig", {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                                             "activation_function": "hidden_act"},
+                            vocab_size=102400, intermediate_size=14336, num_key_value_heads=8,
+                            max_position_embeddings=4096, pad_token_id=0, eos_token_id=361, rope_theta=500000.0),
     "glm": _glm("GlmConfig"),
     "glm4": _glm("Glm4Config"),
     "ernie4_5": Family("Ernie4_5Config", {}, dict(

@@ -94,6 +94,7 @@ for _type, _write, _norm in (
         ("llama", llama_like("LlamaForCausalLM", "Llama"), rms()),
         ("internlm3", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
         ("iquestcoder", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
+        ("exaone", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
         ("mistral", llama_like("MistralForCausalLM", "Mistral", qkv_bias=False), rms()),
         ("qwen2", llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True), rms()),
         ("qwen3", llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True), rms()),
