@@ -63,6 +63,8 @@ CONFIGS: dict[str, dict] = {
     "persimmon": dict(SMALL, model_type="persimmon", pad_token_id=0, hidden_dropout=0.1, attention_dropout=0.1),
     "nemotron": dict(SMALL, model_type="nemotron", num_key_value_heads=2, attention_bias=True, mlp_bias=True,
                      bos_token_id=1, eos_token_id=2),
+    "hyperclovax": dict(SMALL, model_type="hyperclovax", num_key_value_heads=2, embedding_multiplier=12.0,
+                        residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=0.3),
     "internlm3": dict(SMALL, model_type="internlm3", num_key_value_heads=2, head_dim=8, attention_bias=True,
                       mlp_bias=True),
     "exaone": dict(SMALL, model_type="exaone", num_key_value_heads=2, hidden_act="gelu_new", pad_token_id=0,

@@ -63,6 +63,8 @@ FAMILIES: dict[str, dict] = {
                     sliding_window_pattern=2, eos_token_id=2),
     "persimmon": dict(COMMON, model_type="persimmon", bos_token_id=1, eos_token_id=2),
     "nemotron": dict(COMMON, model_type="nemotron", num_key_value_heads=2, bos_token_id=1, eos_token_id=2),
+    "hyperclovax": dict(COMMON, model_type="hyperclovax", num_key_value_heads=2, embedding_multiplier=4.0,
+                        residual_multiplier=0.5, logits_scaling=0.3),
     "internlm3": dict(COMMON, model_type="internlm3", num_key_value_heads=2, head_dim=8),  # HF builds LLaMA
 }
 EAGER_ONLY = {"gemma2", "vaultgemma", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference

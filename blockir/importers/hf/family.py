@@ -104,7 +104,7 @@ BASES: dict[str, tuple[str, str]] = {
     "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
     "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
     "exaone4": ("Exaone4Model", "model."), "persimmon": ("PersimmonModel", "model."),
-    "nemotron": ("NemotronModel", "model."),
+    "nemotron": ("NemotronModel", "model."), "hyperclovax": ("HyperCLOVAXModel", "model."),
     "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."), "exaone": ("LlamaModel", "model."),
     "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),

@@ -1,5 +1,5 @@
 """The config fields of the near-copies of LLaMA, Gemma 2, OLMo 2 and GPT-NeoX written by the same writers with
-other options (GLM, GLM-4, ERNIE 4.5, Jais 2, Nemotron, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and
+other options (GLM, GLM-4, ERNIE 4.5, Jais 2, Nemotron, HyperCLOVA X, VaultGemma, OLMo 3, EXAONE 4, CWM, Persimmon, and
 InternLM3, IQuest-Coder and EXAONE 3, whose configs HF builds ``LlamaForCausalLM`` from), as their transformers
 config classes declare them.
 
@@ -91,6 +91,18 @@ FAMILIES: dict[str, Family] = {
         eos_token_id=('tokens?', 3, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
         attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
         rope_theta=('positive', 10000.0, 'rope'), partial_rotary_factor=('fraction?', 0.5, 'rope'), **_ROPE)),
+    "hyperclovax": Family("HyperCLOVAXConfig", {}, dict(
+        vocab_size=('size', 32000), hidden_size=('size', 4096), intermediate_size=('size', 11008),
+        num_hidden_layers=('layers', 32), num_attention_heads=('heads', 32),
+        num_key_value_heads=('heads?', None, '=num_attention_heads'), hidden_act=('act', 'silu'),
+        max_position_embeddings=('size', 2048), initializer_range=('real', 0.02, 'init'), rms_norm_eps=('eps', 1e-06),
+        use_cache=('bool', True), pad_token_id=('token?', None, 'row'), bos_token_id=('token?', 1, 'gen'),
+        eos_token_id=('tokens?', 2, 'gen'), tie_word_embeddings=('bool', False), rope_parameters=('rope?', None),
+        attention_bias=('bool', False), attention_dropout=('prob', 0.0), mlp_bias=('bool', False),
+        embedding_multiplier=('real', 1.0), logits_scaling=('real', 1.0), residual_multiplier=('real', 1.0),
+        head_dim=('size?', None, '=hidden_size // num_attention_heads'),
+        attention_multiplier=('real?', None, '=head_dim ** -0.5'), use_post_norm=('bool', True),
+        rope_theta=('positive', 10000.0, 'rope'), **_ROPE)),
     "vaultgemma": Family("VaultGemmaConfig", {}, dict(
         vocab_size=('size', 256000), hidden_size=('size', 2304), intermediate_size=('size', 9216),
         num_hidden_layers=('layers', 26), num_attention_heads=('heads', 8),

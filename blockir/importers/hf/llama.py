@@ -76,18 +76,22 @@ def _around(norm: str, branch: str) -> str:
 
 
 def _multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
-    """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
-    if model_type != "granite":
+    """Granite's constants: attention scale, and the residual, embedding and logits factors as written (HyperCLOVA X
+    multiplies the logits by logits_scaling, Granite divides them by it)."""
+    if model_type not in ("granite", "hyperclovax"):
         return None, "", "", ""
-    logits = float(c.get("logits_scaling", 1.0))
-    mantissa, _ = math.frexp(logits)
-    if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
-        raise fail(f"logits_scaling={num(logits)} is not a power of two", at=("logits_scaling",), hint="HF divides the "
-                   "logits by it; blockir multiplies by the reciprocal, which equals only for powers of two")
+    logits = factor = float(c.get("logits_scaling", 1.0))
+    if model_type == "granite":
+        mantissa, _ = math.frexp(logits)
+        if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
+            raise fail(f"logits_scaling={num(logits)} is not a power of two", at=("logits_scaling",), hint="HF "
+                       "divides the logits by it; blockir multiplies by the reciprocal, which equals only for powers "
+                       "of two")
+        factor = 1 / logits
     res = num(c.get("residual_multiplier", 1.0))
     emb = num(c.get("embedding_multiplier", 1.0))
     return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
-            "" if logits == 1 else f"{num(1 / logits)} * ")
+            "" if factor == 1 else f"{num(factor)} * ")
 
 
 for _type, _write, _norm in (
@@ -121,6 +125,13 @@ for _type, _write, _norm in (
         ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
          Norm("layernorm", 1e-5, ("affine=false", "upcast=true")))):
     register(_type, _write, _norm)
+
+
+@writes("hyperclovax", norm=rms())
+def _hyperclovax(c: Config, model_type: str, exact: bool) -> str:
+    """Granite's layer and constants, with norms on the branch outputs (``use_post_norm``)."""
+    post = ("post_norm1", "post_norm2") if c.get("use_post_norm", True) else None
+    return llama_like("HyperCLOVAXForCausalLM", "HyperCLOVAX", post_norms=post)(c, model_type, exact)
 
 
 @writes("gemma", norm=rms(offset=1, cast="after_weight"))

@@ -229,9 +229,17 @@ def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
         window = values.get("use_sliding_window") and values.get("sliding_window") is not None
         return ["sliding_attention" if window and not values[words[1]][i] else "full_attention" for i in range(layers)]
     if len(words) == 3:
-        a, b = values[words[0]], int(words[2]) if words[2].isdigit() else values[words[2]]
-        return a // b if words[1] == "//" else a * b
+        a, op, b = values[words[0]], words[1], _operand(words[2], values)
+        return a // b if op == "//" else a ** b if op == "**" else a * b
     return values[words[0]]
+
+
+def _operand(word: str, values: Mapping[str, Any]) -> Any:
+    """A number written in the note, or the value of the field it names."""
+    try:
+        return int(word) if word.isdigit() else float(word)
+    except ValueError:
+        return values[word]
 
 
 KIND_NAMES = (*NUMBERS, *STRUCTURED, "bool", "flag", "str", "act", "any")
