@@ -76,6 +76,10 @@ UNWRITTEN: dict[str, str] = {
     "youtu": "its attention is DeepSeek-V3's multi-head latent attention (low-rank q and kv projections)",
     "bitnet": "its branches norm inside themselves (attn_sub_norm before o_proj, ffn_sub_norm before down_proj)",
     "xglm": "its positions come from a fixed sinusoidal table",
+    "diffllama": "its attention is differential (two softmax maps subtracted with a learned lambda)",
+    "minicpm3": "its attention is DeepSeek-V2's multi-head latent attention (low-rank q and kv projections)",
+    "lfm2": "most of its layers are short gated convolutions, not attention",
+    "doge": "its attention adds a learned dynamic mask computed from the values (dt_proj, A)",
 }
 
 # read by PreTrainedConfig, PreTrainedModel or the runtime of every family
