@@ -57,6 +57,24 @@ FAMILIES: dict[str, dict] = {
     "olmoe": dict(MOE, model_type="olmoe", num_experts=4),
     "granitemoe": dict(MOE, model_type="granitemoe", num_local_experts=4, embedding_multiplier=12.0,
                        residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+    "glm": dict(COMMON, model_type="glm", num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=2),
+    "glm4": dict(COMMON, model_type="glm4", num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=2),
+    "ernie4_5": dict(COMMON, model_type="ernie4_5", num_key_value_heads=2, head_dim=8, use_bias=True),
+    "jais2": dict(COMMON, model_type="jais2", num_key_value_heads=2, bos_token_id=1, eos_token_id=2),
+    "vaultgemma": dict(COMMON, model_type="vaultgemma", num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                       sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                       final_logit_softcapping=3.0),
+    "olmo3": dict(COMMON, model_type="olmo3", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3,
+                  eos_token_id=2),
+    "cwm": dict(COMMON, model_type="cwm", num_hidden_layers=3, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                bos_token_id=1, eos_token_id=2),
+    "exaone4": dict(COMMON, model_type="exaone4", num_hidden_layers=4, num_key_value_heads=2, sliding_window=3,
+                    sliding_window_pattern=2, eos_token_id=2),
+    "persimmon": dict(COMMON, model_type="persimmon", bos_token_id=1, eos_token_id=2),
+    "nemotron": dict(COMMON, model_type="nemotron", num_key_value_heads=2, bos_token_id=1, eos_token_id=2),
+    "hyperclovax": dict(COMMON, model_type="hyperclovax", num_key_value_heads=2, embedding_multiplier=4.0,
+                        residual_multiplier=0.5, logits_scaling=0.3),
+    "internlm3": dict(COMMON, model_type="internlm3", num_key_value_heads=2, head_dim=8),  # HF builds LLaMA
 }
-EAGER_ONLY = {"gemma2", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
+EAGER_ONLY = {"gemma2", "vaultgemma", "bloom", "gpt_neo"}  # transformers refuses SDPA for these: eager is the reference
 SHARDED = {"llama", "qwen2", "gpt2", "gemma2"}  # saved in several safetensors shards with an index

@@ -44,6 +44,7 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
                                          "(test_rope_fields_reach_the_file changes it where it acts)", {"phi3"}),
     "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
     "num_ln_in_parallel_attn": ("read only with new_decoder_architecture", {"falcon"}),
+    "rope_theta": ("the tested config's rope_parameters hold their own base, which wins", {"olmo3", "cwm"}),
 }
 
 

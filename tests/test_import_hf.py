@@ -11,7 +11,7 @@ from blockir.api import hf_block_text as block_text  # noqa: E402
 
 from hf_configs import CONFIGS  # noqa: E402
 
-EAGER_ONLY = {"gemma2"}  # HF refuses SDPA for soft-capped attention: eager is the reference
+EAGER_ONLY = {"gemma2", "vaultgemma"}  # HF refuses SDPA for soft-capped attention: eager is the reference
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
@@ -93,6 +93,8 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
      "this mix of layers with and without RoPE is not supported"),
     (dict(CONFIGS["llama"], rope_parameters=dict(rope_type="proportional", rope_theta=1e4)),
      "RoPE scaling type 'proportional' is not supported"),
+    (dict(CONFIGS["llama"], model_type="hunyuan_v1_dense"), "model type 'hunyuan_v1_dense' is not supported: its "
+     "q/k RMSNorms (query_layernorm, key_layernorm) act after RoPE; the language's qk_norm acts before"),
 ])
 def test_what_the_file_cannot_state_is_refused(config: dict, message: str) -> None:
     with pytest.raises(blockir.BlockError) as info:
@@ -134,6 +136,34 @@ def test_layers_without_rope_rotate_nothing_and_slide() -> None:
     layers = list(blockir.compile(blockir.parse(text), "SmolLM3ForCausalLM", seed=0).model.layers)
     assert [layer.self_attn.rotary_dim for layer in layers] == [16, 16, 0, 16]
     assert [layer.self_attn.core.window for layer in layers] == [None, None, 3, None]
+
+
+def test_cohere2_full_layers_alone_rotate_nothing() -> None:
+    """HF's Cohere 2 applies RoPE only on layers with a window: all-full layers rotate nothing."""
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**dict(CONFIGS["cohere2"], layer_types=["full_attention"] * 5))
+    cfg._attn_implementation = "eager"
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = blockir.compile(blockir.parse(block_text(real.config.to_dict(), exact=True)), "Cohere2ForCausalLM")
+    model.load_state_dict(real.state_dict(), strict=True)
+    ids, keep = _inputs()
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
+
+
+@pytest.mark.parametrize("model_type", ["ernie4_5", "exaone4", "internlm3"])
+def test_a_rotary_embedding_that_turns_every_channel_ignores_partial_rotary_factor(model_type: str) -> None:
+    """These classes' RoPE reads no partial_rotary_factor: HF rotates the whole head whatever the config says."""
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**dict(CONFIGS[model_type], partial_rotary_factor=0.5))
+    cfg._attn_implementation = "eager"
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert real.config.rope_parameters["partial_rotary_factor"] == 0.5
+    model = blockir.compile(blockir.parse(block_text(real.config.to_dict(), exact=True)), _class_name(model_type))
+    model.load_state_dict(real.state_dict(), strict=True)
+    ids, keep = _inputs()
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
 
 
 def test_a_layer_mix_without_a_period_is_refused() -> None:

@@ -11,9 +11,10 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from blockir.importers.hf.config import ROPE_LEGACY, read_fields  # noqa: E402
-from blockir.importers.hf.family import COMMON, IGNORED  # noqa: E402
+from blockir.importers.hf.family import COMMON, IGNORED, UNWRITTEN  # noqa: E402
 from blockir.importers.hf.schema import FAMILIES, KIND_NAMES  # noqa: E402
 
 BASE = transformers.PretrainedConfig
@@ -27,8 +28,12 @@ def _config_class(model_type: str) -> type:
 
 
 def _modeling_reads(model_type: str) -> set[str]:
-    """``config.NAME`` and ``getattr(config, "NAME"`` in the family's modeling file, less the config's methods."""
+    """``config.NAME`` and ``getattr(config, "NAME"`` in the family's modeling file (the file of the causal-LM class
+    HF builds where the family has none of its own, as InternLM3's config builds LLaMA), less the config's methods."""
     source = Path(sys.modules[_config_class(model_type).__module__].__file__.replace("configuration_", "modeling_"))
+    if not source.exists():
+        built = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+        source = Path(sys.modules[built.__module__].__file__)
     text = source.read_text()
     names = set(re.findall(r"\bconfig\.([A-Za-z_]\w*)", text)) | \
         set(re.findall(r"getattr\(\s*(?:self\.)?config\s*,\s*[\"'](\w+)", text))
@@ -79,3 +84,8 @@ def test_a_derived_default_follows_the_given_fields() -> None:
                                 "rotary_emb_base": 500.0})
     assert "num_key_value_heads" not in values  # GPT-NeoX's code never reads it
     assert values["rope_parameters"] == transformers.GPTNeoXConfig(rotary_pct=0.5, rotary_emb_base=500.0).rope_parameters
+
+
+def test_each_refused_model_type_is_one_transformers_has_and_no_table_writes() -> None:
+    assert set(UNWRITTEN) <= set(CONFIG_MAPPING), sorted(set(UNWRITTEN) - set(CONFIG_MAPPING))
+    assert not set(UNWRITTEN) & set(FAMILIES)

@@ -12,7 +12,7 @@ import copy
 from typing import Any, Mapping
 
 from blockir.diagnostics import BlockError
-from blockir.importers.hf.family import COMMON, REFUSED, Family
+from blockir.importers.hf.family import COMMON, REFUSED, UNWRITTEN, Family
 from blockir.importers.hf.schema import FAMILIES, ROPE_LAYER_KEYS, Checker, show, check_kind, derive
 
 # legacy RoPE keys -> where the config class puts them in rope_parameters
@@ -20,7 +20,7 @@ ROPE_LEGACY = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "par
                "partial_rotary_factor", "rotary_pct": "partial_rotary_factor"}
 MAX_DEPTH = 32  # real configs nest four deep; deeper JSON is refused before anything walks it recursively
 # derivations that read derived fields go last
-ORDER = {"if": 0, "period": 2, "after": 2, "all": 2, "nope": 2, "odd": 2}
+ORDER = {"if": 0, "period": 2, "first": 2, "after": 2, "all": 2, "nope": 2, "odd": 2}
 
 
 def table(family: Family) -> dict[str, tuple[Any, ...]]:
@@ -51,8 +51,9 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
         ch.add("E0811", (), "the config has no model_type", "transformers writes it into every config.json; "
                "supported: " + ", ".join(sorted(FAMILIES)))
     elif not isinstance(model_type, str) or model_type not in FAMILIES:
-        ch.add("E0800", ("model_type",), f"model type {show(model_type)} is not supported",
-               "supported: " + ", ".join(sorted(FAMILIES)))
+        reason = UNWRITTEN.get(model_type) if isinstance(model_type, str) else None
+        ch.add("E0800", ("model_type",), f"model type {show(model_type)} is not supported" +
+               (f": {reason}" if reason else ""), "supported: " + ", ".join(sorted(FAMILIES)))
     ch.raise_if_any()
     family = FAMILIES[model_type]
     fields = table(family)
@@ -70,7 +71,8 @@ def read_fields(raw: Any, source: str = "<hf config>") -> tuple[str, dict[str, A
     for name, value in given.items():
         before = len(ch.found)
         check_kind(ch, (keys[name],), fields[name][0], value)
-        if len(ch.found) == before and name in REFUSED and value is not None and not _same(value, REFUSED[name][0]):
+        if len(ch.found) == before and name in REFUSED and name not in family.states and value is not None \
+                and not _same(value, REFUSED[name][0]):
             ch.add("E0800", (keys[name],), REFUSED[name][1], f"supported: {name}={show(REFUSED[name][0])}")
     ch.raise_if_any()
     values = _resolve(family, fields, given)

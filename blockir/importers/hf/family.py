@@ -28,6 +28,7 @@ class Family(NamedTuple):
     config: str  # the transformers config class
     aliases: dict[str, str]  # HF's attribute_map: the other name → the field
     fields: dict[str, tuple[Any, ...]]
+    states: frozenset[str] = frozenset()  # fields of REFUSED this family's writer states with any value
 
 
 IGNORED = {
@@ -57,7 +58,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "add_cross_attention": (False, "add_cross_attention=true (cross-attention layers) is not supported"),
     "layerdrop": (0, "layerdrop (skipping whole layers while training) is not supported"),
     "clip_qkv": (None, "clip_qkv (clamping q, k and v) is not supported"),
-    "qk_layernorm": (False, "q/k LayerNorms (qk_layernorm) are not supported"),
+    "qk_layernorm": (False, "q/k LayerNorms of their own for each head (qk_layernorm) are not supported"),
     "use_qk_norm": (False, "Cohere's q/k norms (use_qk_norm) are not supported"),
     "sinusoidal_pos_embds": (False, "DistilBERT's frozen sinusoidal position table (sinusoidal_pos_embds) is not "
                                     "supported"),
@@ -69,6 +70,23 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "alibi": (False, "Falcon with alibi=true is not supported"),
     "router_jitter_noise": (0.0, "Mixtral's router_jitter_noise (scaling the hidden states by random noise while "
                                  "training) is not supported"),
+}
+
+# model types of the installed transformers whose layer uses a construct the language cannot state: what it is
+UNWRITTEN: dict[str, str] = {
+    "apertus": "its MLP's xIELU activation (learned per layer) has no counterpart in the language",
+    "hunyuan_v1_dense": "its q/k RMSNorms (query_layernorm, key_layernorm) act after RoPE; the language's qk_norm "
+                        "acts before",
+    "nanochat": "its q/k norms act after RoPE, and its final norm also runs on the embeddings",
+    "granite_swa": "its attention has learned per-head sinks",
+    "ministral3": "its queries are scaled by position (llama_4_scaling_beta)",
+    "youtu": "its attention is DeepSeek-V3's multi-head latent attention (low-rank q and kv projections)",
+    "bitnet": "its branches norm inside themselves (attn_sub_norm before o_proj, ffn_sub_norm before down_proj)",
+    "xglm": "its positions come from a fixed sinusoidal table",
+    "diffllama": "its attention is differential (two softmax maps subtracted with a learned lambda)",
+    "minicpm3": "its attention is DeepSeek-V2's multi-head latent attention (low-rank q and kv projections)",
+    "lfm2": "most of its layers are short gated convolutions, not attention",
+    "doge": "its attention adds a learned dynamic mask computed from the values (dt_proj, A)",
 }
 
 # read by PreTrainedConfig, PreTrainedModel or the runtime of every family
@@ -93,7 +111,13 @@ BASES: dict[str, tuple[str, str]] = {
     "codegen": ("CodeGenModel", "transformer."), "cohere": ("CohereModel", "model."),
     "cohere2": ("Cohere2Model", "model."), "distilbert": ("DistilBertModel", ""), "electra": ("ElectraModel", ""),
     "falcon": ("FalconModel", "transformer."), "gemma": ("GemmaModel", "model."),
-    "gemma2": ("Gemma2Model", "model."), "gemma3_text": ("Gemma3TextModel", "model."),
+    "gemma2": ("Gemma2Model", "model."), "glm": ("GlmModel", "model."), "glm4": ("Glm4Model", "model."),
+    "ernie4_5": ("Ernie4_5Model", "model."), "jais2": ("Jais2Model", "model."),
+    "vaultgemma": ("VaultGemmaModel", "model."), "olmo3": ("Olmo3Model", "model."), "cwm": ("CwmModel", "model."),
+    "exaone4": ("Exaone4Model", "model."), "persimmon": ("PersimmonModel", "model."),
+    "nemotron": ("NemotronModel", "model."), "hyperclovax": ("HyperCLOVAXModel", "model."),
+    "internlm3": ("LlamaModel", "model."), "iquestcoder": ("LlamaModel", "model."), "exaone": ("LlamaModel", "model."),
+    "gemma3_text": ("Gemma3TextModel", "model."),
     "gpt2": ("GPT2Model", "transformer."), "gpt_bigcode": ("GPTBigCodeModel", "transformer."),
     "gpt_neo": ("GPTNeoModel", "transformer."), "gpt_neox": ("GPTNeoXModel", "gpt_neox."),
     "gptj": ("GPTJModel", "transformer."), "granite": ("GraniteModel", "model."),

@@ -195,7 +195,7 @@ FAMILIES: dict[str, Family] = {
         qk_layernorm=('bool', False), bos_token_id=('token?', 1, 'gen'), eos_token_id=('tokens?', 2, 'gen'),
         pad_token_id=('token?', None, 'row'),
         rope_theta=('positive', 10000.0, 'rope'), rope_scaling=('rope?', None, 'rope'),
-        partial_rotary_factor=('fraction?', 0.5, 'rope'))),
+        partial_rotary_factor=('fraction?', 0.5, 'rope')), frozenset({"qk_layernorm"})),
     "phi3": Family("Phi3Config", {}, dict(
         head_dim=('size?', None, '=hidden_size // num_attention_heads'),
         vocab_size=('size', 32064), hidden_size=('size', 3072), intermediate_size=('size', 8192),

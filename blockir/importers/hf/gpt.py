@@ -1,10 +1,10 @@
 """Writers for the GPT-2 and GPT-NeoX lines and the decoders built like them: LayerNorms, learned or rotary
-positions, sequential or parallel updates (GPT-2, GPT-NeoX, StarCoder2, StableLM, Phi, Cohere).
+positions, sequential or parallel updates (GPT-2, GPT-NeoX, Persimmon, StarCoder2, StableLM, Phi, Cohere).
 """
 from __future__ import annotations
 
-from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl, drop, header, no_embedding_dropout,
-                                       num, padding, window)
+from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl, drop, fail, header,
+                                       no_embedding_dropout, num, padding, window)
 from blockir.importers.hf.writer import writes
 
 # Cohere's LayerNorm: no bias, the variance from a second pass over the centred row (also Cohere 2's)
@@ -67,6 +67,37 @@ def _gpt_neox(c: Config, model_type: str, exact: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def qk_layernorms(c: Config, default: bool = False) -> list[str]:
+    """``qk_layernorm``: one LayerNorm over the head width for all query heads, one for all key heads."""
+    if not c.get("qk_layernorm", default):
+        return []
+    return ["qk_norm=layernorm", f"qk_norm_eps={num(c.get('layer_norm_eps', 1e-5))}", "q_norm=q_layernorm",
+            "k_norm=k_layernorm"]
+
+
+@writes("persimmon", norm=Norm("layernorm", "layer_norm_eps"))
+def _persimmon(c: Config, model_type: str, exact: bool) -> str:
+    """Persimmon: GPT-NeoX's per-head fused attention with per-head q/k LayerNorms in LLaMA's sequential layer."""
+    cls, layer = "PersimmonForCausalLM", "PersimmonDecoderLayer"
+    width, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    if c.get("head_dim", width // heads) != width // heads:  # HF's attention splits the width, its RoPE reads this
+        raise fail(f"head_dim={c.get('head_dim')} other than hidden_size // num_attention_heads is not supported",
+                   at=("head_dim",))
+    norm = c.norm()
+    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value", "o=dense"]
+    attn += qk_layernorms(c, True)
+    mlp = ["F", f"act={c.act(default='relu2')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
+    update = drop(c.get("hidden_dropout", 0.0))  # on the MLP's output only
+    lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
+    lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
+              f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
+              f"  post_attention_layernorm: {norm}", decl("mlp", "mlp", mlp),
+              "  h = x + self_attn(input_layernorm(x))", f"  y = h + {update('mlp(post_attention_layernorm(h))')}",
+              "  return y", "}", ""]
+    model = [line.replace("model.norm", "model.final_layernorm") for line in causal_lm(cls, "model", layer, c)]
+    return "\n".join(lines + model) + "\n"
+
+
 @writes("starcoder2", norm=Norm("layernorm", "norm_epsilon"))
 def _starcoder2(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "Starcoder2ForCausalLM", "Starcoder2DecoderLayer"
@@ -114,7 +145,7 @@ def _stablelm(c: Config, model_type: str, exact: bool) -> str:
 def _phi(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"]
+    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"] + qk_layernorms(c)
     update = drop(c.get("resid_pdrop", 0.0))
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",

@@ -12,31 +12,41 @@ from blockir.importers.hf.text import (Config, Norm, attn_opts, causal_lm, decl,
 from blockir.importers.hf.writer import register, writes
 
 
-def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: bool = False,
+def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_norm: bool = False,
                out_bias: bool | str | None = None, rope_style: str = "half", gated: bool = True,
-               rope_f32: bool = False) -> Callable[[Config, str, bool], str]:
+               rope_f32: bool = False, mlp_bias: str = "mlp_bias", fused_mlp: bool = False,
+               post_norms: tuple[str, str] | None = None,
+               windows: Callable[[Config], list[str]] = window,
+               partial: bool = True) -> Callable[[Config, str, bool], str]:
     """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
-    (None) from ``attention_bias``; ``gated=False``: a plain ``up_proj``/``down_proj`` MLP."""
+    (None) from ``attention_bias``; ``mlp_bias``: the key of the MLP's biases; ``gated=False``: a plain
+    ``up_proj``/``down_proj`` MLP; ``fused_mlp``: one ``gate_up_proj``; ``post_norms``: the names of the norms on
+    the attention and MLP outputs before each residual add (GLM-4); ``windows``: the window options of the layer
+    types; ``partial=False``: the class's RoPE turns every channel whatever ``partial_rotary_factor`` says."""
     def write(c: Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
-        attn = no_rope(c, attn_opts(c, exact)) + window(c)
+        if isinstance(qkv_bias, str):
+            bias = c.get(qkv_bias, False)
+        attn = no_rope(c, attn_opts(c, exact, partial=partial)) + windows(c)
         if rope_style != "half":
             attn.append(f"rope_style={rope_style}")
         if rope_f32:
             attn.append("rope_f32=true")
-        if bias if qkv_bias is None else qkv_bias:
+        if bias if qkv_bias is None or isinstance(qkv_bias, str) else qkv_bias:
             attn.append("bias=true")
         if c.get(out_bias, False) if isinstance(out_bias, str) else \
-                (qkv_bias is None and bias) if out_bias is None else out_bias:
+                (not isinstance(qkv_bias, bool) and bias) if out_bias is None else out_bias:
             attn.append("out_bias=true")
         if qk_norm:
             attn += ["qk_norm=rmsnorm", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
-        mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get("mlp_bias", False) else [])
+        mlp = ["F", f"act={c.act()}"] + (["bias=true"] if c.get(mlp_bias, False) else []) + \
+            (["fused=true"] if fused_mlp else [])
         if not gated:
-            mlp = ["F", f"act={c.act()}", f"bias={str(c.get('mlp_bias', False)).lower()}", "fc1=up_proj",
+            mlp = ["F", f"act={c.act()}", f"bias={str(c.get(mlp_bias, False)).lower()}", "fc1=up_proj",
                    "fc2=down_proj"]
         n = c.norm()
+        post_attn, post_mlp = post_norms or ("", "")
         update = drop(c.get("residual_dropout", 0.0))  # Seed-OSS drops each branch output
         lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
         attn_scale, res, emb, logits = multipliers(c, model_type)
@@ -44,9 +54,11 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | None = None, qk_norm: boo
             attn.append(f"scale={num(attn_scale)}")
         lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
                   f"  input_layernorm: {n}", decl("self_attn", "self_attention", attn),
+                  *([f"  {post_attn}: {n}"] if post_attn else []),
                   f"  post_attention_layernorm: {n}", decl("mlp", "gated_mlp" if gated else "mlp", mlp),
-                  f"  h = x + {update('self_attn(input_layernorm(x))')}{res}",
-                  f"  y = h + {update('mlp(post_attention_layernorm(h))')}{res}",
+                  *([f"  {post_mlp}: {n}"] if post_mlp else []),
+                  f"  h = x + {update(_around(post_attn, 'self_attn(input_layernorm(x))'))}{res}",
+                  f"  y = h + {update(_around(post_mlp, 'mlp(post_attention_layernorm(h))'))}{res}",
                   "  return y", "}", ""]
         model = causal_lm(cls, "model", layer, c)
         if emb or logits:
@@ -73,23 +85,34 @@ def no_rope(c: Config, attn: list[str]) -> list[str]:
     return kept + [f"rotary_dim={rotated} * {periodic[1]}" if any(flags) else "rotary_dim=0"]
 
 
+def _around(norm: str, branch: str) -> str:
+    return f"{norm}({branch})" if norm else branch
+
+
 def multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str]:
-    """Granite's constants: attention scale, and the residual, embedding and logits factors as written."""
-    if model_type not in ("granite", "granitemoe"):
+    """Granite's constants: attention scale, and the residual, embedding and logits factors as written (HyperCLOVA X
+    multiplies the logits by logits_scaling, Granite divides them by it)."""
+    if model_type not in ("granite", "granitemoe", "hyperclovax"):
         return None, "", "", ""
-    logits = float(c.get("logits_scaling", 1.0))
-    mantissa, _ = math.frexp(logits)
-    if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
-        raise fail(f"logits_scaling={num(logits)} is not a power of two", at=("logits_scaling",), hint="HF divides the "
-                   "logits by it; blockir multiplies by the reciprocal, which equals only for powers of two")
+    logits = factor = float(c.get("logits_scaling", 1.0))
+    if model_type != "hyperclovax":  # the Granite families divide
+        mantissa, _ = math.frexp(logits)
+        if mantissa != 0.5:  # 1 / logits is exact only for a power of two; the language has no tensor division
+            raise fail(f"logits_scaling={num(logits)} is not a power of two", at=("logits_scaling",), hint="HF "
+                       "divides the logits by it; blockir multiplies by the reciprocal, which equals only for powers "
+                       "of two")
+        factor = 1 / logits
     res = num(c.get("residual_multiplier", 1.0))
     emb = num(c.get("embedding_multiplier", 1.0))
     return (float(c.get("attention_multiplier", 1.0)), f" * {res}", f" * {emb}",
-            "" if logits == 1 else f"{num(1 / logits)} * ")
+            "" if factor == 1 else f"{num(factor)} * ")
 
 
 for _type, _write, _norm in (
         ("llama", llama_like("LlamaForCausalLM", "Llama"), rms()),
+        ("internlm3", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
+        ("iquestcoder", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
+        ("exaone", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
         ("mistral", llama_like("MistralForCausalLM", "Mistral", qkv_bias=False), rms()),
         ("qwen2", llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True), rms()),
         ("qwen3", llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True), rms()),
@@ -100,10 +123,29 @@ for _type, _write, _norm in (
          rms(cast="after_weight")),
         ("granite", llama_like("GraniteForCausalLM", "Granite"), rms()),
         ("smollm3", llama_like("SmolLM3ForCausalLM", "SmolLM3"), rms()),
+        # GLM: interleaved rotary on the first half of each head (partial_rotary_factor), fused gate_up_proj
+        ("glm", llama_like("GlmForCausalLM", "Glm", out_bias=False, rope_style="interleaved", fused_mlp=True), rms()),
+        ("glm4", llama_like("Glm4ForCausalLM", "Glm4", out_bias=False, rope_style="interleaved", fused_mlp=True,
+                            post_norms=("post_self_attn_layernorm", "post_mlp_layernorm")), rms()),
+        # ERNIE 4.5: every projection biased by use_bias; interleaved rotary on f32 tables
+        ("ernie4_5", llama_like("Ernie4_5ForCausalLM", "Ernie4_5", qkv_bias="use_bias", out_bias="use_bias",
+                                mlp_bias="use_bias", rope_style="interleaved", rope_f32=True, partial=False), rms()),
+        ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False, partial=False),
+         Norm("layernorm", "layer_norm_eps")),
+        # Nemotron's LayerNorm1P scales by 1 + weight; partial rotary
+        ("nemotron", llama_like("NemotronForCausalLM", "Nemotron", gated=False),
+         Norm("layernorm", "norm_eps", ("offset=1",))),
         # OLMo's LayerNorm has no parameters and no eps field, and runs on an f32 copy
         ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
          Norm("layernorm", 1e-5, ("affine=false", "upcast=true")))):
     register(_type, _write, _norm)
+
+
+@writes("hyperclovax", norm=rms())
+def _hyperclovax(c: Config, model_type: str, exact: bool) -> str:
+    """Granite's layer and constants, with norms on the branch outputs (``use_post_norm``)."""
+    post = ("post_norm1", "post_norm2") if c.get("use_post_norm", True) else None
+    return llama_like("HyperCLOVAXForCausalLM", "HyperCLOVAX", post_norms=post)(c, model_type, exact)
 
 
 @writes("gemma", norm=rms(offset=1, cast="after_weight"))
@@ -123,38 +165,59 @@ def _gemma(c: Config, model_type: str, exact: bool) -> str:
 
 @writes("gemma2", norm=rms(offset=1, cast="after_weight"))
 def _gemma2(c: Config, model_type: str, exact: bool) -> str:
-    cls, layer = "Gemma2ForCausalLM", "Gemma2DecoderLayer"
-    attn = attn_opts(c, exact) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+    return sandwich_text("Gemma2ForCausalLM", "Gemma2DecoderLayer", model_type, c, _gemma2_attn(c, exact))
+
+
+@writes("vaultgemma", norm=rms(offset=1, cast="after_weight"))
+def _vaultgemma(c: Config, model_type: str, exact: bool) -> str:
+    """Gemma 2 without the norms on the branch outputs."""
+    return sandwich_text("VaultGemmaForCausalLM", "VaultGemmaDecoderLayer", model_type, c,
+                         _gemma2_attn(c, exact, partial=False), post=False)
+
+
+def _gemma2_attn(c: Config, exact: bool, partial: bool = True) -> list[str]:
+    attn = attn_opts(c, exact, partial=partial) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
     if c.get("attn_logit_softcapping") is not None:
         attn.append(f"softcap={num(c.get('attn_logit_softcapping'))}")
-    return sandwich_text(cls, layer, model_type, c, attn)
+    return attn
 
 
-def sandwich_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
-    """A Gemma 2-style file: four (1 + w) RMSNorms around each branch, a gated MLP, embeddings times sqrt(D), a
-    tied head and soft-capped logits; ``attn`` holds the attention options of the family."""
+def sandwich_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str], post: bool = True) -> str:
+    """A Gemma 2-style file: four (1 + w) RMSNorms around each branch (``post=False``: the two before them only), a
+    gated MLP, embeddings times sqrt(D), a tied head and soft-capped logits; ``attn`` holds the attention options
+    of the family."""
     norm = c.norm()
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     mlp = ["F", f"act={c.act('hidden_activation', 'gelu_pytorch_tanh')}"]
+    after_attn, after_mlp = ("post_attention_layernorm", "post_feedforward_layernorm") if post else ("", "")
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
-              f"  post_attention_layernorm: {norm}", f"  pre_feedforward_layernorm: {norm}",
-              decl("mlp", "gated_mlp", mlp), f"  post_feedforward_layernorm: {norm}",
-              "  h = x + post_attention_layernorm(self_attn(input_layernorm(x)))",
-              "  y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))", "  return y", "}", ""]
+              *([f"  {after_attn}: {norm}"] if post else []), f"  pre_feedforward_layernorm: {norm}",
+              decl("mlp", "gated_mlp", mlp), *([f"  {after_mlp}: {norm}"] if post else []),
+              f"  h = x + {_around(after_attn, 'self_attn(input_layernorm(x))')}",
+              f"  y = h + {_around(after_mlp, 'mlp(pre_feedforward_layernorm(h))')}", "  return y", "}", ""]
     return "\n".join(lines + causal_lm(cls, "model", layer, c, scale="D ** 0.5",
                                        softcap=c.get("final_logit_softcapping"))) + "\n"
 
 
 @writes("olmo2", norm=rms(cast="after_weight"))
 def _olmo2(c: Config, model_type: str, exact: bool) -> str:
-    cls, layer = "Olmo2ForCausalLM", "Olmo2DecoderLayer"
+    return post_norm_text("Olmo2ForCausalLM", "Olmo2DecoderLayer", model_type, c,
+                          attn_opts(c, exact) + window(c) + olmo_qk(c))
+
+
+def olmo_qk(c: Config) -> list[str]:
+    """OLMo 2's attention options: f32 rotary tables, q/k RMSNorms over all heads."""
+    return ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width", "qk_norm_cast=after_weight",
+            f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
+
+
+def post_norm_text(cls: str, layer: str, model_type: str, c: Config, attn: list[str]) -> str:
+    """An OLMo 2-style file: norms on the branch outputs only, a gated MLP; ``attn`` holds the attention options
+    of the family."""
     norm = c.norm()
-    attn = attn_opts(c, exact) + window(c) + ["rope_f32=true", "qk_norm=rmsnorm", "qk_norm_axis=width",
-                                              "qk_norm_cast=after_weight",
-                                              f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-6))}"]
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})

@@ -9,17 +9,21 @@ difference.
 from __future__ import annotations
 
 from blockir.importers.hf.gpt import COHERE_NORM
-from blockir.importers.hf.llama import sandwich_text
-from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, every_nth, fail, header, num, rms
-from blockir.importers.hf.writer import writes
+from blockir.importers.hf.llama import llama_like, olmo_qk, post_norm_text, sandwich_text
+from blockir.importers.hf.text import Config, attn_opts, causal_lm, decl, fail, header, num, rms
+from blockir.importers.hf.writer import register, writes
 
 
 def _period(c: Config) -> tuple[int, str]:
-    """The period of ``layer_types`` (sliding layers, then one full layer) and its sliding-layer indicator."""
+    """The period of ``layer_types`` (one full layer in each, at the same place) and its sliding-layer indicator."""
     types = c.get("layer_types") or []
-    periodic = every_nth([t == "sliding_attention" for t in types], flipped=False)
-    if periodic is not None:
-        return periodic
+    sliding = [t == "sliding_attention" for t in types]
+    for period in range(1, len(types) + 2):
+        for shift in range(1, period + 1):  # 1: the last layer of each period is full (Gemma 3); period: the first
+            if sliding == [(i + shift) % period != 0 for i in range(len(types))]:
+                if period == 1:
+                    return 1, "0"
+                return period, f"(((layer + {shift}) % {period} + {period - 1}) // {period})"
     raise fail("this mix of sliding and full attention layers is not supported",
                 "supported: every n-th layer full, the others sliding", at=("layer_types",))
 
@@ -69,16 +73,15 @@ def _gemma3_text(c: Config, model_type: str, exact: bool) -> str:
 def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     """Cohere 2: Cohere's parallel layer, with RoPE and a window on the sliding layers only."""
     cls, layer = "Cohere2ForCausalLM", "Cohere2DecoderLayer"
-    period, sliding = _period(c)
+    _, sliding = _period(c)
     norm = c.norm()
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
     attn = attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
-    if period != 1:  # the rotated channels on sliding layers, none on full ones
-        rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
-        attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={rotated} * {sliding}"]
-        if c.get("sliding_window"):
-            attn.append(f"window={c.get('sliding_window')} * {sliding}")
+    # the rotated channels on sliding layers, none on full ones; HF's layers rotate only with a window
+    rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0)) if c.get("sliding_window") else 0
+    attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={_mixed(rotated, 0, sliding)}"]
+    attn += _windows(c)
     if c.get("attention_bias", False):
         attn += ["bias=true", "out_bias=true"]
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
@@ -91,3 +94,36 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
                  "lm_head(model.norm(model.layers(model.embed_tokens(input_ids))))")
     return "\n".join(lines + model) + "\n"
 
+
+def _windows(c: Config) -> list[str]:
+    """The window of the sliding layers of the period, none on its full layer."""
+    period, sliding = _period(c)
+    return [f"window={_mixed(c.get('sliding_window'), 0, sliding)}"] if c.get("sliding_window") and period != 1 else []
+
+
+@writes("olmo3", norm=rms(cast="after_weight"))
+def _olmo3(c: Config, model_type: str, exact: bool) -> str:
+    """OLMo 3: OLMo 2's layer, a period of ``layer_types`` and a RoPE base per layer type."""
+    _, sliding = _period(c)
+    local, full = _rope_by_type(c)
+    theta = _mixed(local.get("rope_theta", 500000.0), full.get("rope_theta", 500000.0), sliding)
+    c.raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1.0}  # the base is written per layer below
+    attn = [o for o in attn_opts(c, exact) if not o.startswith("rope_theta=")] + [f"rope_theta={theta}"]
+    return post_norm_text("Olmo3ForCausalLM", "Olmo3DecoderLayer", model_type, c, attn + _windows(c) + olmo_qk(c))
+
+
+@writes("exaone4", norm=rms())
+def _exaone4(c: Config, model_type: str, exact: bool) -> str:
+    """EXAONE 4: OLMo 2's layer with per-head q/k RMSNorms; given a window, RoPE and the window on the sliding
+    layers of the period only."""
+    attn = attn_opts(c, exact, partial=False)
+    if c.get("sliding_window"):
+        _, sliding = _period(c)
+        rotated = c.get("head_dim") or c.need("hidden_size") // c.need("num_attention_heads")
+        attn += [f"rotary_dim={_mixed(rotated, 0, sliding)}"] + _windows(c)
+    attn += ["qk_norm=rmsnorm", f"qk_norm_eps={num(c.get('rms_norm_eps', 1e-5))}"]
+    return post_norm_text("Exaone4ForCausalLM", "Exaone4DecoderLayer", model_type, c, attn)
+
+
+# CWM: LLaMA's layer without biases, its first layer of every period full
+register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows, partial=False), rms())

@@ -18,10 +18,11 @@ from blockir.ir.consts import MAX_MAGNITUDE
 from blockir.importers.hf.family import ACTS, Family
 from blockir.importers.hf.fields_encoders import FAMILIES as _ENCODERS
 from blockir.importers.hf.fields_gpt import FAMILIES as _GPT
+from blockir.importers.hf.fields_kin import FAMILIES as _KIN
 from blockir.importers.hf.fields_llama import FAMILIES as _LLAMA
 from blockir.importers.hf.fields_moe import FAMILIES as _MOE
 
-FAMILIES: dict[str, Family] = {**_LLAMA, **_MOE, **_GPT, **_ENCODERS}
+FAMILIES: dict[str, Family] = {**_LLAMA, **_KIN, **_MOE, **_GPT, **_ENCODERS}
 INF = MAX_MAGNITUDE  # the largest magnitude a constant of the language may have
 # kind -> (what it is, low, high, low included, high included); ints are never booleans
 NUMBERS: dict[str, tuple[str, float, float, bool, bool]] = {
@@ -222,6 +223,8 @@ def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
     if words[0] == "period":  # every n-th layer full, the others sliding
         n = int(words[1]) if words[1].isdigit() else values[words[1]]
         return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+    if words[:3] == ["first", "of", "period"]:  # the first layer of every n full, the others sliding
+        return ["sliding_attention" if i % int(words[3]) else "full_attention" for i in range(layers)]
     if words[0] == "after":  # sliding from the given layer on, when there is a window
         sliding = values.get("sliding_window") is not None
         return ["sliding_attention" if sliding and i >= values[words[1]] else "full_attention" for i in range(layers)]
@@ -237,9 +240,17 @@ def derive(note: str, values: Mapping[str, Any], layers: int) -> Any:
         window = values.get("use_sliding_window") and values.get("sliding_window") is not None
         return ["sliding_attention" if window and not values[words[1]][i] else "full_attention" for i in range(layers)]
     if len(words) == 3:
-        a, b = values[words[0]], int(words[2]) if words[2].isdigit() else values[words[2]]
-        return a // b if words[1] == "//" else a * b
+        a, op, b = values[words[0]], words[1], _operand(words[2], values)
+        return a // b if op == "//" else a ** b if op == "**" else a * b
     return values[words[0]]
+
+
+def _operand(word: str, values: Mapping[str, Any]) -> Any:
+    """A number written in the note, or the value of the field it names."""
+    try:
+        return int(word) if word.isdigit() else float(word)
+    except ValueError:
+        return values[word]
 
 
 KIND_NAMES = (*NUMBERS, *STRUCTURED, "bool", "flag", "str", "act", "any")

@@ -120,8 +120,10 @@ def header(cls: str, model_type: str, c: Config, extra: dict[str, int]) -> list[
     return lines + [f"const L = {dims['L']}", ""] if "L" in dims else lines + [""]
 
 
-def attn_opts(c: Config, exact: bool, rotary: bool = True, head_dim: int | None = None) -> list[str]:
-    """The attention options a decoder's config gives: heads, key/value heads, head width, RoPE, dropout."""
+def attn_opts(c: Config, exact: bool, rotary: bool = True, head_dim: int | None = None,
+              partial: bool = True) -> list[str]:
+    """The attention options a decoder's config gives: heads, key/value heads, head width, RoPE, dropout;
+    ``partial=False``: the family's rotary embedding turns every channel, whatever ``partial_rotary_factor`` says."""
     h = c.need("num_attention_heads")
     opts = [f"heads={h}"]
     kv = c.get("num_key_value_heads", h)
@@ -133,7 +135,7 @@ def attn_opts(c: Config, exact: bool, rotary: bool = True, head_dim: int | None 
     if rotary:
         rope = c.rope()
         opts += ["rope=true", f"rope_theta={num(rope['rope_theta'])}"]
-        factor = rope.get("partial_rotary_factor", 1.0)
+        factor = rope.get("partial_rotary_factor", 1.0) if partial else 1.0
         if factor != 1.0:
             opts.append(f"rotary_dim={int(hd * factor)}")
         if exact:  # model.to(dtype) casts HF's inv_freq buffer too

@@ -138,9 +138,10 @@ class _Projections(_DottedLayers):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
         else:
-            qkv = getattr(self, self.names["qkv"])(x).view(*x.shape[:-1], -1, 3 * hd).transpose(1, 2)
-            q, k, v = qkv.chunk(3, dim=-1)
-            return self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm"), v
+            # the q/k norms see [B, S, H, hd], as Persimmon's do: the order autograd sums their gains' gradients in
+            q, k, v = getattr(self, self.names["qkv"])(x).view(*x.shape[:-1], -1, 3 * hd).chunk(3, dim=-1)
+            q, k = self._norm_heads(q, "q_norm"), self._norm_heads(k, "k_norm")
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.qk_norm != "none" and self.qk_norm_axis == "width":
             q, k = getattr(self, self.names["q_norm"])(q), getattr(self, self.names["k_norm"])(k)
         q, k, v = _split_heads(q, hd), _split_heads(k, hd), _split_heads(v, hd)
