@@ -45,6 +45,11 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
     "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
     "num_ln_in_parallel_attn": ("read only with new_decoder_architecture", {"falcon"}),
     "rope_theta": ("the tested config's rope_parameters hold their own base, which wins", {"olmo3", "cwm"}),
+    "partial_rotary_factor": ("the class's rotary embedding turns every channel whatever the factor says "
+                              "(test_a_rotary_embedding_that_turns_every_channel_ignores_partial_rotary_factor)",
+                              {"arcee", "cohere", "cohere2", "falcon", "gemma", "gemma2", "granite", "granitemoe",
+                               "helium", "llama", "ministral", "mistral", "mixtral", "olmo", "olmo2", "olmoe", "qwen2",
+                               "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "starcoder2"}),
 }
 
 

@@ -151,7 +151,8 @@ def test_cohere2_full_layers_alone_rotate_nothing() -> None:
         assert torch.equal(model(ids, attention_mask=keep), real(input_ids=ids, attention_mask=keep).logits)
 
 
-@pytest.mark.parametrize("model_type", ["ernie4_5", "exaone4", "internlm3"])
+@pytest.mark.parametrize("model_type", ["ernie4_5", "exaone4", "internlm3", "llama", "qwen2", "gemma2", "olmo2",
+                                        "starcoder2", "cohere2", "smollm3"])
 def test_a_rotary_embedding_that_turns_every_channel_ignores_partial_rotary_factor(model_type: str) -> None:
     """These classes' RoPE reads no partial_rotary_factor: HF rotates the whole head whatever the config says."""
     torch.manual_seed(0)

@@ -46,7 +46,8 @@ def _gpt2(c: Config, model_type: str, exact: bool) -> str:
 def _gpt_neox(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "GPTNeoXForCausalLM", "GPTNeoXLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value", "o=dense"]
+    attn = attn_opts(c, exact, partial=True) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value",
+                                                 "o=dense"]
     if not c.get("attention_bias", True):
         attn = [a for a in attn if not a.startswith(("bias", "out_bias"))]
     mlp = ["F", f"act={c.act(default='gelu')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
@@ -84,7 +85,8 @@ def _persimmon(c: Config, model_type: str, exact: bool) -> str:
         raise fail(f"head_dim={c.get('head_dim')} other than hidden_size // num_attention_heads is not supported",
                    at=("head_dim",))
     norm = c.norm()
-    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value", "o=dense"]
+    attn = attn_opts(c, exact, partial=True) + ["bias=true", "out_bias=true", "fused=heads", "qkv=query_key_value",
+                                                 "o=dense"]
     attn += qk_layernorms(c, True)
     mlp = ["F", f"act={c.act(default='relu2')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     update = drop(c.get("hidden_dropout", 0.0))  # on the MLP's output only
@@ -122,7 +124,7 @@ def _starcoder2(c: Config, model_type: str, exact: bool) -> str:
 def _stablelm(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "StableLmForCausalLM", "StableLmDecoderLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
+    attn = attn_opts(c, exact, partial=True) + (["bias=true"] if c.get("use_qkv_bias", False) else [])
     update = drop(c.get("hidden_dropout", 0.0))
     # StableLM drops the MLP update only; where it also drops attention probabilities, p=0 on the attention
     # update says the missing residual dropout is the architecture's, not a confusion of the two settings
@@ -145,7 +147,7 @@ def _stablelm(c: Config, model_type: str, exact: bool) -> str:
 def _phi(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "PhiForCausalLM", "PhiDecoderLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + ["bias=true", "out_bias=true", "o=dense"] + qk_layernorms(c)
+    attn = attn_opts(c, exact, partial=True) + ["bias=true", "out_bias=true", "o=dense"] + qk_layernorms(c)
     update = drop(c.get("resid_pdrop", 0.0))
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{", f"  input_layernorm: {norm}",

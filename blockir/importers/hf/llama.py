@@ -17,12 +17,12 @@ def llama_like(cls: str, prefix: str, qkv_bias: bool | str | None = None, qk_nor
                rope_f32: bool = False, mlp_bias: str = "mlp_bias", fused_mlp: bool = False,
                post_norms: tuple[str, str] | None = None,
                windows: Callable[[Config], list[str]] = window,
-               partial: bool = True) -> Callable[[Config, str, bool], str]:
+               partial: bool = False) -> Callable[[Config, str, bool], str]:
     """LLaMA's layout. ``qkv_bias``/``out_bias``: fixed by the class, read from a config key (a string), or
     (None) from ``attention_bias``; ``mlp_bias``: the key of the MLP's biases; ``gated=False``: a plain
     ``up_proj``/``down_proj`` MLP; ``fused_mlp``: one ``gate_up_proj``; ``post_norms``: the names of the norms on
     the attention and MLP outputs before each residual add (GLM-4); ``windows``: the window options of the layer
-    types; ``partial=False``: the class's RoPE turns every channel whatever ``partial_rotary_factor`` says."""
+    types; ``partial``: the class's RoPE reads ``partial_rotary_factor`` (most turn every channel whatever it says)."""
     def write(c: Config, model_type: str, exact: bool) -> str:
         layer = f"{prefix}DecoderLayer"
         bias = c.get("attention_bias", False)
@@ -80,9 +80,8 @@ def no_rope(c: Config, attn: list[str]) -> list[str]:
                    "supported: every layer, none, or all but every n-th layer", at=("no_rope_layers",))
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
-    rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0))
     kept = [o for o in attn if not o.startswith("rotary_dim=")]
-    return kept + [f"rotary_dim={rotated} * {periodic[1]}" if any(flags) else "rotary_dim=0"]
+    return kept + [f"rotary_dim={hd} * {periodic[1]}" if any(flags) else "rotary_dim=0"]
 
 
 def _around(norm: str, branch: str) -> str:
@@ -110,9 +109,9 @@ def multipliers(c: Config, model_type: str) -> tuple[float | None, str, str, str
 
 for _type, _write, _norm in (
         ("llama", llama_like("LlamaForCausalLM", "Llama"), rms()),
-        ("internlm3", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
-        ("iquestcoder", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
-        ("exaone", llama_like("LlamaForCausalLM", "Llama", partial=False), rms()),
+        ("internlm3", llama_like("LlamaForCausalLM", "Llama"), rms()),
+        ("iquestcoder", llama_like("LlamaForCausalLM", "Llama"), rms()),
+        ("exaone", llama_like("LlamaForCausalLM", "Llama"), rms()),
         ("mistral", llama_like("MistralForCausalLM", "Mistral", qkv_bias=False), rms()),
         ("qwen2", llama_like("Qwen2ForCausalLM", "Qwen2", qkv_bias=True), rms()),
         ("qwen3", llama_like("Qwen3ForCausalLM", "Qwen3", qk_norm=True), rms()),
@@ -124,16 +123,17 @@ for _type, _write, _norm in (
         ("granite", llama_like("GraniteForCausalLM", "Granite"), rms()),
         ("smollm3", llama_like("SmolLM3ForCausalLM", "SmolLM3"), rms()),
         # GLM: interleaved rotary on the first half of each head (partial_rotary_factor), fused gate_up_proj
-        ("glm", llama_like("GlmForCausalLM", "Glm", out_bias=False, rope_style="interleaved", fused_mlp=True), rms()),
+        ("glm", llama_like("GlmForCausalLM", "Glm", out_bias=False, rope_style="interleaved", fused_mlp=True,
+                           partial=True), rms()),
         ("glm4", llama_like("Glm4ForCausalLM", "Glm4", out_bias=False, rope_style="interleaved", fused_mlp=True,
-                            post_norms=("post_self_attn_layernorm", "post_mlp_layernorm")), rms()),
+                            post_norms=("post_self_attn_layernorm", "post_mlp_layernorm"), partial=True), rms()),
         # ERNIE 4.5: every projection biased by use_bias; interleaved rotary on f32 tables
         ("ernie4_5", llama_like("Ernie4_5ForCausalLM", "Ernie4_5", qkv_bias="use_bias", out_bias="use_bias",
-                                mlp_bias="use_bias", rope_style="interleaved", rope_f32=True, partial=False), rms()),
-        ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False, partial=False),
+                                mlp_bias="use_bias", rope_style="interleaved", rope_f32=True), rms()),
+        ("jais2", llama_like("Jais2ForCausalLM", "Jais2", gated=False),
          Norm("layernorm", "layer_norm_eps")),
         # Nemotron's LayerNorm1P scales by 1 + weight; partial rotary
-        ("nemotron", llama_like("NemotronForCausalLM", "Nemotron", gated=False),
+        ("nemotron", llama_like("NemotronForCausalLM", "Nemotron", gated=False, partial=True),
          Norm("layernorm", "norm_eps", ("offset=1",))),
         # OLMo's LayerNorm has no parameters and no eps field, and runs on an f32 copy
         ("olmo", llama_like("OlmoForCausalLM", "Olmo", rope_f32=True),
@@ -172,11 +172,11 @@ def _gemma2(c: Config, model_type: str, exact: bool) -> str:
 def _vaultgemma(c: Config, model_type: str, exact: bool) -> str:
     """Gemma 2 without the norms on the branch outputs."""
     return sandwich_text("VaultGemmaForCausalLM", "VaultGemmaDecoderLayer", model_type, c,
-                         _gemma2_attn(c, exact, partial=False), post=False)
+                         _gemma2_attn(c, exact), post=False)
 
 
-def _gemma2_attn(c: Config, exact: bool, partial: bool = True) -> list[str]:
-    attn = attn_opts(c, exact, partial=partial) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
+def _gemma2_attn(c: Config, exact: bool) -> list[str]:
+    attn = attn_opts(c, exact) + window(c) + [f"scale={num(float(c.get('query_pre_attn_scalar', 256)) ** -0.5)}"]
     if c.get("attn_logit_softcapping") is not None:
         attn.append(f"softcap={num(c.get('attn_logit_softcapping'))}")
     return attn
@@ -233,7 +233,7 @@ def post_norm_text(cls: str, layer: str, model_type: str, c: Config, attn: list[
 def _phi3(c: Config, model_type: str, exact: bool) -> str:
     cls, layer = "Phi3ForCausalLM", "Phi3DecoderLayer"
     norm = c.norm()
-    attn = attn_opts(c, exact) + window(c) + ["fused=stacked"]
+    attn = attn_opts(c, exact, partial=True) + window(c) + ["fused=stacked"]
     if c.rope()["rope_type"] == "longrope":  # its generation recomputes the sequence when it switches factors
         attn.append("rope_recache=true")
     mlp = ["F", f"act={c.act()}", "fused=true"]

@@ -78,8 +78,8 @@ def _cohere2(c: Config, model_type: str, exact: bool) -> str:
     h = c.need("num_attention_heads")
     hd = c.get("head_dim") or c.need("hidden_size") // h
     attn = attn_opts(c, exact) + ["rope_style=interleaved", "rope_f32=true", "rope_tables=input"]
-    # the rotated channels on sliding layers, none on full ones; HF's layers rotate only with a window
-    rotated = int(hd * c.rope().get("partial_rotary_factor", 1.0)) if c.get("sliding_window") else 0
+    # every channel rotates on sliding layers, none on full ones; HF's layers rotate only with a window
+    rotated = hd if c.get("sliding_window") else 0
     attn = [o for o in attn if not o.startswith("rotary_dim=")] + [f"rotary_dim={_mixed(rotated, 0, sliding)}"]
     attn += _windows(c)
     if c.get("attention_bias", False):
@@ -116,7 +116,7 @@ def _olmo3(c: Config, model_type: str, exact: bool) -> str:
 def _exaone4(c: Config, model_type: str, exact: bool) -> str:
     """EXAONE 4: OLMo 2's layer with per-head q/k RMSNorms; given a window, RoPE and the window on the sliding
     layers of the period only."""
-    attn = attn_opts(c, exact, partial=False)
+    attn = attn_opts(c, exact)
     if c.get("sliding_window"):
         _, sliding = _period(c)
         rotated = c.get("head_dim") or c.need("hidden_size") // c.need("num_attention_heads")
@@ -126,4 +126,4 @@ def _exaone4(c: Config, model_type: str, exact: bool) -> str:
 
 
 # CWM: LLaMA's layer without biases, its first layer of every period full
-register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows, partial=False), rms())
+register("cwm", llama_like("CwmForCausalLM", "Cwm", qkv_bias=False, windows=_windows), rms())

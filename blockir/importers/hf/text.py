@@ -121,9 +121,10 @@ def header(cls: str, model_type: str, c: Config, extra: dict[str, int]) -> list[
 
 
 def attn_opts(c: Config, exact: bool, rotary: bool = True, head_dim: int | None = None,
-              partial: bool = True) -> list[str]:
+              partial: bool = False) -> list[str]:
     """The attention options a decoder's config gives: heads, key/value heads, head width, RoPE, dropout;
-    ``partial=False``: the family's rotary embedding turns every channel, whatever ``partial_rotary_factor`` says."""
+    ``partial``: the family's rotary embedding turns the first ``partial_rotary_factor`` of each head's channels
+    (most classes' RoPE reads no such field and turns every channel, whatever the config says)."""
     h = c.need("num_attention_heads")
     opts = [f"heads={h}"]
     kv = c.get("num_key_value_heads", h)
