@@ -87,6 +87,24 @@ UNWRITTEN: dict[str, str] = {
     "minicpm3": "its attention is DeepSeek-V2's multi-head latent attention (low-rank q and kv projections)",
     "lfm2": "most of its layers are short gated convolutions, not attention",
     "doge": "its attention adds a learned dynamic mask computed from the values (dt_proj, A)",
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), "its layers are selective state-space (Mamba) mixers, not "
+                    "attention"),
+    **dict.fromkeys(("jamba", "bamba", "zamba", "zamba2", "nemotron_h", "falcon_h1", "granitemoehybrid"),
+                    "it mixes Mamba state-space layers with its attention layers"),
+    "rwkv": "its layers are RWKV time-mixing recurrences, not attention",
+    "recurrent_gemma": "most of its layers are RG-LRU recurrences, not attention",
+    "xlstm": "its layers are xLSTM recurrences, not attention",
+    "qwen3_next": "most of its layers are gated DeltaNet linear attention",
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3"), "its attention is multi-head latent attention (low-rank q and kv "
+                    "projections)"),
+    "phimoe": "its router is SparseMixer, which none of the moe branch's routings computes",
+    "granitemoeshared": "its shared expert stores gate and up in one input_linear matrix, a layout the moe branch's "
+                        "shared expert does not have",
+    "gpt_oss": "its attention has learned per-head sinks",
+    "mpt": "its config nests the attention's settings in attn_config, which the field tables cannot read yet",
+    "ctrl": "its positions come from a fixed sinusoidal table",
+    "reformer": "its attention is LSH-bucketed, not dense",
+    "xlnet": "its attention is two-stream relative attention",
 }
 
 # read by PreTrainedConfig, PreTrainedModel or the runtime of every family
