@@ -1,11 +1,22 @@
 """Shared test helpers: golden files and the GPU marker."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# torch.compile's on-disk cache keys a graph by its code, not by the fake (shape) functions of the custom ops
+# it calls: a cache another checkout of blockir filled would hand these tests graphs built for other shapes
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="blockir-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+    atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.block"))

@@ -90,11 +90,15 @@ def _persimmon(c: Config, model_type: str, exact: bool) -> str:
     attn += qk_layernorms(c, True)
     mlp = ["F", f"act={c.act(default='relu2')}", "fc1=dense_h_to_4h", "fc2=dense_4h_to_h"]
     update = drop(c.get("hidden_dropout", 0.0))  # on the MLP's output only
+    # the attention's update is not dropped: with the MLP's dropped, p=0 says so
+    attn_update = "self_attn(input_layernorm(x))"
+    attn_update = f"dropout({attn_update}, p=0)" if c.get("hidden_dropout", 0.0) else attn_update
     lines = header(cls, model_type, c, {"F": c.need("intermediate_size"), "L": c.need("num_hidden_layers")})
     lines += [f"block {layer}(x: [B, S, D]) -> [B, S, D] {{",
               f"  input_layernorm: {norm}", decl("self_attn", "self_attention", attn),
               f"  post_attention_layernorm: {norm}", decl("mlp", "mlp", mlp),
-              "  h = x + self_attn(input_layernorm(x))", f"  y = h + {update('mlp(post_attention_layernorm(h))')}",
+              f"  h = x + {attn_update}",
+              f"  y = h + {update('mlp(post_attention_layernorm(h))')}",
               "  return y", "}", ""]
     model = [line.replace("model.norm", "model.final_layernorm") for line in causal_lm(cls, "model", layer, c)]
     return "\n".join(lines + model) + "\n"
