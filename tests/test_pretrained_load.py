@@ -213,13 +213,45 @@ def test_a_dtype_blockir_does_not_load(tmp_path: Path, saved) -> None:
     assert (d.code, str(d.span)) == ("E0837", f"{folder / 'config.json'}: dtype")
 
 
-def test_an_encoder_is_not_a_causal_lm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("architecture", ["BertForMaskedLM", "RobertaForMaskedLM", "BertModel"])
+def test_an_encoder_folder_loads_as_its_compiled_module(architecture: str, tmp_path: Path) -> None:
+    """A masked LM or a base encoder (saved without the pooler, which the file does not hold) loads strictly, its
+    output HF's; the masked LM's tied table and shared bias are one tensor each, as HF saved one name of each."""
     torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(model_type="bert", vocab_size=97, hidden_size=32, num_hidden_layers=1,
-                                            num_attention_heads=4, intermediate_size=48)
-    transformers.AutoModel.from_config(cfg, add_pooling_layer=False).save_pretrained(tmp_path)
-    d = _error(tmp_path)
-    assert d.code == "E0842" and d.message.startswith("BertModel is not a causal language model")
+    model_type = "roberta" if architecture.startswith("Roberta") else "bert"
+    cfg = transformers.AutoConfig.for_model(model_type=model_type, vocab_size=97, hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=4, intermediate_size=48, architectures=[architecture])
+    real = getattr(transformers, architecture)(cfg, **({} if "Masked" in architecture else
+                                                       {"add_pooling_layer": False})).eval()
+    with torch.no_grad():  # HF starts biases at zero, which would hide one read from the wrong tensor
+        for p in real.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    real.save_pretrained(tmp_path)
+    model = blockir.from_pretrained(tmp_path)
+    assert not hasattr(model, "generate") and model.blockir_block == architecture
+    ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+    keep = torch.ones(2, 6, dtype=torch.long)
+    keep[1, -2:] = 0
+    with torch.no_grad():
+        out = real(input_ids=ids, attention_mask=keep)
+        want = out.logits if "Masked" in architecture else out.last_hidden_state
+        got = model(ids, torch.zeros_like(ids), attention_mask=keep)
+    assert torch.allclose(got[keep.bool()], want[keep.bool()], rtol=1e-5, atol=1e-6)
+    assert len(list(model.parameters())) == len(list(real.parameters()))
+
+
+def test_generate_and_run_refuse_an_encoder_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from blockir.cli import main
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(model_type="bert", vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=4, intermediate_size=48,
+                                            architectures=["BertForMaskedLM"])
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path)
+    for argv in (["generate", str(tmp_path), "--prompt", "hi"], ["run", str(tmp_path), "--steps", "1"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'config.json'}: model_type: error[E0842]: BertForMaskedLM is not a causal language " \
+               "model (no LM head over causal attention): it neither generates nor trains on next tokens" in err
 
 
 def test_a_model_type_the_importer_does_not_write(tmp_path: Path) -> None:

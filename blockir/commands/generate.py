@@ -57,12 +57,12 @@ def decode(tokenizer: Any | None, ids: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from blockir.lifecycle.pretrained import from_pretrained
+    from blockir.lifecycle.pretrained import causal_lm
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be non-negative, got {args.max_new_tokens}")
     folder = Path(args.folder)
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    lm = from_pretrained(folder, exact=args.exact, dtype=dtype, device=args.device)
+    lm = causal_lm(folder, exact=args.exact, dtype=dtype, device=args.device)
     tokenizer = tokenizer_of(folder)
     ids = encode(tokenizer, args.prompt, int(lm.config.get("vocab_size") or 0), folder)
     if not ids:

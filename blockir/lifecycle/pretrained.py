@@ -1,4 +1,4 @@
-"""``blockir.from_pretrained``: a transformers model folder → its compiled causal LM, weights loaded strictly.
+"""``blockir.from_pretrained``: a transformers model folder → its compiled model, weights loaded strictly.
 
 The config goes through the importer (``blockir import hf``) to a program; the program is compiled
 on the meta device, so no parameter memory is allocated, and each weight file's tensors then
@@ -22,7 +22,7 @@ from blockir.lifecycle.expert_stacks import Stacks, expert_slot
 from blockir.lifecycle.hf_folder import fail, model_key, read_config, read_generation_config, tensors, weight_files
 from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.decls import KindDecl
-from blockir.ir.program import Program
+from blockir.ir.program import Block, Program
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "half": torch.float16, "float64": torch.float64}
@@ -45,16 +45,11 @@ def _dtype(config: dict[str, Any], given: torch.dtype | None, where: str) -> tor
     return DTYPES[name]
 
 
-def _causal_model(program: Program, where: str) -> str:
-    """The model the importer wrote, refused unless it is a causal LM (a head over causal attention)."""
-    model = [b for b in program.blocks if b.kind == "model"][-1]
+def _is_causal_lm(program: Program, model: Block) -> bool:
+    """Whether the importer's model is a causal LM: a head over causal attention (else an encoder)."""
     kinds = [d for b in program.blocks for d in b.decls if isinstance(d, KindDecl)]
     causal = all(d.arg("causal") for d in kinds if d.kind == "self_attention")
-    if not causal or not any(d.kind == "head" for d in model.decls if isinstance(d, KindDecl)):
-        raise fail("E0842", f"{where}: model_type", f"{model.name} is not a causal language model "
-                   "(no LM head over causal attention): from_pretrained loads decoders",
-                   "compile encoders with blockir.compile(blockir.from_hf_config(config), ...)")
-    return model.name
+    return causal and any(d.kind == "head" for d in model.decls if isinstance(d, KindDecl))
 
 
 def _slots(module: nn.Module) -> dict[str, tuple[nn.Module, str, torch.Tensor]]:
@@ -122,8 +117,9 @@ def load_weights(module: nn.Module, files: list[Path], device: torch.device | No
 
 
 def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> CausalLM:
-    """The causal LM of a transformers folder, compiled by blockir, its weights loaded strictly.
+                    device: torch.device | str | None = None) -> CausalLM | nn.Module:
+    """The model of a transformers folder, compiled by blockir, its weights loaded strictly: a causal LM as a
+    ``CausalLM`` (HF's call and ``generate``), an encoder (its base model or masked LM) as the compiled module.
 
     ``exact`` writes HF's eager attention op for op (bit-exact against an eager HF model);
     ``dtype`` defaults to the config's ``dtype``/``torch_dtype`` (fp32 if it states none);
@@ -145,14 +141,28 @@ def from_pretrained(folder: str | PathLike[str], exact: bool = False, dtype: tor
     errors = [d for d in verify(program) if d.is_error]
     if errors:
         raise BlockError(errors, {f"<hf {config['model_type']}>": text})
-    name = _causal_model(program, where)
+    model = [b for b in program.blocks if b.kind == "model"][-1]
+    name = model.name
     module = compile(program, name, dtype=weights_dtype, device="meta").eval()
     load_weights(module, files, place, config["model_type"])
     from blockir.lower.layers.modules import tie_heads
-    tie_heads(module, program.block(name))
+    tie_heads(module, model)
+    if not _is_causal_lm(program, model):
+        module.program = program
+        return module
     lm = CausalLM(module, name, config, read_generation_config(root))
     lm.program = program
     return lm.eval()
+
+
+def causal_lm(folder: str | PathLike[str], **options: Any) -> CausalLM:
+    """A folder's causal LM, for the commands that decode or train next-token prediction; an encoder is E0842."""
+    lm = from_pretrained(folder, **options)
+    if not isinstance(lm, CausalLM):
+        raise fail("E0842", f"{Path(folder) / 'config.json'}: model_type", f"{lm.blockir_block} is not a causal "
+                   "language model (no LM head over causal attention): it neither generates nor trains on next "
+                   "tokens", "blockir.from_pretrained(folder) loads it as a module, called as HF's encoder is")
+    return lm
 
 
 def pretrained_for_training(folder: str | PathLike[str]) -> CausalLM:
@@ -166,4 +176,4 @@ def pretrained_for_training(folder: str | PathLike[str]) -> CausalLM:
         raise fail("E0844", f"{root / 'config.json'}: vocab_size", f"the model has a vocabulary of {vocab} tokens, "
                    f"and a run feeds it bytes as token ids, which needs at least {VOCAB}",
                    f"train a model whose vocab_size is {VOCAB} or more")
-    return from_pretrained(root, dtype=torch.float32).train()
+    return causal_lm(root, dtype=torch.float32).train()

@@ -25,6 +25,7 @@ from blockir.lower.layers.add_norm import AddNormReference
 from blockir.lower.compile import compile as compile_block
 from blockir.lifecycle.corpus import Corpus, check_windows, fixed_starts, load_corpus, sample_starts, windows
 from blockir.lower.hypersphere import parameter_norm_error, project, project_after_step, row_norm_error
+from blockir.lower.layers.numerics import batch_slice
 from blockir.lifecycle.lm import ByteLM, layout, needs_final_norm
 from blockir.lifecycle.moments import NormDrift, SiteMoments, norm_drift, site_moments
 from blockir.lifecycle.ngpt_scales import ScaleRange, ngpt_scales, scale_range
@@ -246,8 +247,13 @@ class Trainer:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             loss = torch.zeros((), device=self.device)
-            for micro in batch.split(self.batch):
-                with autocast(self.cfg.dtype, self.device):
+            micros = batch.split(self.batch)
+            start = torch.get_rng_state()
+            for k, micro in enumerate(micros):
+                # every micro-batch draws the step's one dropout seed and keys its masks by its rows of the whole
+                # batch, so the step drops exactly what one forward over the whole batch drops
+                torch.set_rng_state(start)
+                with batch_slice(k, len(micros)), autocast(self.cfg.dtype, self.device):
                     part = self.model(micro) * (micro.shape[0] / total)
                 part.backward()
                 loss += part.detach()
