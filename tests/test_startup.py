@@ -106,7 +106,9 @@ def test_the_collector_pause_ages_what_it_allocated_and_leaves_frozen_objects_fr
         frozen = gc.get_freeze_count()
         with gc_paused():
             [[] for _ in range(3)]
-        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        # still frozen (a freeze-unfreeze cycle would empty the permanent generation); objects other threads
+        # free meanwhile may leave it, none joins it
+        assert gc.isenabled() and 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
