@@ -28,33 +28,33 @@ def _named(name: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.]){re.escape(name)}\b(?!\.)")
 
 
+def _value(e: Line | Instance) -> str:
+    return e.result if isinstance(e, Instance) else e.text.split(" = ", 1)[0]
+
+
 def _closing(root: LiftedBlock) -> tuple[int, str] | None:
     """Where the equations after the last residual add begin, and the module path they all belong to, when they
     form one chain from that add's result to the block's result that starts with a norm."""
     adds = [i for i, e in enumerate(root.eqs) if isinstance(e, Line) and e.rule == "residual add"]
-    tail = root.eqs[adds[-1] + 1:] if adds else []
-    if not tail or any(not isinstance(e, Line) or not e.rule for e in tail):
+    if not adds or any(not isinstance(e, Line) or not e.rule for e in root.eqs[adds[-1] + 1:]):
         return None
-    stream = root.eqs[adds[-1]].text.split(" = ", 1)[0]
-    chain = [stream]
+    tail = [e for e in root.eqs[adds[-1] + 1:] if isinstance(e, Line)]
+    chain = [_value(root.eqs[adds[-1]])]
     for e in tail:
-        assert isinstance(e, Line)
         if not e.reads or any(r not in chain for r in e.reads):
             return None
-        chain.append(e.text.split(" = ", 1)[0])
-    if chain[-1] != root.result:
+        chain.append(_value(e))
+    if len(chain) < 2 or chain[-1] != root.result:
         return None
-    used = [d for d in root.decls if any(_named(d).search(e.text) for e in tail if isinstance(e, Line))]
+    used = [d for d in root.decls if any(_named(d).search(e.text) for e in tail)]
     owners = {d.rpartition(".")[0] for d in used}
-    first = tail[0]
-    assert isinstance(first, Line)
-    norm = next((d for d in used if _named(d).search(first.text)), None)
+    norm = next((d for d in used if _named(d).search(tail[0].text)), None)
     if len(owners) != 1 or "" in owners or norm is None or root.decls[norm].text.split("(", 1)[0] not in FAMILIES:
         return None
     owner = owners.pop()
-    before = [e for e in root.eqs[:adds[-1] + 1] if isinstance(e, Line)]
-    if any(d.startswith(owner + ".") and d not in used or any(_named(d).search(e.text) for e in before)
-           for d in root.decls if d.startswith(owner + ".")):
+    before = [e.text for e in root.eqs[:adds[-1] + 1] if isinstance(e, Line)]
+    if any(d.startswith(owner + ".") and (d not in used or any(_named(d).search(t) for t in before))
+           for d in root.decls):
         return None  # the module does more than close the stream
     return adds[-1] + 1, owner
 
@@ -80,24 +80,20 @@ def split_final_norm(root: LiftedBlock, session: Session, module: nn.Module) -> 
     start, owner = found
     tail = [e for e in root.eqs[start:] if isinstance(e, Line)]
     local = {d: d[len(owner) + 1:] for d in root.decls if d.startswith(owner + ".")}
-    values = {e.text.split(" = ", 1)[0] for e in tail}
-    stream = root.eqs[start - 1]
-    assert isinstance(stream, Line)
-    state = stream.text.split(" = ", 1)[0]
-    names = [*local.values(), *values]
-    x = next(n for n in ("x", *(f"x_{i}" for i in range(2, len(names) + 3))) if n not in names)
-    if any(n in RESERVED for n in local.values()) or len(set(names)) != len(names):
+    state, x = _value(root.eqs[start - 1]), "x"
+    names = [*local.values(), *(_value(e) for e in tail)]
+    if x in names or any(n in RESERVED for n in local.values()):
         return root
+    try:
+        sub = module.get_submodule(owner)
+    except AttributeError:
+        return root  # the declarations are named inside a module, not after one
 
     def rename(text: str) -> str:
         for long, short in local.items():
             text = _named(long).sub(short, text)
         return _named(state).sub(x, text)
 
-    try:
-        sub = module.get_submodule(owner)
-    except AttributeError:
-        return root  # the declarations are named inside a module, not after one
     norm = LiftedBlock("", sub, [(x, root.inputs[0][1])], [x],
                        {local[d]: line for d, line in root.decls.items() if d in local},
                        [Line(rename(e.text), e.site, e.detail, e.rule, tuple(x if r == state else r for r in e.reads))
