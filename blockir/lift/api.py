@@ -15,6 +15,7 @@ from blockir.diagnostics import BlockError, Diagnostic, Note, Span, argument_err
 from blockir.ir.program import Program
 from blockir.lift.blocks import Session, Text, emit
 from blockir.lift.certificate import certify
+from blockir.lift.final_norm import split_final_norm
 from blockir.lift.lifter import LiftFailure
 from blockir.lift.lm import LMFailure, certify_lm, lm_block, read_lm
 from blockir.lift.replay import Replay
@@ -141,7 +142,7 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
             return _failed(error("E0900", f"torch.fx cannot trace {type(module).__name__}: {exc}", _class_span(module),
                                  hint="a forward that branches on tensor values cannot be traced symbolically; move "
                                       "such code into a branch submodule"))
-    text = emit(root, session, module)
+    text = emit(split_final_norm(root, session, module), session, module)
     try:
         program = parse(text.text, filename)
     except BlockError as exc:

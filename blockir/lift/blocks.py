@@ -96,6 +96,11 @@ class Session:
                 f"trace shows only its value in this compiled layer, {number_text(value)}, and the lift writes that "
                 "number", span,
                 hint="the lifted block is this layer at this depth; state the constant again to reuse it at another"))
+        self.name(block, base)
+        return block
+
+    def name(self, block: LiftedBlock, base: str) -> None:
+        """Blocks that read alike share one name, ``base`` or the first free ``base_N``."""
         body = block.body()
         if body not in self.names:
             name, i = base, 1
@@ -105,7 +110,6 @@ class Session:
             self.reserved.add(name)
             self.names[body] = name
         block.name = self.names[body]
-        return block
 
 
 @dataclass

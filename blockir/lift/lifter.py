@@ -40,6 +40,8 @@ class Line:
     text: str
     site: Span | None
     detail: Span | None = None
+    rule: str = ""  # the rule that wrote an equation
+    reads: tuple[str, ...] = ()  # the values that equation reads
 
 
 @dataclass
@@ -243,7 +245,7 @@ class Lifter:
             name = self._fresh(out.name or node.name)
             self.names[node] = name
             self.block.eqs.append(Line(f"{name} = {out.expr.format(*inputs)}", self.site(out.key or node),
-                                       detail_span(out.key or node)))
+                                       detail_span(out.key or node), rule, tuple(inputs)))
             if rule == "residual add":
                 self.block.residual = True
             return name
