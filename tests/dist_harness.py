@@ -115,8 +115,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     if counted:
         from blockir.lower.distributed.comms import LayerCollectives
         plan = m.blockir_plan
-        # a vocab-parallel embedding and head are counted as sites of their own, outside the stacked layers
-        tables = [s.path for s in plan.modules if s.style in ("vocab_embedding", "vocab_head")]
+        # what the plan lists outside the stacked layers (a final norm, an embedding, a head) is counted by site
+        tables = list(dict.fromkeys(c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])))
         counter = LayerCollectives(m, plan.layers + tables, dist.get_world_size())
         for got, listed in ((planned, plan.collectives), (planned_backward, plan.backward)):
             got |= {layer: Counter((c.op, c.elements) for c in listed.get(layer, [])) for layer in plan.layers}
