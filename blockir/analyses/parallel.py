@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockir.analyses.keys import fixup_biases, key_table
-from blockir.norms import FAMILIES, family
+from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -202,7 +202,7 @@ class _Planner:
     def _backward(self, layer: str, c: Collective) -> None:
         self.plan.backward.setdefault(layer, []).append(c)
 
-    def _sharded_norm(self, layer: str, path: str, norm, rows: int, width: int, params: int) -> None:  # type: ignore[no-untyped-def]
+    def _sharded_norm(self, layer: str, path: str, norm: NormFamily, rows: int, width: int, params: int) -> None:
         """The collectives of a norm of ``rows`` rows of ``width`` features split over ranks (``norm`` its
         family, ``params`` its affine parameters of ``width`` entries each): the forward's one all-reduce of
         the row's partial sums, and the backward its family's sharded path sends."""
