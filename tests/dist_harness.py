@@ -1,11 +1,13 @@
 """Spawn gloo process groups on the loopback interface and compare a parallelised module with one process."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -107,29 +109,30 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 
     # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
     torch.manual_seed(3)
-    comms, planned = {}, {}
-    if layout is not None and dp == 1:
-        from collections import Counter
+    comms, planned, comms_backward, planned_backward = {}, {}, {}, {}
+    counted = layout is not None and dp == 1
+    counter: Any = contextlib.nullcontext()
+    if counted:
         from blockir.lower.distributed.comms import LayerCollectives
         plan = m.blockir_plan
-        # a vocab-parallel embedding and head are counted as sites of their own, outside the stacked layers
-        tables = [s.path for s in plan.modules if s.style in ("vocab_embedding", "vocab_head")]
-        with LayerCollectives(m, plan.layers + tables, dist.get_world_size()) as counter:
-            y, loss = forward()
-        comms = counter.seen
-        planned = {layer: Counter((c.op, c.elements) for c in cs) for layer, cs in plan.collectives.items()
-                   if layer in comms}
-        planned |= {path: Counter((c.op, c.elements) for c in plan.collectives.get("", []) if c.site == path)
+        # what the plan lists outside the stacked layers (a final norm, an embedding, a head) is counted by site
+        tables = list(dict.fromkeys(c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])))
+        counter = LayerCollectives(m, plan.layers + tables, dist.get_world_size())
+        for got, listed in ((planned, plan.collectives), (planned_backward, plan.backward)):
+            got |= {layer: Counter((c.op, c.elements) for c in listed.get(layer, [])) for layer in plan.layers}
+            got |= {path: Counter((c.op, c.elements) for c in listed.get("", []) if c.site == path)
                     for path in tables}
-    else:
+    with counter:
         y, loss = forward()
-    if loss is not None:
-        loss.backward()
-        y = _full(y)
-    else:
-        # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
-        grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
-        y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
+        if loss is not None:
+            loss.backward()
+            y = _full(y)
+        else:
+            # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
+            grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
+            y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
+    if counted:
+        comms, comms_backward = counter.seen, counter.seen_backward
     for h in hooks:
         h.remove()
     y, dx = y.detach().float(), None if tokens else x.grad.detach()
@@ -141,7 +144,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
     return dict(y=y, dx=dx, loss=loss,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
-                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned)
+                params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
+                comms_backward=comms_backward, planned_backward=planned_backward)
 
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite

@@ -4,7 +4,8 @@ The families cover what the importer writes: grouped key/value heads and a tied 
 transposed Conv1D weights with q, k, v stacked in one matrix and a tied head, GPT-NeoX's per-head
 interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked gate/up, OLMo-2's q/k norms over
 the whole width. Logits and every parameter gradient must equal the single-process module, and each stacked
-layer must issue exactly the plan's forward collectives. LLaMA (untied head) and GPT-2 (tied) also run with
+layer must issue exactly the plan's forward collectives and, counted while its backward runs, exactly the
+plan's backward ones. LLaMA (untied head) and GPT-2 (tied) also run with
 the embedding and head split by vocabulary, trained through ``run``'s loss under ``loss_parallel``. All cases
 share one spawned world of two ranks.
 """
@@ -59,6 +60,7 @@ def test_an_imported_family_matches_one_process(world: dict, case: tuple[str, st
     for key, g in ref["grads"].items():
         assert _close(par["grads"][key], g), key
     assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
     layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
     assert par["inputs"][layers] == STREAM[case[1]]
 
@@ -110,13 +112,37 @@ def test_a_vocab_parallel_model_trains_as_one_process(world: dict, case: tuple[s
     for key, g in ref["grads"].items():
         assert _close(par["grads"][key], g), key
     assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
     model, layout = case[:2]
     embedding, head = ("transformer.wte", "lm_head") if model == "gpt2" else ("model.embed_tokens", "lm_head")
     assert [(k, e) for (k, e), n in par["comms"][embedding].items() for _ in range(n)] == TABLES[layout][0]
     assert [(k, e) for (k, e), n in par["comms"][head].items() for _ in range(n)] == TABLES[layout][1]
+    # backward: the embedding's reduction gathers the gradient (an all-reduce sends none back); the head's
+    # pending input gradient is reduced to the stream's layout
+    gathered = [] if layout == "replicated" else [("all-gather", 1024)]
+    assert [(k, e) for (k, e), n in par["comms_backward"][embedding].items() for _ in range(n)] == gathered
+    assert [(k, e) for (k, e), n in par["comms_backward"][head].items() for _ in range(n)] == TABLES[layout][0]
     params = par["params"]
     assert params[f"{embedding}.weight"] == "S(0)"
     if model == "gpt2":  # tied: one table, split once, that the head reads too
         assert not any(k.startswith("lm_head") for k in params)
     else:
         assert params["lm_head.weight"] == "S(0)"
+
+
+# one layer's backward, counted (B·S·D = 2·8·64 = 1024; B·S = 16 rows): each branch input's pending gradient
+# reduced once, each reduce-scatter's gradient gathered; a feature-sharded RMSNorm's DTensor backward
+# reduce-scatters its input gradient, LayerNorm's own sharded path all-reduces Σg and Σg·x̂ and gathers its
+# gain's and shift's gradient slices; OLMo-2's q/k norms over the width (64 and 32 features) reduce-scatter theirs
+BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
+            ("qwen2", "sequence"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2},
+            ("qwen2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 4},
+            ("gpt2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 4,
+                                 ("all-reduce", 32): 2},
+            ("olmo2", "replicated"): {("all-reduce", 1024): 2, ("reduce-scatter", 1024): 1, ("reduce-scatter", 512): 1}}
+
+
+@pytest.mark.parametrize("case", BACKWARD, ids="-".join)
+def test_a_layers_backward_sends_the_duals_of_its_forward(world: dict, case: tuple[str, str]) -> None:
+    layer = next(iter(world[case][1]["comms_backward"]))
+    assert world[case][1]["comms_backward"][layer] == BACKWARD[case]

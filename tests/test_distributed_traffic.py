@@ -5,7 +5,8 @@ parallelism; ``benchmarks/distributed.py`` owns the hand-written plan and the co
 comparison at larger sizes. Each branch's input gradient is reduced once, however many projections read
 the branch input, so the derived plan moves no more than the hand-written one, forward or backward. The
 causal LM around that decoder, its embedding and head split by vocabulary and its next-token loss under
-``loss_parallel``, sends exactly what torchtitan's hand-written plan sends.
+``loss_parallel``, sends exactly what torchtitan's hand-written plan sends. Under every layout the counts,
+forward and backward, are those ``blockir plan`` lists.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -119,3 +121,36 @@ def test_a_vocab_parallel_language_model_sends_what_torchtitans_plan_sends(traff
     assert calls["backward"] == {"all_gather_into_tensor": 5, "reduce_scatter_tensor": 5}
     assert moved["forward"]["all_reduce"] == 3 * rows
     assert moved["forward"]["reduce_scatter_tensor"] == 5 * stream
+
+
+
+NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor", "reduce-scatter": "reduce_scatter_tensor"}
+
+
+def _planned(layout: str) -> dict[str, tuple[Counter, Counter]]:
+    """What ``blockir plan`` lists for one forward and backward of the decoder, by CommDebugMode's names:
+    calls and operand bytes (fp32; an all-gather's operand is one rank's shard of the payload). The module's
+    own boundary, which the plan leaves out, is added: a sharded stream's result is gathered whole; and the
+    input needs no gradient here, so the first norm computes none and sends none for it."""
+    import blockir
+    from blockir.analyses.parallel import Collective, derive_plan
+    from blockir.analyses.sizes import Sizes
+    program = blockir.load(str(ROOT / "examples" / "llama.block"))
+    plan = derive_plan(program, program.block("LlamaModel"), Sizes.of(program, DIMS), layout, 2)
+    boundary = [Collective("", "all-gather", 2 * 8 * 64)] if layout != "replicated" else []
+    out = {}
+    for phase, listed, extra in (("forward", plan.collectives, boundary), ("backward", plan.backward, [])):
+        calls, moved = Counter(), Counter()
+        for c in [c for cs in listed.values() for c in cs if c.site != "layers.0.input_layernorm" or
+                  phase == "forward"] + extra:
+            calls[NAMES[c.op]] += 1
+            moved[NAMES[c.op]] += c.elements * 4 // (2 if c.op == "all-gather" else 1)
+        out[phase] = (calls, moved)
+    return out
+
+
+@pytest.mark.parametrize("layout", ("replicated", "sequence", "hidden"))
+def test_the_plan_lists_what_comm_debug_mode_counts(traffic: dict[str, Any], layout: str) -> None:
+    calls, moved = traffic[layout]
+    for phase, (planned_calls, planned_moved) in _planned(layout).items():
+        assert (calls[phase], moved[phase]) == (planned_calls, planned_moved), phase

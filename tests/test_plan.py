@@ -264,8 +264,7 @@ def test_the_vocab_parallel_plan_lists_the_embedding_head_and_loss_collectives(
     code, out, _ = _run("plan", str(path), "--tp", "2", "--format", "json")
     assert json.loads(out)["loss_collectives"] == [] and json.loads(out)["params"]["lm_head.weight"] == "replicate"
     code, out, _ = _run("plan", str(path), "--tp", "2", "--layout", "replicated", "--vocab-parallel")
-    assert "vocabulary split by rows; backward of the head: one all-reduce of the stream; the embedding: none; " \
-           "the loss: none\n" in out
+    assert "vocabulary split by rows; the loss's backward sends nothing\n" in out
 
 
 def test_a_vocabulary_the_ranks_cannot_split_is_a_located_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -283,3 +282,39 @@ def test_a_vocabulary_the_ranks_cannot_split_is_a_located_error(tmp_path) -> Non
     (d,) = info.value.diagnostics
     assert (d.code, d.span.line, d.message) == (
         "E0609", 34, "model 'LlamaModel' has no token embedding or head to split by vocabulary")
+
+
+def test_the_plan_lists_backward_collectives_and_per_step_totals() -> None:
+    """Backward, each forward fact's dual: a branch input's pending gradient reduced once (all-reduce, or
+    reduce-scatter onto a shard), a reduce-scatter's gradient gathered, an all-reduce of a row-parallel output
+    sending nothing back; a feature-sharded RMSNorm reduce-scatters its input gradient."""
+    stream = 2 * 8 * 64  # B·S·D
+    backward = {"replicated": [("all-reduce", "layers.0.self_attn"), ("all-reduce", "layers.0.mlp")],
+                "sequence": [("reduce-scatter", "layers.0.self_attn"), ("all-gather", "layers.0.self_attn.o_proj"),
+                             ("reduce-scatter", "layers.0.mlp"), ("all-gather", "layers.0.mlp.down_proj")],
+                "hidden": [("reduce-scatter", "layers.0.input_layernorm"), ("reduce-scatter", "layers.0.self_attn"),
+                           ("all-gather", "layers.0.self_attn.o_proj"),
+                           ("reduce-scatter", "layers.0.post_attention_layernorm"),
+                           ("reduce-scatter", "layers.0.mlp"), ("all-gather", "layers.0.mlp.down_proj")]}
+    for layout, expected in backward.items():
+        code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", layout,
+                            "--dims", "B=2,S=8", "--dtype", "f32", "--format", "json")
+        assert code == 0
+        report = json.loads(out)
+        assert [(c["op"], c["site"]) for c in report["backward"]["layers.0"]] == expected
+        assert {c["elements"] for c in report["backward"]["layers.0"]} == {stream}
+        assert all(c["bytes"] == 4 * stream for c in report["backward"]["layers.0"])
+        totals = report["totals"]
+        for phase, key in (("forward", "collectives"), ("backward", "backward")):
+            cs = [c for layer in report[key].values() for c in layer]
+            assert totals[phase] == dict(collectives=len(cs), elements=sum(c["elements"] for c in cs),
+                                         bytes=sum(c["bytes"] for c in cs), wire_bytes=sum(c["wire_bytes"] for c in cs))
+        assert totals["step"] == {k: totals["forward"][k] + totals["backward"][k] for k in totals["step"]}
+    # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, and the final norm, forward;
+    # backward 6 stream-sized per layer and the final norm's reduce-scatter
+    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * 16) + 16
+    assert totals["backward"]["elements"] == (2 * 6 + 1) * stream
+    code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", "replicated",
+                        "--dims", "B=2,S=8", "--dtype", "f32")
+    assert "backward collectives, f32, per step:\n  layers.0:\n    all-reduce     at layers.0.self_attn" in out
+    assert "  step        8 collectives,         8192 elements,        32768 B payload,        32768 B sent per rank" in out

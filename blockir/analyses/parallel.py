@@ -32,15 +32,22 @@ key no style can place (CodeGen's q/v/k row groups, a q/k norm over the whole
 width with key/value heads replicated over more ranks) is an error naming it
 (E0607), never a silent omission.
 
-The plan also counts the collectives of one forward per layer with their
-payload, which the cost report turns into bytes on the wire.
+The plan also counts the collectives of one forward and of its backward per
+layer with their payload, which the cost report turns into bytes on the wire.
+The backward ones are the forward facts' duals: an all-gather's is a
+reduce-scatter and a reduce-scatter's an all-gather; an all-reduce of a
+pending sum sends nothing back; a branch input (or a vocab-parallel head's)
+read by column-parallel projections gets its pending gradient reduced once —
+all-reduced on a replicated stream, reduce-scatter onto a shard — while a
+replicated consumer's (an extern, a replicated head) needs none. A norm of
+feature-sharded rows sends what its family's ``sharded_backward`` says.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from blockir.analyses.keys import fixup_biases, key_table
-from blockir.norms import FAMILIES, family
+from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import ExternDecl, InstanceDecl, KindDecl
@@ -60,6 +67,11 @@ STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)
 # brings the stream to a branch input (full rows on every rank)
 REDUCE = {"replicated": "all-reduce", "sequence": "reduce-scatter", "hidden": "reduce-scatter"}
 GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather"}
+# backward of a row-parallel output's reduction (the incoming gradient is whole: an all-reduce sends nothing
+# back, a reduce-scatter's gradient is gathered), and of a branch input's gather (the gradient of the
+# column-parallel projections is a pending sum, reduced once to the stream's layout)
+REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather"}
+GATHER_BACKWARD = REDUCE
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ class ParallelPlan:
     modules: list[ModuleStyle] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # state_dict key → placement
     collectives: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its forward collectives
+    backward: dict[str, list[Collective]] = field(default_factory=dict)  # layer path → its backward collectives
     layers: list[str] = field(default_factory=list)  # module path of every stacked layer, in order
     vocab: bool = False  # token embeddings and heads split by vocabulary rows, logits left split
     # with vocab, the cross-entropy of the split logits under loss_parallel: the row maximum, the row sum of
@@ -167,13 +180,39 @@ class _Planner:
             else:
                 self.decl(d, path, layer, sizes)
 
-    def _gathered(self, layer: str, path: str) -> None:
+    def _gathered(self, layer: str, path: str, partial: bool = False) -> None:
+        """Full rows for ``path``'s input; with ``partial`` its input gradient is a pending sum (column-parallel
+        readers), reduced once in backward, else whole on every rank, sliced without a collective."""
         gather = GATHER[self.layout]
         if gather:
             self._collective(layer, Collective(path, gather, self.elements))
+        if partial:
+            self._backward(layer, Collective(path, GATHER_BACKWARD[self.layout], self.elements))
+
+    def _reduced(self, layer: str, path: str) -> None:
+        """A pending sum of the stream's size brought to the stream's layout, and its backward."""
+        self._collective(layer, Collective(path, REDUCE[self.layout], self.elements))
+        back = REDUCE_BACKWARD[self.layout]
+        if back:
+            self._backward(layer, Collective(path, back, self.elements))
 
     def _collective(self, layer: str, c: Collective) -> None:
         self.plan.collectives.setdefault(layer, []).append(c)
+
+    def _backward(self, layer: str, c: Collective) -> None:
+        self.plan.backward.setdefault(layer, []).append(c)
+
+    def _sharded_norm(self, layer: str, path: str, norm: NormFamily, rows: int, width: int, params: int) -> None:
+        """The collectives of a norm of ``rows`` rows of ``width`` features split over ranks (``norm`` its
+        family, ``params`` its affine parameters of ``width`` entries each): the forward's one all-reduce of
+        the row's partial sums, and the backward its family's sharded path sends."""
+        self._collective(layer, Collective(path, "all-reduce", norm.reductions[0] * rows))
+        if norm.sharded_backward == "row_sums":
+            self._backward(layer, Collective(path, "all-reduce", norm.reductions[1] * rows))
+            for _ in range(params):
+                self._backward(layer, Collective(path, "all-gather", width))
+        else:
+            self._backward(layer, Collective(path, "reduce-scatter", rows * width))
 
     def _param(self, path: str, placement: str) -> None:
         self.plan.params[path] = placement
@@ -188,8 +227,8 @@ class _Planner:
                 self._param(f"{path}.{name}", "replicate")
             if self.layout == "hidden":
                 # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
-                rows = self.elements // sizes.dim(d.arg("axes")[-1])
-                self._collective(layer, Collective(path, "all-reduce", family(d).reductions[0] * rows))
+                width = sizes.dim(d.arg("axes")[-1])
+                self._sharded_norm(layer, path, family(d), self.elements // width, width, len(_norm_params(d)))
             return
         if d.kind == "moe":
             raise BlockError([error("E0821", f"moe '{d.name}' has no tensor-parallel plan: its router and experts "
@@ -231,12 +270,12 @@ class _Planner:
         self._param(f"{path}.weight", "shard(0)")
         if head and d.arg("bias"):
             self._param(f"{path}.bias", "shard(0)")
-        if head:
-            self._gathered(layer, path)
+        if head:  # column-parallel by vocabulary: its input gradient is a pending sum
+            self._gathered(layer, path, partial=True)
             rows = self.elements // sizes.dim(self.stream_axis)
             self.plan.loss = [Collective("loss", "all-reduce", rows) for _ in range(3)]
         else:
-            self._collective(layer, Collective(path, REDUCE[self.layout], self.elements))
+            self._reduced(layer, path)
 
     def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
@@ -281,8 +320,8 @@ class _Planner:
             self.head_params(d, path, names, shared_kv, layer, sizes)
         for key in fixup_biases(d):  # one scalar each rank adds to its own heads or units: a pending-sum gradient
             self._param(f"{path}.{key}", "replicate (gradient summed over tp)")
-        self._gathered(layer, path)
-        self._collective(layer, Collective(row, REDUCE[self.layout], self.elements))
+        self._gathered(layer, path, partial=True)
+        self._reduced(layer, row)
 
     def _columns(self, sub: str, shared: bool, conv1d: bool, bias: bool) -> None:
         """One column-parallel projection of a branch (an nn.Linear, or GPT-2's transposed Conv1D)."""
@@ -307,19 +346,23 @@ class _Planner:
         first query gain, which a rank computing a replicated key/value head need not hold, so then it is left
         unplaced too."""
         qk = FAMILIES.get(d.arg("qk_norm"))
+        heads = int(sizes.value(d.arg("heads")))
+        kv = int(sizes.value(d.arg("kv_heads"))) if d.arg("kv_heads") is not None else heads
+        hd = int(sizes.value(d.arg("head_dim"))) if d.arg("head_dim") is not None else \
+            sizes.dim(self.stream_axis) // heads
         if qk is not None and qk.scale_kind == "per_channel" and d.arg("qk_norm_axis") in ("head", "width"):
             width = d.arg("qk_norm_axis") == "width"
             if width and shared_kv:
                 return
             placement = "shard(0)" if width else "replicate (gradient summed over tp)"
-            for role in ("q_norm", "k_norm"):
+            for role, count in (("q_norm", heads), ("k_norm", kv)):
                 sub = f"{path}.{names[role]}"
                 self.plan.modules.append(ModuleStyle(sub, "width_norm" if width else "head_norm", d.kind))
                 for key, _ in qk.keys(qk.defaults(), ()):
                     self._param(f"{sub}.{key}", placement)
                 if width:  # the row moments' partial sums, one all-reduce per forward reduction
                     rows = self.elements // sizes.dim(self.stream_axis)
-                    self._collective(layer, Collective(sub, "all-reduce", qk.reductions[0] * rows))
+                    self._sharded_norm(layer, sub, qk, rows, count * hd, len(qk.keys(qk.defaults(), ())))
         if d.arg("qk_scale") and not shared_kv:
             self._param(f"{path}.qk_scale", "shard(0)")
         if d.arg("head_scale"):  # NormFormer's scale of each query head's output

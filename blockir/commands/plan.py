@@ -1,7 +1,8 @@
 """`blockir plan FILE [--block B] --tp N [--layout sequence|hidden|replicated] [--vocab-parallel] [--dims …]
 [--dtype …]`: the tensor-parallel plan a block implies — each parameter's placement, the stream's layout at
-block boundaries, and each layer's collectives with the bytes they move (with ``--vocab-parallel``, also those
-of the embedding, the head and the cross-entropy of logits split by vocabulary)."""
+block boundaries, and each layer's forward and backward collectives with the bytes they move, summed per step
+(with ``--vocab-parallel``, also those of the embedding, the head and the cross-entropy of logits split by
+vocabulary)."""
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,18 @@ def run(args: argparse.Namespace) -> int:
             return [dict(site=c.site, op=c.op, elements=c.elements, bytes=c.elements * size,
                          wire_bytes=c.wire_bytes(args.tp, size)) for c in cs]
         layers = {layer or block.name: rows(cs) for layer, cs in plan.collectives.items()}
+        backward = {layer or block.name: rows(cs) for layer, cs in plan.backward.items()}
+        loss = rows(plan.loss, FP32)
+        forward_all = [c for cs in layers.values() for c in cs] + loss
+        backward_all = [c for cs in backward.values() for c in cs]
+        totals = {"forward": _total(forward_all), "backward": _total(backward_all),
+                  "step": _total(forward_all + backward_all)}
         stream = STREAM[args.layout]
         if args.format == "json":
             print_json({"block": block.name, "tp": args.tp, "layout": args.layout, "vocab_parallel": plan.vocab,
                         "dtype": args.dtype, "sizes": unit, "stream": stream, "params": plan.params,
-                        "modules": plan.styles(), "collectives": layers, "loss_collectives": rows(plan.loss, FP32),
-                        "closed_form": CLOSED_FORM[args.layout]})
+                        "modules": plan.styles(), "collectives": layers, "backward": backward,
+                        "loss_collectives": loss, "totals": totals, "closed_form": CLOSED_FORM[args.layout]})
             return EXIT_OK
         print(f"{block.kind} {block.name}: tp={args.tp}, layout {args.layout}, stream [{', '.join(stream_type(program, block).names)}; "
               f"tp={stream}] at every block boundary")
@@ -49,22 +56,29 @@ def run(args: argparse.Namespace) -> int:
         width = max((len(k) for k in plan.params), default=0)
         for key, placement in plan.params.items():
             print(f"  {key.ljust(width)}  {placement}")
-        print(f"collectives (forward; backward mirrors them), {args.dtype}, {unit}:")
         shown = dict(layers)
         if plan.loss:
-            shown["cross-entropy of the split logits (loss_parallel, f32)"] = rows(plan.loss, FP32)
-        for layer, cs in shown.items():
-            print(f"  {layer}:")
-            for c in cs:
-                print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
+            shown["cross-entropy of the split logits (loss_parallel, f32)"] = loss
+        for phase, listed in (("forward", shown), ("backward", backward)):
+            print(f"{phase} collectives, {args.dtype}, {unit}:")
+            for layer, cs in listed.items():
+                print(f"  {layer}:")
+                for c in cs:
+                    print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
         if plan.vocab:
-            backward = "the head: one all-reduce of the stream; the embedding: none" if args.layout == "replicated" \
-                else "the head: one reduce-scatter of the stream; the embedding: one all-gather"
-            print(f"vocabulary split by rows; backward of {backward}; the loss: none")
+            print("vocabulary split by rows; the loss's backward sends nothing")
+        print(f"total {unit}:")
+        for phase, t in totals.items():
+            print(f"  {phase:<8} {t['collectives']:>4} collectives, {t['elements']:>12} elements, {t['bytes']:>12} B payload, "
+                  f"{t['wire_bytes']:>12} B sent per rank")
         forms = ", ".join(f"{n} {op}" for op, n in CLOSED_FORM[args.layout].items())
         print(f"closed form per layer ({args.layout}): {forms} of the stream (hidden: one all-reduce per norm of its row sums, Σx² or Σx and Σx²)")
         return EXIT_OK
     return with_program(args, show)
+
+
+def _total(cs: list[dict]) -> dict[str, int]:  # type: ignore[type-arg]
+    return {"collectives": len(cs), **{k: sum(c[k] for c in cs) for k in ("elements", "bytes", "wire_bytes")}}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

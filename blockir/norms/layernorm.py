@@ -133,6 +133,7 @@ class LayerNorm(NormFamily):
     rank = 10
     module_name = "LayerNorm"
     statistics, reductions = 2, (2, 2)
+    sharded_backward = "row_sums"  # _feature_sharded_layer_norm
     fused_code = "layer"
     qk_norm = 2
     unaffine = {"affine": False, "bias": False, "offset": 0}
