@@ -90,3 +90,22 @@ def test_plot_draws_a_panel_per_kind_of_method_measure(tmp_path, example: str, p
                      "--plot", str(out)])
     assert code == 0
     assert matplotlib_image.imread(out).shape[0] == round(3.3 * 110 * panels)
+
+
+def test_the_plot_draws_ngpts_eigen_rate_ranges_by_depth(tmp_path, monkeypatch) -> None:
+    """Each update's applied eigen rate: its mean, with bars down to its least and up to its largest entry."""
+    import matplotlib.axes
+    drawn = []
+    original = matplotlib.axes.Axes.errorbar
+
+    def errorbar(self, x, y, yerr=None, **kw):  # type: ignore[no-untyped-def]
+        drawn.append((list(x), list(y), yerr, kw.get("label")))
+        return original(self, x, y, yerr=yerr, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        assert main(["run", str(ROOT / "examples" / "ngpt.block"), "--steps", "1", "--dims", "B=2,S=8",
+                     "--plot", str(tmp_path / "run.png")]) == 0
+    ((x, y, (below, above), label),) = drawn
+    assert label.endswith("nGPT eigen rate (min–max)") and len(x) == len(y) >= 2
+    assert all(b >= 0 and a >= 0 for b, a in zip(below, above)) and any(b + a > 0 for b, a in zip(below, above))

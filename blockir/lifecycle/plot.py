@@ -30,8 +30,8 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 
 def _plot_methods(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore[no-untyped-def]
-    """By depth, at the last evaluation: gate values and DyT alpha (solid), DyT saturation (dashed), and the
-    RMS and attention entropy of carried score states (dotted)."""
+    """By depth, at the last evaluation: gate values and DyT alpha (solid), DyT saturation (dashed), the RMS and
+    attention entropy of carried score states (dotted), and nGPT's applied eigen rates, mean with min–max bars."""
     for label, r in reports.items():
         last = r.snapshots[-1] if r.snapshots else None
         methods = last.methods if last else ()
@@ -43,6 +43,12 @@ def _plot_methods(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore
         dyt = [m for m in methods if m.kind == DYT.name and m.saturated is not None]
         if dyt:
             ax.plot(range(len(dyt)), [m.saturated for m in dyt], "x--", label=f"{label} DyT saturated (|alpha x| > 2)")
+        rates = [x for x in (last.scales if last else ()) if x.kind == "eigen_rate"]
+        if rates:
+            means = [x.mean for x in rates]
+            bars = [[m - x.low for m, x in zip(means, rates)], [x.high - m for m, x in zip(means, rates)]]
+            ax.errorbar(range(len(rates)), means, yerr=bars, fmt="v-.", capsize=2,
+                        label=f"{label} nGPT eigen rate (min–max)")
         scores = last.scores if last else ()
         if scores:
             ax.plot(range(len(scores)), [s.rms for s in scores], "s:", label=f"{label} score state RMS")
@@ -69,9 +75,10 @@ def _plot_states(ax, reports: Mapping[str, RunReport]) -> None:  # type: ignore[
 
 
 def _panels(reports: Mapping[str, RunReport]) -> tuple[bool, bool]:
-    """Whether the runs have measures by depth (gates, DyT, scores) and states over steps (sphere, gamma)."""
+    """Whether the runs have measures by depth (gates, DyT, scores, eigen rates) and states over steps (sphere,
+    gamma)."""
     lasts = [r.snapshots[-1] for r in reports.values() if r.snapshots]
-    depth = any(s.methods or s.scores for s in lasts)
+    depth = any(s.methods or s.scores or s.scales for s in lasts)
     steps = any(s.sphere is not None or any(n.gamma is not None for n in s.norms) for s in lasts)
     return depth, steps
 
