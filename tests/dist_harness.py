@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -156,14 +156,14 @@ VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' mod
 Case = tuple[Any, ...]
 
 
-def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> None:
+def _entry(rank: int, world: int, store: str, out: str, body: Callable[..., Any], args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
     # a file rendezvous: no port to race for when several test runs share the machine
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        results = [_run(*case) for case in cases]
+        result = body(*args)
         if rank == 0:
-            torch.save(results, out)
+            torch.save(result, out)
     finally:
         dist.destroy_process_group()
     # gloo can leave a joinable thread behind that aborts the interpreter's teardown (std::terminate, SIGABRT)
@@ -171,6 +171,25 @@ def _worker(rank: int, world: int, store: str, out: str, cases: list[Case]) -> N
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_world(body: Callable[..., Any], world: int, *args: Any) -> Any:
+    """``body(*args)`` on every rank of a fresh gloo process group of ``world`` ranks; rank 0's result. A world
+    that has not finished within ``TIMEOUT`` is killed and raises, so a hung rendezvous fails its tests."""
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "result.pt")
+        ranks = mp.spawn(_entry, args=(world, str(Path(d) / "store"), out, body, args), nprocs=world, join=False)
+        deadline = time.monotonic() + TIMEOUT
+        while not ranks.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ranks.processes:
+                    p.kill()
+                raise TimeoutError(f"the {world}-rank world did not finish within {TIMEOUT} s")
+        return torch.load(out)
+
+
+def _run_cases(cases: list[Case]) -> list[dict[str, Any]]:
+    return [_run(*case) for case in cases]
 
 
 def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
@@ -191,14 +210,5 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """
     refs = [_run(program, name, dims, None, shape, mode, 1, *extra) for program, name, dims, _, shape, mode, _, *extra
             in cases]
-    with tempfile.TemporaryDirectory() as d:
-        out = str(Path(d) / "result.pt")
-        ranks = mp.spawn(_worker, args=(world, str(Path(d) / "store"), out, cases), nprocs=world, join=False)
-        deadline = time.monotonic() + TIMEOUT
-        while not ranks.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in ranks.processes:
-                    p.kill()
-                raise TimeoutError(f"the {world}-rank world did not finish within {TIMEOUT} s")
-        pars = torch.load(out)
+    pars = run_world(_run_cases, world, cases)
     return list(zip(refs, pars))

@@ -11,23 +11,16 @@ forward and backward, are those ``blockir plan`` lists.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
-import tempfile
-import time
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from conftest import ROOT
+from dist_harness import run_world
 
-TIMEOUT = 300  # seconds for the spawned world: a hung rendezvous fails the test instead of the suite
 DIMS = {"B": 2, "S": 8}
 
 
@@ -38,58 +31,41 @@ def _benchmark() -> Any:
     return module
 
 
-def _worker(rank: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        import blockir
-        from torch.distributed.device_mesh import init_device_mesh
-        bench = _benchmark()
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        program = str(ROOT / "examples" / "llama.block")
-        x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
-        results = {}
-        for layout in ("replicated", "sequence", "hidden"):
-            m = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
-            blockir.parallelize(m, mesh, program, "LlamaModel", layout=layout, dims=DIMS)
-            mode = bench.traffic(m, x)
-            results[layout] = (mode.calls, mode.moved)
-        hand = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
-        bench.hand_written(hand, mesh, 2)
-        mode = bench.traffic(hand, x)
-        results["hand"] = (mode.calls, mode.moved)
-        lm, dims = bench.build_lm(SimpleNamespace(vocab_size=64, layers=2, kv_heads=2),
-                                  dict(DIMS, D=64, F=128, H=4))
-        ids, target = (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(i)) for i in (1, 2))
-        for name in ("vocab", "vocab hand"):
-            m = blockir.compile(lm, "LlamaForCausalLM", dims=dims, seed=0)
-            if name == "vocab":
-                blockir.parallelize(m, mesh, lm, "LlamaForCausalLM", layout="sequence", dims=dims, vocab=True)
-            else:
-                bench.hand_written_lm(m, mesh, 2)
-            mode = bench.lm_traffic(m, ids, target, hand=name != "vocab")
-            results[name] = (mode.calls, mode.moved)
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # gloo's teardown may abort after a good run, as in the distributed harness
+def _body() -> dict[str, Any]:
+    """What rank 0 of the two-rank world reports."""
+    import blockir
+    from torch.distributed.device_mesh import init_device_mesh
+    bench = _benchmark()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    program = str(ROOT / "examples" / "llama.block")
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for layout in ("replicated", "sequence", "hidden"):
+        m = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
+        blockir.parallelize(m, mesh, program, "LlamaModel", layout=layout, dims=DIMS)
+        mode = bench.traffic(m, x)
+        results[layout] = (mode.calls, mode.moved)
+    hand = blockir.compile(program, "LlamaModel", dims=DIMS, seed=0)
+    bench.hand_written(hand, mesh, 2)
+    mode = bench.traffic(hand, x)
+    results["hand"] = (mode.calls, mode.moved)
+    lm, dims = bench.build_lm(SimpleNamespace(vocab_size=64, layers=2, kv_heads=2),
+                              dict(DIMS, D=64, F=128, H=4))
+    ids, target = (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+    for name in ("vocab", "vocab hand"):
+        m = blockir.compile(lm, "LlamaForCausalLM", dims=dims, seed=0)
+        if name == "vocab":
+            blockir.parallelize(m, mesh, lm, "LlamaForCausalLM", layout="sequence", dims=dims, vocab=True)
+        else:
+            bench.hand_written_lm(m, mesh, 2)
+        mode = bench.lm_traffic(m, ids, target, hand=name != "vocab")
+        results[name] = (mode.calls, mode.moved)
+    return results
 
 
 @pytest.fixture(scope="module")
 def traffic() -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as d:
-        out = str(Path(d) / "result.pt")
-        world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
-        deadline = time.monotonic() + TIMEOUT
-        while not world.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in world.processes:
-                    p.kill()
-                pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
-        return torch.load(out)
+    return run_world(_body, 2)
 
 
 def test_sequence_parallel_moves_no_more_than_the_hand_written_plan(traffic: dict[str, Any]) -> None:

@@ -6,26 +6,20 @@ refusal of FSDP2 over a fused module's inlined layers, and the fused ops' DTenso
 """
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import blockir
 from blockir.lower.distributed.tp import _batch_slice
 from blockir.lower.layers.numerics import BatchSlice
 from conftest import ROOT
+from dist_harness import run_world
 
 LLAMA = ROOT / "examples" / "llama.block"
-TIMEOUT = 300  # seconds for the spawned world: a hung rendezvous fails the test instead of the suite
 DROPOUT = """dim B: batch
 dim S: seq
 dim D: model = 8
@@ -159,57 +153,40 @@ def _fused_rules() -> dict[str, Any]:
     return found
 
 
-def _worker(rank: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+def _body() -> dict[str, Any]:
+    """What rank 0 of the two-rank world reports."""
+    from torch.distributed.device_mesh import init_device_mesh
+    fresh = _masks()
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    m = blockir.compile(LLAMA, "LlamaModel", seed=0)
+    blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
+    results: dict[str, Any] = {}
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-        fresh = _masks()
-        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
-        m = blockir.compile(LLAMA, "LlamaModel", seed=0)
+        m(_x(1, 4, 32))
+    except blockir.BlockError as exc:
+        results["failed"] = exc.diagnostics[0].message
+    results["slice"] = BatchSlice.current
+    results["same masks"] = torch.equal(_masks(), fresh)
+    try:
         blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
-        results: dict[str, Any] = {}
-        try:
-            m(_x(1, 4, 32))
-        except blockir.BlockError as exc:
-            results["failed"] = exc.diagnostics[0].message
-        results["slice"] = BatchSlice.current
-        results["same masks"] = torch.equal(_masks(), fresh)
-        try:
-            blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout="replicated", dims={"B": 2, "S": 4})
-        except blockir.BlockError as exc:
-            results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
-        results["fused rules"] = _fused_rules()
-        fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
-        before = {k: v.clone() for k, v in fused.state_dict().items()}
-        try:
-            blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
-        except blockir.BlockError as exc:
-            d = exc.diagnostics[0]
-            results["inlined"] = (d.code, str(d.span), d.message)
-        results["fused unchanged"] = all(torch.equal(before[k], v) and not hasattr(fused, "blockir_plan")
-                                         for k, v in fused.state_dict().items())
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as the distributed harness does: gloo's teardown may abort after a good run
+    except blockir.BlockError as exc:
+        results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
+    results["fused rules"] = _fused_rules()
+    fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+    before = {k: v.clone() for k, v in fused.state_dict().items()}
+    try:
+        blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
+    except blockir.BlockError as exc:
+        d = exc.diagnostics[0]
+        results["inlined"] = (d.code, str(d.span), d.message)
+    results["fused unchanged"] = all(torch.equal(before[k], v) and not hasattr(fused, "blockir_plan")
+                                     for k, v in fused.state_dict().items())
+    return results
 
 
 @pytest.fixture(scope="module")
 def dp_world() -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as d:
-        out = str(Path(d) / "result.pt")
-        world = mp.spawn(_worker, args=(str(Path(d) / "store"), out), nprocs=2, join=False)
-        deadline = time.monotonic() + TIMEOUT
-        while not world.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in world.processes:
-                    p.kill()
-                pytest.fail(f"the two-rank world did not finish within {TIMEOUT} s")
-        return torch.load(out)
+    return run_world(_body, 2)
 
 
 def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused(
