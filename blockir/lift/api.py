@@ -88,6 +88,16 @@ def _sources(diags: list[Diagnostic], text: str, filename: str) -> dict[str, str
     return out
 
 
+def _verified(text: Text, session: Session, filename: str) -> tuple[Program | None, list[Diagnostic]]:
+    """The emitted text parsed and verified, with the lift's own findings: the program and every diagnostic in
+    order, or None and the parse's diagnostics, located in the user's source."""
+    try:
+        program = parse(text.text, filename)
+    except BlockError as exc:
+        return None, [_relocate(d, text, filename) for d in exc.diagnostics]
+    return program, sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
+
+
 def _class_span(module: nn.Module) -> Span:
     import inspect
     try:
@@ -143,12 +153,9 @@ def lift(module: nn.Module, *example_args: Any, filename: str = "<lift>", **exam
                                  hint="a forward that branches on tensor values cannot be traced symbolically; move "
                                       "such code into a branch submodule"))
     text = emit(split_final_norm(root, session, module), session, module)
-    try:
-        program = parse(text.text, filename)
-    except BlockError as exc:
-        diags = [_relocate(d, text, filename) for d in exc.diagnostics]
+    program, diags = _verified(text, session, filename)
+    if program is None:
         return LiftResult(text.text, diags, None, None, text.root, text.bind, _sources(diags, text.text, filename))
-    diags = sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
     max_error = None
     if not any(d.is_error for d in diags):
         inputs = root.params
@@ -183,12 +190,9 @@ def _lift_lm(module: nn.Module, ids: Tensor, args: tuple, kwargs: dict[str, Any]
                                  f"{type(exc).__name__}: {exc}", where, hint="pass token ids the model accepts"))
     root = lm_block(lm, re.sub(r"\W", "_", type(module).__name__) or "Model", module)
     text = emit(root, session, module)
-    try:
-        program = parse(text.text, filename)
-    except BlockError as exc:
-        diags = [_relocate(d, text, filename) for d in exc.diagnostics]
+    program, diags = _verified(text, session, filename)
+    if program is None:
         return LiftResult(text.text, diags, None, None, text.root, text.bind, _sources(diags, text.text, filename))
-    diags = sorted([*(_relocate(d, text, filename) for d in verify(program)), *session.findings], key=sort_key)
     max_error = None
     reading = sorted(p for p, (_, replay) in text.bind.items() if replay.reads_context)
     if reading:
