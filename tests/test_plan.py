@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 import blockir
-from blockir.analyses.parallel import derive_plan
+from blockir.analyses.parallel import GATHER, REDUCE, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.cli import main
 from blockir.commands.plan import CLOSED_FORM
@@ -128,25 +128,99 @@ def _plans(program: blockir.ir.program.Program, world: int, dims: dict[str, int]
     return out
 
 
-UNPLANNED = {"moe"}  # a mixture of experts has no tensor-parallel plan (E0821)
-
-
-@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples").glob("*.block") if p.stem not in UNPLANNED),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.block")), ids=lambda p: p.stem)
 def test_the_plan_places_every_key_of_every_example(path) -> None:
     for block, layout, placed, keys in _plans(blockir.load(path), 2, {"B": 2, "S": 8}):
         assert placed == keys, (block, layout, placed ^ keys)
 
 
+MOE = ROOT / "examples" / "moe.block"
+
+
+def test_a_mixture_of_experts_is_split_inside_its_experts() -> None:
+    """Each expert's gate/up rows and down columns by hidden units, the router replicated: `blockir plan`
+    lists every expert key with its placement."""
+    code, out, _ = _run("plan", str(MOE), "--tp", "2", "--layout", "hidden")
+    assert code == 0
+    for i in range(2):
+        assert f"  layers.{i}.mlp.gate.weight                  replicate (gradient summed over tp)\n" in out
+        assert (f"  layers.{i}.mlp.experts.gate_up_proj         replicate (each rank computes the gate and up rows "
+                "of its own units; gradient summed over tp)\n") in out
+        assert f"  layers.{i}.mlp.experts.down_proj            shard(2)\n" in out
+    code, out, _ = _run("plan", str(MOE), "--tp", "2", "--format", "json")
+    assert json.loads(out)["modules"]["layers.1.mlp"] == "moe"
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe"])
+def test_every_imported_mixture_of_experts_is_placed_whole(family: str) -> None:
+    """The keys of each family the importer writes a ``moe`` for (GraniteMoE's router named ``router``)."""
+    from blockir.api import hf_block_text as block_text
+    from hf_configs import CONFIGS
+    program = blockir.parse(block_text(CONFIGS[family]), f"{family}.block")
+    for block, layout, placed, keys in _plans(program, 2, {"B": 2, "S": 8}):
+        assert placed == keys, (block, layout, placed ^ keys)
+    placed = {k for k in placed if ".mlp." in k or ".block_sparse_moe." in k}
+    assert any(k.endswith(".experts.down_proj") for k in placed) and len(placed) >= 6
+
+
 @pytest.mark.parametrize("layout", ["replicated", "sequence", "hidden"])
-def test_a_mixture_of_experts_is_refused_at_its_declaration(layout: str) -> None:
-    program = blockir.load(ROOT / "examples" / "moe.block")
+def test_a_mixture_of_experts_sends_what_a_gated_mlp_sends(layout: str) -> None:
+    """The branch input gathered once and the experts' pending sum reduced once, forward and backward: the
+    same collectives, of the same payload, as the gated MLP in its place (whose reduction sits at its down
+    projection)."""
+    moe = blockir.load(MOE)
+    text = MOE.read_text().replace("mlp: moe(F, experts=4, top_k=2, norm_topk=true)", "mlp: gated_mlp(F)")
+    dense = blockir.parse(text, "moe.block")
+    sizes = {"B": 2, "S": 8}
+    found = []
+    for prog in (moe, dense):
+        plan = derive_plan(prog, prog.block("MixtralModel"), Sizes.of(prog, sizes), layout, 2)
+        found.append([[(c.op, c.elements) for c in listed["layers.0"] if c.site.startswith("layers.0.mlp")]
+                      for listed in (plan.collectives, plan.backward)])
+    assert found[0] == found[1]
+    assert found[0][0] == [(op, 2 * 8 * 32) for op in (GATHER[layout], REDUCE[layout]) if op]  # B·S·D
+
+
+def test_a_shared_expert_is_split_as_a_gated_mlp_and_its_gate_replicated() -> None:
+    program = blockir.parse(MOE.read_text().replace("dim H: heads = 4", "dim H: heads = 4\ndim G: hidden = 40").replace(
+        "norm_topk=true)", "norm_topk=true, shared=G, shared_gate=true)"), "moe.block")
+    plan = derive_plan(program, program.block("MixtralModel"), Sizes.of(program, {"B": 2, "S": 8}), "sequence", 2)
+    assert {k: v for k, v in plan.params.items() if k.startswith("layers.0.mlp.shared")} == {
+        "layers.0.mlp.shared_expert.gate_proj.weight": "shard(0)",
+        "layers.0.mlp.shared_expert.up_proj.weight": "shard(0)",
+        "layers.0.mlp.shared_expert.down_proj.weight": "shard(1)",
+        "layers.0.mlp.shared_expert_gate.weight": "replicate (gradient summed over tp)"}
+
+
+SHARED = {"dim H: heads = 4": "dim H: heads = 4\ndim G: hidden = 34", "norm_topk=true)": "norm_topk=true, shared=G)"}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"dim F: hidden = 48": "dim F: hidden = 50"}, "moe 'mlp' has 50 hidden units per expert, which 4 ranks cannot "
+                                                   "split evenly"),
+    (SHARED, "moe 'mlp' has 34 hidden units in its shared expert, which 4 ranks cannot split evenly")])
+def test_experts_the_ranks_cannot_split_are_refused_at_their_declaration(changes, message) -> None:
+    text = MOE.read_text()
+    for old, new in changes.items():
+        text = text.replace(old, new)
+    program = blockir.parse(text, "moe.block")
     with pytest.raises(blockir.BlockError) as info:
-        derive_plan(program, program.block("MixtralModel"), Sizes.of(program, {"B": 2, "S": 8}), layout, 2)
+        derive_plan(program, program.block("MixtralModel"), Sizes.of(program, {"B": 2, "S": 8}), "sequence", 4)
     (d,) = info.value.diagnostics
-    assert (d.code, d.span.line, d.message) == ("E0821", 21, "moe 'mlp' has no tensor-parallel plan: its router and "
-                                                "experts would have to be split across ranks by expert, which the "
-                                                "plan does not do")
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith("  mlp: moe("))
+    assert (d.code, d.span.line, d.span.column, d.message) == ("E0645", line, 3, message)
+    assert d.hint == "tensor parallelism splits each expert by hidden units: choose a degree that divides " + \
+        message.split(" has ")[1].split(" ")[0]
+
+
+def test_the_documented_expert_refusal_renders_as_shown(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    body = (ROOT / "docs" / "diagnostics.md").read_text().split("## E0645 ")[1].split("\n## ")[0]
+    wrong, shown = fences(body)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "example.block").write_text(wrong.body)
+    code, out, err = _run("plan", "example.block", "--tp", "4")
+    assert (code, out, err) == (1, "", shown.body)
+    assert _run("plan", "example.block", "--tp", "2")[0] == 0
 
 
 def test_the_plan_places_every_key_of_the_docs_snippets_with_a_mesh() -> None:

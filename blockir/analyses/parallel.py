@@ -10,6 +10,8 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   stream, reduce-scatter onto rows (sequence) or features (hidden); a sharded
   stream is all-gathered at the branch input;
 * MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
+* mixture of experts: every expert split as an MLP, the router replicated on full rows, the routed (and
+  shared) experts' sum reduced once (``parallel_moe.py``);
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
   under hidden sharding the row moments come from one all-reduce of the row's
@@ -47,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockir.analyses.keys import fixup_biases, key_table
+from blockir.analyses.parallel_moe import plan_moe
 from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
@@ -61,6 +64,8 @@ COLUMN = {"self_attention": ("q", "k", "v"), "cross_attention": ("q", "k", "v"),
           "gated_mlp": ("gate", "up")}
 KV = ("k", "v")
 ROW = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp": "down"}
+# branches planned in a file of their own: kind → (planner, declaration, path, layer, sizes) → None
+BRANCH_PLANS = {"moe": plan_moe}
 # where the stream lives, as a placement of a [B, S, D] tensor
 STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)"}
 # collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
@@ -80,7 +85,7 @@ class ModuleStyle:
 
     path: str
     style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
-    # | vocab_embedding | vocab_head
+    # | vocab_embedding | vocab_head | moe
     kind: str
 
 
@@ -217,6 +222,9 @@ class _Planner:
     def _param(self, path: str, placement: str) -> None:
         self.plan.params[path] = placement
 
+    def styled(self, path: str, style: str, kind: str) -> None:
+        self.plan.modules.append(ModuleStyle(path, style, kind))
+
     def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         if d.category == "norm":
             self.plan.modules.append(ModuleStyle(path, "norm", d.kind))
@@ -230,10 +238,9 @@ class _Planner:
                 width = sizes.dim(d.arg("axes")[-1])
                 self._sharded_norm(layer, path, family(d), self.elements // width, width, len(_norm_params(d)))
             return
-        if d.kind == "moe":
-            raise BlockError([error("E0821", f"moe '{d.name}' has no tensor-parallel plan: its router and experts "
-                                    "would have to be split across ranks by expert, which the plan does not do",
-                                    d.span, hint="run this block without tensor parallelism")])
+        if d.kind in BRANCH_PLANS:
+            BRANCH_PLANS[d.kind](self, d, path, layer, sizes)
+            return
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return

@@ -18,6 +18,7 @@ from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
+from blockir.lower.distributed.experts import ExpertColumns
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
@@ -144,6 +145,8 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
         elif m.style == "branch":
             out[m.path] = BranchInput(stream)
+        elif m.style == "moe":
+            out[m.path] = ExpertColumns(stream, use_local_output=not sharded)
         elif m.style == "vocab_embedding":
             out[m.path] = VocabRows(stream)
         elif m.style == "vocab_head":

@@ -30,16 +30,22 @@ class Experts(nn.Module):
             bound = 1.0 / math.sqrt(weight.shape[-1])
             nn.init.uniform_(weight, -bound, bound)
 
+    def matrices(self) -> tuple[Tensor, Tensor]:
+        """The gate/up and down matrices the forward multiplies by; tensor parallelism replaces them with this
+        rank's rows (``blockir.lower.distributed.experts``)."""
+        return self.gate_up_proj, self.down_proj
+
     def forward(self, x: Tensor, index: Tensor, weights: Tensor) -> Tensor:
         out = torch.zeros_like(x)
+        gate_up_proj, down_proj = self.matrices()
         with torch.no_grad():
             mask = nn.functional.one_hot(index, num_classes=self.count).permute(2, 1, 0)  # [E, k, rows]
             hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
         for e in hit:
             e = e[0]
             slot, rows = torch.where(mask[e])
-            gate, up = nn.functional.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = nn.functional.linear(self.act(gate) * up, self.down_proj[e])
+            gate, up = nn.functional.linear(x[rows], gate_up_proj[e]).chunk(2, dim=-1)
+            y = nn.functional.linear(self.act(gate) * up, down_proj[e])
             y = y * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
         return out

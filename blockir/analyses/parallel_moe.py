@@ -1,0 +1,56 @@
+"""The tensor-parallel plan of a mixture of experts: tensor parallelism inside every expert, no expert parallelism.
+
+Each expert is a gated MLP, split as one: its gate and up rows by hidden units (the stored ``gate_up_proj``
+[E, 2H, D] holds a rank's gate rows and up rows as two blocks, so it stays whole and each rank reads its
+rows), its ``down_proj`` [E, D, H] by the same units (a plain shard of dim 2). The router is replicated
+and computed on the full rows, so every rank picks the same experts with the same weights; the weighted
+sum of the experts' outputs is then a sum over ranks of their units' products, a pending sum like an MLP's
+output. A shared expert splits the same way and its gate (one logit per row) is replicated: scaling a
+pending sum by a whole factor leaves it a pending sum, so the routed and shared parts are added on each
+rank and reduced once per branch, and the branch input is gathered once.
+
+Every gradient of a replicated parameter here is a pending sum over ranks: the router's logits receive
+the gradient of the routing weights, which multiply each rank's partial expert outputs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from blockir.analyses.sizes import Sizes
+from blockir.diagnostics import BlockError, error
+from blockir.ir.decls import KindDecl
+from blockir.ir.kinds import layer_names
+
+STYLE = "moe"
+ROWS_READ = "replicate (each rank computes the gate and up rows of its own units; gradient summed over tp)"
+SUMMED = "replicate (gradient summed over tp)"
+
+
+def _units(d: KindDecl, what: str, units: int, world: int) -> None:
+    if units % world:
+        raise BlockError([error(
+            "E0645", f"moe '{d.name}' has {units} {what}, which {world} ranks cannot split evenly", d.span,
+            hint=f"tensor parallelism splits each expert by hidden units: choose a degree that divides {units}")])
+
+
+def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+    """Place ``d``'s keys (``planner`` is the plan's ``_Planner``) and count its collectives: one gather of
+    the branch input, one reduction of the output, as an MLP branch has."""
+    names = layer_names(d.kind, dict(d.args))
+    _units(d, "hidden units per expert", sizes.dim(d.arg("hidden")), planner.world)
+    shared = d.arg("shared")
+    if shared is not None:
+        _units(d, "hidden units in its shared expert", sizes.dim(shared), planner.world)
+    planner.styled(path, STYLE, d.kind)
+    planner._param(f"{path}.{names['router']}.weight", SUMMED)
+    experts = f"{path}.{names['experts_name']}"
+    planner._param(f"{experts}.gate_up_proj", ROWS_READ)
+    planner._param(f"{experts}.down_proj", "shard(2)")
+    if shared is not None:
+        sub = f"{path}.{names['shared_expert']}"
+        for name, placement in (("gate_proj", "shard(0)"), ("up_proj", "shard(0)"), ("down_proj", "shard(1)")):
+            planner._param(f"{sub}.{name}.weight", placement)
+        if d.arg("shared_gate"):
+            planner._param(f"{path}.{names['shared_expert_gate']}.weight", SUMMED)
+    planner._gathered(layer, path, partial=True)
+    planner._reduced(layer, path)

@@ -1,0 +1,81 @@
+"""Tensor parallelism inside a mixture of experts (``blockir.lower.layers.moe.MoE``), as the plan's
+``parallel_moe.py`` derives it.
+
+The branch runs on plain local tensors between one gather of its input and one reduction of its output:
+the router and a shared expert's gate on replicated weights, each expert's gate/up rows and down columns
+of this rank's hidden units, a shared expert split as a gated MLP. A replicated weight is read through
+``to_local`` with a pending-sum gradient, as ``Columns`` reads a stacked matrix: each rank's gradient is
+its summand (the router's too, since the routing weights multiply this rank's partial outputs).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.placement_types import Placement
+
+from blockir.lower.distributed.projections import BranchInput, branch_input
+
+
+def _place(owner: nn.Module, name: str, mesh: DeviceMesh, placement: Placement) -> None:
+    p = owner.get_parameter(name)
+    owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [placement]),
+                                                requires_grad=p.requires_grad))
+
+
+def _local_linear(linear: nn.Module, mesh: DeviceMesh, placement: Placement) -> None:
+    """A bias-free ``nn.Linear`` whose weight is stored ``placement`` and multiplied as this rank's local
+    tensor; a replicated one's gradient is this rank's summand."""
+    _place(linear, "weight", mesh, placement)
+    grad = [Partial()] if isinstance(placement, Replicate) else None
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, linear.weight.to_local(grad_placements=grad))
+
+    linear.forward = forward  # type: ignore[method-assign]
+
+
+class ExpertColumns(ParallelStyle):
+    """Split every expert of an ``MoE`` by hidden units over the mesh; the branch's output, a pending sum, is
+    brought to ``stream`` (all-reduce to replicated, reduce-scatter to a shard), a plain tensor when
+    ``use_local_output``."""
+
+    def __init__(self, stream: Placement, use_local_output: bool) -> None:
+        super().__init__()
+        self.stream, self.use_local_output = stream, use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        mesh, rank, world = device_mesh, device_mesh.get_local_rank(), device_mesh.size()
+        names = module.names
+        _local_linear(getattr(module, names["router"]), mesh, Replicate())
+        experts = getattr(module, names["experts"])
+        hidden = experts.down_proj.shape[2]
+        a, b = rank * hidden // world, (rank + 1) * hidden // world
+        rows = torch.cat([torch.arange(a, b), torch.arange(hidden + a, hidden + b)])  # its gate rows, its up rows
+        _place(experts, "gate_up_proj", mesh, Replicate())
+        _place(experts, "down_proj", mesh, Shard(2))
+
+        def matrices() -> tuple[torch.Tensor, torch.Tensor]:
+            gate_up = experts.gate_up_proj.to_local(grad_placements=[Partial()])
+            return gate_up.index_select(1, rows.to(gate_up.device)), experts.down_proj.to_local()
+
+        experts.matrices = matrices  # type: ignore[method-assign]
+        if module.has_shared:
+            shared = getattr(module, names["shared"])
+            for role, placement in (("gate", Shard(0)), ("up", Shard(0)), ("down", Shard(1))):
+                _local_linear(getattr(shared, shared.names[role]), mesh, placement)
+            if module.has_gate:
+                _local_linear(getattr(module, names["shared_gate"]), mesh, Replicate())
+        BranchInput(self.stream)._apply(module, mesh)
+        forward = module.forward
+
+        def parallel(x: torch.Tensor, **ctx: object) -> torch.Tensor:
+            y = forward(branch_input(x, mesh), **ctx)
+            y = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(mesh, [self.stream])
+            return y.to_local() if self.use_local_output else y
+
+        module.forward = parallel  # type: ignore[method-assign]
+        return module
