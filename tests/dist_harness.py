@@ -109,7 +109,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
 
     # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
     torch.manual_seed(3)
-    comms, planned, comms_backward, planned_backward = {}, {}, {}, {}
+    comms, planned, comms_backward, planned_backward, totals = {}, {}, {}, {}, [Counter(), Counter()]
     counted = layout is not None and dp == 1
     counter: Any = contextlib.nullcontext()
     if counted:
@@ -117,7 +117,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         plan = m.blockir_plan
         # what the plan lists outside the stacked layers (a final norm, an embedding, a head) is counted by site
         tables = list(dict.fromkeys(c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])))
-        counter = LayerCollectives(m, plan.layers + tables, dist.get_world_size())
+        # and the root, the site of whatever no layer or table issues, so a step's totals are counted too
+        counter = LayerCollectives(m, plan.layers + tables + [""], dist.get_world_size())
         for got, listed in ((planned, plan.collectives), (planned_backward, plan.backward)):
             got |= {layer: Counter((c.op, c.elements) for c in listed.get(layer, [])) for layer in plan.layers}
             got |= {path: Counter((c.op, c.elements) for c in listed.get("", []) if c.site == path)
@@ -132,7 +133,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
             y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
     if counted:
-        comms, comms_backward = counter.seen, counter.seen_backward
+        totals = [sum(seen.values(), Counter()) for seen in (counter.seen, counter.seen_backward)]
+        comms, comms_backward = ({k: v for k, v in seen.items() if k} for seen in (counter.seen, counter.seen_backward))
     for h in hooks:
         h.remove()
     y, dx = y.detach().float(), None if tokens else x.grad.detach()
@@ -145,7 +147,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     return dict(y=y, dx=dx, loss=loss,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
-                comms_backward=comms_backward, planned_backward=planned_backward)
+                comms_backward=comms_backward, planned_backward=planned_backward, totals=totals)
 
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
@@ -202,7 +204,9 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued
-    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts. A case
+    (``comms``) and those the plan predicts for it (``planned``), as (kind, payload elements) counts, the same
+    backward (``comms_backward``, ``planned_backward``), and everything the step issued, forward and backward
+    (``totals``, wherever it ran: a fused module's inlined layers never run as modules). A case
     with ``vocab`` set splits the embedding and head by vocabulary, back-propagates the cross-entropy against
     fixed targets through ``run``'s training loss (``TokenLM``) instead of a random output gradient, returns
     that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their

@@ -28,11 +28,17 @@ WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout 
     [(model, layout, mode, 1) for model in ("gpt2", "neox", "bert") for layout in LAYOUTS for mode in ("eval", "train")]
 # over four ranks: FSDP2 over dp with the plan over tp on a 2×2 mesh, and LLaMA's 2 key/value heads over tp=4
 # GPT-2 trains with dropout there too: each dp rank keys its masks by its rows of the global batch
-# the fused backend (add+norm boundaries as custom ops, with DTensor rules) in the layouts that split whole rows
-FUSED = [(model, layout, mode, 1, "fused") for model in ("llama", "gpt2") for layout in ("replicated", "sequence")
+# the fused backend (add+norm boundaries as custom ops, with DTensor rules where whole rows are split; composed
+# with the norm's feature-sharded path under hidden sharding)
+FUSED = [(model, layout, mode, 1, "fused") for model in ("llama", "gpt2") for layout in LAYOUTS
          for mode in ("eval",) + (("train",) if model == "gpt2" else ())]
+# an imported GPT-2 causal LM (token ids in, logits out) under hidden sharding, fused and fx, in eval and training
+# with dropout on every residual branch (no attention-probability dropout, which no sharded run can match)
+IMPORTED = [("gpt2-lm", "hidden", mode, 1, backend) for mode in ("eval", "train") for backend in ("fused", "fx")]
 WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", mode, 2) for mode in ("eval", "train")] + \
     [("llama", layout, "eval", 1) for layout in ("sequence", "hidden")]
+# FSDP2 over the fused LLaMA, whose layers the fused backend inlined into the model's graph
+FUSED_DP = [("llama", layout, "eval", 2, "fused") for layout in ("sequence", "hidden")]
 # HSDP on ("dp_replicate", "dp_shard", "tp") meshes: two replicas of two shards, and two replicas of the plan over
 # tp=2 (GPT-2 training with dropout: four data-parallel slices draw one process's masks); FSDP2 mixed precision
 HSDP = [("llama", "sequence", "eval", (2, 2)), ("gpt2", "sequence", "train", (2, 1))]
@@ -48,9 +54,18 @@ def _case(model: str, layout: str, mode: str, dp: Any, backend: str = "fx") -> t
     return case + ((False, backend) if backend != "fx" else ())
 
 
+def _imported(path: str, layout: str, mode: str, dp: int, backend: str) -> tuple[Any, ...]:
+    return path, "GPT2LMHeadModel", {"B": 2, "S": 8}, layout, (2, 8), mode, dp, False, backend
+
+
 @pytest.fixture(scope="module")
-def world2() -> dict[tuple[Any, ...], tuple[Any, Any]]:
-    return dict(zip(WORLD2 + FUSED, compare([_case(*c) for c in WORLD2 + FUSED], world=2)))
+def world2(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+    from blockir.api import hf_block_text
+    from hf_configs import CONFIGS
+    lm = tmp_path_factory.mktemp("fused") / "gpt2.block"
+    lm.write_text(hf_block_text(dict(CONFIGS["gpt2"], attn_pdrop=0.0)))
+    cases = [_case(*c) for c in WORLD2 + FUSED] + [_imported(str(lm), *c[1:]) for c in IMPORTED]
+    return dict(zip(WORLD2 + FUSED + IMPORTED, compare(cases, world=2)))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +75,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     lm = tmp_path_factory.mktemp("vocab") / "llama.block"
     lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
     vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
-    cases = WORLD4 + HSDP + MIXED
+    cases = WORLD4 + HSDP + MIXED + FUSED_DP
     return dict(zip(cases + [VOCAB_DP], compare([_case(*c) for c in cases] + [vocab], world=4)))
 
 
@@ -115,20 +130,45 @@ def test_tensor_parallel_matches_one_process(world2: dict, case: tuple[Any, ...]
 
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(map(str, c[:3])))
 def test_the_fused_backend_matches_one_fused_process_and_fx(world2: dict, case: tuple[Any, ...]) -> None:
-    """The fused add+norm ops run on the rows each rank holds: output, input and parameter gradients match
-    the fused module on one process, which matches the fx module (the same masks in training)."""
+    """The fused add+norm ops run on the rows each rank holds, and a feature-sharded stream's norms reduce their
+    row sums: output, input and parameter gradients match the fused module on one process, which matches the
+    fx module (the same masks in training), and the step issues exactly what the fx backend's does."""
     ref, par = world2[case]
     _matches(ref, par)
-    fx, _ = world2[case[:4]]
+    fx, fx_par = world2[case[:4]]
     _matches(fx, ref)
     params = par["params"]
     assert params[next(k for k in params if k.endswith("q_proj.weight"))] == "S(0)"
-    # a sequence-sharded stream meets replicated norm parameters, whose gradients the fused backward sums
+    # a sharded stream meets replicated norm parameters: the fused backward sums their gradients over the rows
+    # of a sequence-sharded stream, the feature-sharded norm gathers their slices
     norms = [v for k, v in params.items() if k.endswith(("layernorm.weight", "ln_1.weight", "ln_2.weight"))]
-    assert norms and all(v == ("R" if case[1] == "sequence" else "local") for v in norms)
+    assert norms and all(v == ("local" if case[1] == "replicated" else "R") for v in norms)
+    # the fx run's per-layer collectives are the plan's (above); the fused step's, wherever they run, are the fx step's
+    assert par["totals"] == fx_par["totals"]
     if case[0] == "gpt2":  # LLaMA's fused boundaries join its layers into one graph, which calls no layer module
         assert par["inputs"]["h.0"] == STREAM[case[1]]
         assert par["comms"] == par["planned"]
+        assert par["comms_backward"] == par["planned_backward"]
+
+
+@pytest.mark.parametrize("case", IMPORTED[::2], ids=lambda c: c[2])
+def test_an_imported_gpt2_runs_fused_under_hidden_sharding(world2: dict, case: tuple[Any, ...]) -> None:
+    """GPT-2's LayerNorms at fused add+norm boundaries over a feature-sharded stream: logits and every
+    gradient match the fused module on one process and the fx one; every layer, the final norm, the
+    embedding and the head issue the plan's collectives, forward and backward."""
+    ref, par = world2[case]
+    fx, fx_par = world2[(*case[:4], "fx")]
+    for a, b in ((par, ref), (ref, fx)):
+        assert _close(a["y"], b["y"])
+        assert set(a["grads"]) == set(b["grads"])
+        for key, g in b["grads"].items():
+            assert _close(a["grads"][key], g), (key, _rel(a["grads"][key], g))
+    assert par["inputs"]["transformer.h"] == "S(2)"
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
+    assert par["totals"] == fx_par["totals"]
+    if case[2] == "train":
+        assert _rel(ref["y"], world2[IMPORTED[0]][0]["y"]) > 1e-2
 
 
 @pytest.mark.parametrize("model", ["gpt2", "neox", "bert"])
@@ -182,6 +222,18 @@ def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tu
     assert params["layers.0.self_attn.k_proj.weight"] == params["layers.1.self_attn.v_proj.weight"] == "R"
     assert par["inputs"]["layers.0"] == STREAM[case[1]]
     assert par["comms"] == par["planned"]
+
+
+@pytest.mark.parametrize("case", FUSED_DP, ids=lambda c: c[1])
+def test_fsdp_shards_a_fused_module_whose_layers_were_inlined(world4: dict, case: tuple[Any, ...]) -> None:
+    """The fused LLaMA's layers never run as modules: FSDP2's units are the branches its graph calls, the fused
+    boundaries' norms stay with the root; each dp rank runs half the batch as one fused process runs all of it."""
+    ref, par = world4[case]
+    _matches(ref, par)
+    params = par["params"]
+    assert all(p.startswith(("S(0)", "_S(0,")) for p in params.values()), params
+    assert params["layers.1.self_attn.q_proj.weight"].endswith(",S(0)")
+    assert params["layers.0.post_attention_layernorm.weight"] == "S(0),R"
 
 
 @pytest.mark.parametrize("case", HSDP, ids=lambda c: "-".join(map(str, c[:3])))

@@ -2,7 +2,7 @@
 
 The argument checks come before any use of the mesh, so these need no process group; one world of two gloo
 ranks checks the data-parallel batch slice on a real (dp, tp) mesh, a second call on the same module, the
-refusal of FSDP2 over a fused module's inlined layers, and the fused ops' DTensor rules over both ranks.
+FSDP2 units of a fused module's inlined layers, and the fused ops' DTensor rules over both ranks.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 import blockir
-from blockir.lower.distributed.tp import _batch_slice
+from blockir.lower.distributed.tp import _batch_slice, _units
 from blockir.lower.layers.numerics import BatchSlice
 from conftest import ROOT
 from dist_harness import run_world
@@ -84,18 +84,27 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_a_fused_module_is_refused_only_under_the_hidden_layout() -> None:
-    """Its add+norm ops normalise whole rows: features split over ranks would gather the stream at every norm."""
+def test_a_fused_module_passes_the_argument_checks_under_every_layout() -> None:
+    """Its add+norm boundaries run on rows split by sequence and, composed with the norm's feature-sharded path,
+    on features split over ranks: every layout passes the module on to the next check, the mesh's."""
     module = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
-    d = _refused(module, (2, 2), LLAMA, "LlamaModel", layout="hidden")
-    assert (d.code, str(d.span)) == ("E0613", "blockir.parallelize(layout=…)")
-    assert d.message == ("the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
-                         "under the hidden layout each rank holds a slice of every row's features, so each norm "
-                         "would first gather the stream")
-    assert d.hint == "parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'"
-    # the row layouts pass the module on to the next check, the mesh's
-    for layout in ("sequence", "replicated"):
+    for layout in ("sequence", "replicated", "hidden"):
         assert _refused(module, (2, 2), LLAMA, "LlamaModel", layout=layout).span.filename == "blockir.parallelize(mesh=…)"
+
+
+def test_fsdp_units_of_a_fused_module_are_the_modules_its_graph_calls() -> None:
+    """The fused backend inlines LLaMA's layers into the model's graph, so a layer never runs as a module:
+    its branches (and layer 0's input norm, whose boundary has no add before it) are the units; the norms of the
+    fused boundaries, read as attributes, stay with the root. A stack the backend left as modules keeps a unit
+    per layer."""
+    from blockir.analyses.parallel import derive_plan
+    from blockir.analyses.sizes import Sizes
+    program = blockir.load(LLAMA)
+    plan = derive_plan(program, program.block("LlamaModel"), Sizes.of(program, {"B": 2, "S": 4}), "sequence", 2)
+    fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
+    assert _units(fused, plan) == ["layers.0.input_layernorm", "layers.0.self_attn", "layers.0.mlp",
+                                   "layers.1.self_attn", "layers.1.mlp"]
+    assert _units(blockir.compile(LLAMA, "LlamaModel", seed=0), plan) == ["layers.0", "layers.1"]
 
 
 def _masks() -> torch.Tensor:
@@ -172,15 +181,11 @@ def _body() -> dict[str, Any]:
     except blockir.BlockError as exc:
         results["twice"] = (exc.diagnostics[0].code, exc.diagnostics[0].message)
     results["fused rules"] = _fused_rules()
+    # FSDP2 over the fused LLaMA, whose layers are inlined: the units its graph calls, and the root
+    from torch.distributed.fsdp import FSDPModule
     fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
-    before = {k: v.clone() for k, v in fused.state_dict().items()}
-    try:
-        blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
-    except blockir.BlockError as exc:
-        d = exc.diagnostics[0]
-        results["inlined"] = (d.code, str(d.span), d.message)
-    results["fused unchanged"] = all(torch.equal(before[k], v) and not hasattr(fused, "blockir_plan")
-                                     for k, v in fused.state_dict().items())
+    blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
+    results["fused units"] = [path for path, sub in fused.named_modules() if isinstance(sub, FSDPModule)]
     return results
 
 
@@ -196,12 +201,8 @@ def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_para
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
         "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)"),
-        # the fused backend inlines LLaMA's layers into one graph: FSDP2 could not gather them per layer
-        "inlined": ("E0614", "blockir.parallelize(mesh=…)", "the module was compiled with backend='fused', which "
-                    "inlines its layers (layers.0, layers.1) into one graph so that their boundaries fuse: FSDP2 "
-                    "over 'dp' gathers a layer's parameters when the layer's module runs, and these never run as "
-                    "modules"),
-        "fused unchanged": True}
+        "fused units": ["", "layers.0.input_layernorm", "layers.0.self_attn", "layers.0.mlp", "layers.1.self_attn",
+                        "layers.1.mlp"]}
 
 
 def test_the_fused_ops_split_rows_over_ranks_and_sum_parameter_gradients(dp_world: dict[str, Any]) -> None:

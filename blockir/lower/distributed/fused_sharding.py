@@ -5,7 +5,8 @@ rows: with the stream (branch, residual and their gradients) sharded on a leadin
 replicated, every output is sharded the same way, the row statistics too (they keep the stream's leading
 axes), and each parameter gradient is a sum over the rows a rank holds, a pending sum over the ranks.
 Everything replicated computes replicated. A stream sharded on its feature axis matches no rule, since the
-statistics need the whole row: DTensor would gather it first (``parallelize`` refuses that layout instead).
+statistics need the whole row: DTensor would gather it first, so ``fused_boundary`` never hands the ops one
+(``blockir.lower.fused.feature_sharded`` composes that boundary instead).
 
 A dropout key on a sharded stream matches only the replicated rule: the op draws its mask by the rows it
 sees, and a slice's rows are not the whole tensor's (``fused_boundary`` drops out before the op there).

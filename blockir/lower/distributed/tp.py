@@ -25,7 +25,7 @@ from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
 from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.fixup_bias import ACT, OUT
 from blockir.lower.layers.numerics import batch_slice
-from blockir.diagnostics import BlockError, Span, argument_error, error
+from blockir.diagnostics import BlockError, argument_error
 from blockir.ir.program import Block, Program
 from blockir.signatures import public
 
@@ -216,9 +216,23 @@ def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, mp_pol
     second): each stacked layer is one unit, the root holds the rest."""
     from torch.distributed.fsdp import fully_shard
     options = {} if mp_policy is None else {"mp_policy": mp_policy}
-    for path in plan.layers:
+    for path in _units(module, plan):
         fully_shard(module.get_submodule(path), mesh=mesh, **options)
     fully_shard(module, mesh=mesh, **options)
+
+
+def _units(module: nn.Module, plan: ParallelPlan) -> list[str]:
+    """The FSDP2 units below the root: each stacked layer, since FSDP2 gathers a unit's parameters when the
+    unit's module runs. Where the fused backend inlined a stack's layers into the root graph so that the
+    boundaries between them fuse, a layer never runs as a module: each module of it the graph calls (its
+    branches, an unfused norm) is a unit instead, and what the graph reads as an attribute (the norms of the
+    fused boundaries) stays with the root, gathered for the root's forward and backward."""
+    called = [str(node.target) for node in module.graph.nodes if node.op == "call_module"]  # type: ignore[union-attr]
+    units: list[str] = []
+    for path in plan.layers:
+        inlined = [target for target in called if target.startswith(path + ".")]
+        units += list(dict.fromkeys(inlined)) or [path]
+    return units
 
 
 def data_rank(dp: DeviceMesh) -> tuple[int, int]:
@@ -245,26 +259,6 @@ def _batch_slice(module: nn.Module, index: int, count: int) -> None:
     module.forward = sliced  # type: ignore[method-assign]
 
 
-def _fused(module: nn.Module) -> bool:
-    """Whether a graph of the module calls the fused backend's add+norm boundary (``blockir.lower.fused``)."""
-    return any(node.op == "call_function" and getattr(node.target, "__module__", "").startswith("blockir.lower.fused")
-               for sub in module.modules() if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes)
-
-
-def _check_units(module: nn.Module, plan: ParallelPlan) -> None:
-    """FSDP2 gathers a unit's parameters when the unit's module runs: refuse layers the root graph inlined
-    (the fused backend joins a stack's boundaries across layers), whose modules never run."""
-    called = [node.target for node in module.graph.nodes if node.op == "call_module"]  # type: ignore[union-attr]
-    inlined = [path for path in plan.layers if any(str(t).startswith(path + ".") for t in called)]
-    if inlined:
-        raise BlockError([error(
-            "E0614", f"the module was compiled with backend='fused', which inlines its layers "
-            f"({', '.join(inlined)}) into one graph so that their boundaries fuse: FSDP2 over 'dp' gathers a "
-            "layer's parameters when the layer's module runs, and these never run as modules",
-            Span("blockir.parallelize(mesh=…)", 0, 0),
-            hint="parallelise it over a 1-D tensor-parallel mesh, or compile it with backend='fx'")])
-
-
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
                      mp_policy: object, vocab: object) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
@@ -288,12 +282,6 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
                    f"parallelize(m, mesh, program, '{module.blockir_block}')")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if layout == "hidden" and _fused(module):
-        raise BlockError([error(
-            "E0613", "the module was compiled with backend='fused', whose add+norm ops normalise whole rows: "
-            "under the hidden layout each rank holds a slice of every row's features, so each norm would first "
-            "gather the stream", Span("blockir.parallelize(layout=…)", 0, 0),
-            hint="parallelise it with layout='sequence' or 'replicated', or compile it with backend='fx'")])
     if not isinstance(vocab, bool):
         raise _bad("vocab", f"vocab must be True or False, got {vocab!r}")
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -344,8 +332,6 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh["tp"]) if mesh.ndim > 1 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
-    if dp is not None:
-        _check_units(module, plan)
     stream = _stream(block, program, layout)
     shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
     styles = _styles(plan, stream, module, mesh)

@@ -13,7 +13,7 @@ from blockir.lower.fused.ops import LAYER_TENSORS, RMS_TENSORS  # importing ops 
 from blockir.lower.fused.spec import Inputs
 
 
-def _split_scale(branch_scale: Tensor | float | None) -> tuple[Tensor | None, float]:
+def split_scale(branch_scale: Tensor | float | None) -> tuple[Tensor | None, float]:
     if branch_scale is None or isinstance(branch_scale, Tensor):
         return branch_scale, 1.0
     return None, float(branch_scale)
@@ -46,7 +46,7 @@ def add_layer_norm(
     accum: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
     """``(layer_norm(residual_out), residual_out)``, see ``docs/fused.md``."""
-    scale, scale_const = _split_scale(branch_scale)
+    scale, scale_const = split_scale(branch_scale)
     x = Inputs(branch, residual, weight, bias, branch_bias, scale, _key(dropout_key, branch.device))
     normalized, residual_out, _, _ = torch.ops.blockir.add_layer_norm(
         *_tensors(x, LAYER_TENSORS), eps, p, training, scale_const, shortcut_scale, out_dtype, accum,
@@ -72,7 +72,7 @@ def add_rms_norm(
     accum: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
     """``(rms_norm(residual_out), residual_out)``, see ``docs/fused.md``."""
-    scale, scale_const = _split_scale(branch_scale)
+    scale, scale_const = split_scale(branch_scale)
     x = Inputs(branch, residual, weight, None, branch_bias, scale, _key(dropout_key, branch.device))
     normalized, residual_out, _ = torch.ops.blockir.add_rms_norm(
         *_tensors(x, RMS_TENSORS), eps, offset, cast, p, training, scale_const, shortcut_scale, out_dtype, accum,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from blockir.ir.hooks import FUSED_LOWERING, FX_LOWERING
-from blockir.lower.fused import functional
+from blockir.lower.fused import feature_sharded, functional
 from blockir.lower.fx.builder import Backend
 from blockir.lower.fx.runtime import Runtime
 from blockir.lower.layers import numerics
@@ -28,6 +28,8 @@ def fused_boundary(branch: torch.Tensor, shortcut: torch.Tensor, norm: nn.Module
         # whole tensor's, as the unsharded run does, and the op adds and normalises the dropped branch
         branch, active = numerics.dropout(branch, p, "element", True, key), False
         key = None
+    if feature_sharded.feature_sharded(shortcut):
+        return feature_sharded.boundary(branch, shortcut, norm, branch_scale, shortcut_scale)
     common = dict(branch_scale=branch_scale, shortcut_scale=shortcut_scale, p=p if active else 0.0,
                   training=active, dropout_key=key, accum=norm.accum)
     if norm.family.fused_code == "layer":
