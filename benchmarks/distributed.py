@@ -17,8 +17,13 @@ through ``blockir.lower.distributed.loss.cross_entropy``) against torchtitan's h
 ``ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1))`` on the head, the cross-entropy and its
 backward under ``loss_parallel()``), over a whole forward and backward.
 
+With ``--family NAME`` (or ``all``) it instead builds each imported HF causal LM (LLaMA, Qwen2, GPT-2, GPT-NeoX,
+Phi-3, OLMo-2) from a config at those sizes and compares, under the sequence and replicated layouts, the derived
+plan (``vocab=True``) with that family's hand-written plan (``hand_plans.py``): collectives and operand bytes of
+one next-token loss and its backward, the losses against one process's, and the median step of each.
+
     python benchmarks/distributed.py [--world 2] [--dims B=4,S=128,D=256,F=512,H=8] [--layers 4] [--steps 15]
-                                     [--vocab-size 8192]
+                                     [--vocab-size 8192] [--family NAME|all]
 """
 from __future__ import annotations
 
@@ -37,12 +42,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import blockir
 from blockir.api import hf_block_text
 from blockir.lower.distributed.comms import LayerCollectives
 from blockir.lower.distributed.loss import cross_entropy
+
+sys.path.append(str(Path(__file__).resolve().parent))  # hand_plans.py, also when this file is loaded by its path
+from hand_plans import FAMILIES, LAYOUTS as HAND_LAYOUTS, hand_written, hand_written_family  # noqa: E402
 
 LAYOUTS = ("replicated", "sequence", "hidden")
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
@@ -75,75 +84,29 @@ def traffic(model: torch.nn.Module, x: torch.Tensor) -> Traffic:
     return mode
 
 
-def lm_traffic(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor, hand: bool) -> Traffic:
-    """The collectives of one next-token loss and its backward: the derived model's loss through blockir's
+def lm_step(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor, hand: bool) -> float:
+    """One next-token loss and its backward; the loss. The derived model's loss goes through blockir's
     ``cross_entropy``, the hand-written one's as torchtitan writes it, forward and backward under
     ``loss_parallel()``."""
     from torch.distributed.tensor.parallel import loss_parallel
+    if hand:
+        with loss_parallel():
+            logits = model(ids)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+            loss.backward()
+        loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+    else:
+        loss = cross_entropy(model(ids), target)
+        loss.backward()
+    return loss.item()
+
+
+def lm_traffic(model: torch.nn.Module, ids: torch.Tensor, target: torch.Tensor, hand: bool) -> Traffic:
+    """The collectives of one next-token loss and its backward (``lm_step``); ``mode.loss`` is the loss."""
     with Traffic() as mode:
-        if hand:
-            with loss_parallel():
-                logits = model(ids)
-                F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1)).backward()
-        else:
-            cross_entropy(model(ids), target).backward()
+        mode.loss = lm_step(model, ids, target, hand)
     model.zero_grad()
     return mode
-
-
-def _layer_plan(gather):  # type: ignore[no-untyped-def]
-    """torchtitan's sequence-parallel styles of one decoder layer; ``gather`` brings a branch its full rows."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-    return {
-        "input_layernorm": SequenceParallel(), "self_attn": gather,
-        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "post_attention_layernorm": SequenceParallel(), "mlp": gather,
-        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
-    }
-
-
-def hand_written_lm(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
-    """torchtitan's plan for a LLaMA causal LM with loss parallelism, under the HF module names: the token
-    table split by rows, reduce-scattered onto the sequence; the head split by columns, its logits left
-    ``Shard(-1)``. Its styles take ``nn.Embedding`` and ``nn.Linear``, so the compiled table and head are
-    handed to them as those, holding the same tensors."""
-    from torch import nn
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
-    table, head = model.get_submodule("model.embed_tokens"), model.get_submodule("lm_head")
-    embedding = nn.Embedding(*table.weight.shape, _weight=table.weight.data)
-    linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
-    linear.weight = nn.Parameter(head.weight.data)
-    model.get_submodule("model").embed_tokens, model.lm_head = embedding, linear
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    for i in range(layers):
-        parallelize_module(model.get_submodule(f"model.layers.{i}"), mesh, _layer_plan(gather))
-    parallelize_module(model, mesh, {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "model.norm": SequenceParallel(),
-        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
-
-
-def hand_written(model: torch.nn.Module, mesh, layers: int) -> None:  # type: ignore[no-untyped-def]
-    """torchtitan's sequence-parallel plan for a LLaMA decoder, under the HF module names."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        PrepareModuleInput,
-        PrepareModuleInputOutput,
-        SequenceParallel,
-        parallelize_module,
-    )
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    for i in range(layers):
-        parallelize_module(model.get_submodule(f"layers.{i}"), mesh, _layer_plan(gather))
-    parallelize_module(model, mesh, {"norm": SequenceParallel(use_local_output=True)})
-    parallelize_module(model, mesh, PrepareModuleInputOutput(
-        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_input=True,
-        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
 def step_times(models: dict[str, torch.nn.Module], x: torch.Tensor, steps: int) -> dict[str, float]:
@@ -187,7 +150,7 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
         mode = lm_traffic(m, ids, target, hand=False)
         result.setdefault("lm_traffic", {})[f"derived, {layout}, vocab=True"] = (mode.calls, mode.moved)
     m = blockir.compile(lm, "LlamaForCausalLM", dims=lm_dims, seed=0)
-    hand_written_lm(m, mesh, args.layers)
+    hand_written_family(m, mesh, "llama", "sequence")
     mode = lm_traffic(m, ids, target, hand=True)
     result["lm_traffic"]["hand-written (torchtitan-style, sequence, loss_parallel)"] = (mode.calls, mode.moved)
     if rank == 0:
@@ -195,6 +158,87 @@ def worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # gloo can abort the interpreter's teardown after a good run
+
+
+def lm_step_times(models: dict[str, tuple[torch.nn.Module, bool]], ids: torch.Tensor, target: torch.Tensor,
+                  steps: int) -> dict[str, float]:
+    """Median next-token step (``lm_step``) of each (model, hand-written) pair, taking turns each round."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(steps + 2):
+        for name, (model, hand) in models.items():
+            dist.barrier()
+            start = time.perf_counter()
+            lm_step(model, ids, target, hand)
+            times[name].append(time.perf_counter() - start)
+            model.zero_grad()
+    return {name: statistics.median(t[2:]) for name, t in times.items()}
+
+
+def family_worker(rank: int, world: int, store: str, out: str, args: argparse.Namespace) -> None:
+    """Each family's causal LM under each layout a hand author writes: the derived plan (``vocab=True``) and the
+    hand-written one, their collectives and bytes over one next-token loss and its backward, their losses (which
+    must agree with each other and with one process) and their median steps."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    dims = {k: int(v) for k, v in (item.split("=") for item in args.dims.split(","))}
+    ids, target = (torch.randint(0, args.vocab_size, (dims["B"], dims["S"]), generator=torch.Generator().manual_seed(i))
+                   for i in (1, 2))
+    result: dict = {}  # type: ignore[type-arg]
+    for family in (FAMILIES if args.family == "all" else [args.family]):
+        program, lm_dims = build_family(family, args, dims)
+        block = FAMILIES[family].block
+        one = blockir.compile(program, block, dims=lm_dims, seed=0)
+        reference = F.cross_entropy(one(ids).reshape(-1, args.vocab_size), target.reshape(-1)).item()
+        for layout in HAND_LAYOUTS:
+            derived = blockir.compile(program, block, dims=lm_dims, seed=0)
+            blockir.parallelize(derived, mesh, program, block, layout=layout, dims=lm_dims, vocab=True)
+            hand = blockir.compile(program, block, dims=lm_dims, seed=0)
+            hand_written_family(hand, mesh, family, layout)
+            row = result.setdefault(family, {}).setdefault(layout, {"reference loss": reference})
+            for name, m, is_hand in (("derived", derived, False), ("hand-written", hand, True)):
+                mode = lm_traffic(m, ids, target, is_hand)
+                row[name] = (mode.calls, mode.moved, mode.loss)
+            row["time"] = lm_step_times({"derived": (derived, False), "hand-written": (hand, True)}, ids, target,
+                                        args.steps)
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def build_family(family: str, args: argparse.Namespace,
+                 dims: dict[str, int]) -> tuple[blockir.ir.program.Program, dict[str, int]]:
+    """The importer's text of ``family``'s causal LM at the benchmark's sizes (no weights read)."""
+    config = FAMILIES[family].config(family, hidden=dims["D"], layers=args.layers, heads=dims["H"],
+                                     kv_heads=args.kv_heads, intermediate=dims["F"], vocab=args.vocab_size,
+                                     seq=dims["S"])
+    return blockir.parse(hf_block_text(config), f"{family}.block"), {"B": dims["B"], "S": dims["S"]}
+
+
+def family_table(result: dict) -> None:  # type: ignore[type-arg]
+    print("\n| family | layout | plan | forward collectives | backward collectives | forward bytes | backward bytes | "
+          "bytes / hand-written | step ms | step / hand-written | loss − one process |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for family, layouts in result.items():
+        for layout, row in layouts.items():
+            _, hand_moved, _ = row["hand-written"]
+            total = sum(hand_moved["forward"].values()) + sum(hand_moved["backward"].values())
+            for name in ("derived", "hand-written"):
+                calls, moved, loss = row[name]
+                fwd, bwd = sum(moved["forward"].values()), sum(moved["backward"].values())
+                t, base = row["time"][name], row["time"]["hand-written"]
+                print(f"| {family} | {layout} | {name} | {sum(calls['forward'].values())} | "
+                      f"{sum(calls['backward'].values())} | {fwd} | {bwd} | {(fwd + bwd) / total:.2f} | "
+                      f"{t * 1e3:.1f} | {t / base:.2f} | {loss - row['reference loss']:.1e} |")
+    for family, layouts in result.items():
+        for layout, row in layouts.items():
+            for name in ("derived", "hand-written"):
+                calls, moved, _ = row[name]
+                print(f"# {family}, {layout}, {name}: forward {dict(calls['forward'])} {dict(moved['forward'])}, "
+                      f"backward {dict(calls['backward'])} {dict(moved['backward'])}")
 
 
 def build(args: argparse.Namespace) -> tuple[blockir.ir.program.Program, dict[str, int]]:
@@ -235,7 +279,21 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--family", choices=(*FAMILIES, "all"),
+                    help="compare each imported family's causal LM with its hand-written plans instead")
     args = ap.parse_args()
+    if args.family:
+        with tempfile.TemporaryDirectory() as d:
+            out = str(Path(d) / "result.pt")
+            mp.spawn(family_worker, args=(args.world, str(Path(d) / "store"), out, args), nprocs=args.world, join=True)
+            result = torch.load(out, weights_only=False)
+        print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC — {platform.machine()} "
+              f"({os.cpu_count()} cores), torch {torch.__version__}, gloo, world {args.world}, one thread per rank; "
+              f"causal LMs of {args.layers} layers, {args.dims}, kv_heads={args.kv_heads}, vocabulary "
+              f"{args.vocab_size} split by rows, next-token loss, fp32, median of {args.steps} steps")
+        print(f"# command: python {' '.join(sys.argv)}")
+        family_table(result)
+        return
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
         mp.spawn(worker, args=(args.world, str(Path(d) / "store"), out, args), nprocs=args.world, join=True)

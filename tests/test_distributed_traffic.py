@@ -6,7 +6,9 @@ comparison at larger sizes. Each branch's input gradient is reduced once, howeve
 the branch input, so the derived plan moves no more than the hand-written one, forward or backward. The
 causal LM around that decoder, its embedding and head split by vocabulary and its next-token loss under
 ``loss_parallel``, sends exactly what torchtitan's hand-written plan sends. Under every layout the counts,
-forward and backward, are those ``blockir plan`` lists.
+forward and backward, are those ``blockir plan`` lists. GPT-2's and Phi-3's causal LMs, against the
+hand-written plans of ``benchmarks/hand_plans.py`` (HF's packed and gathering styles), send no more under either
+layout, and both plans give one process's loss.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from conftest import ROOT
 from dist_harness import run_world
 
 DIMS = {"B": 2, "S": 8}
+# families whose hand-written plans (benchmarks/hand_plans.py) need styles of their own: GPT-2's Conv1D and packed
+# c_attn, Phi-3's stacked q/k/v (gathered, as HF's tp_plan does) and packed gate/up
+FAMILIES = ("gpt2", "phi3")
 
 
 def _benchmark() -> Any:
@@ -57,9 +62,24 @@ def _body() -> dict[str, Any]:
         if name == "vocab":
             blockir.parallelize(m, mesh, lm, "LlamaForCausalLM", layout="sequence", dims=dims, vocab=True)
         else:
-            bench.hand_written_lm(m, mesh, 2)
+            bench.hand_written_family(m, mesh, "llama", "sequence")
         mode = bench.lm_traffic(m, ids, target, hand=name != "vocab")
         results[name] = (mode.calls, mode.moved)
+    args = SimpleNamespace(layers=2, kv_heads=2, vocab_size=64)
+    for family in FAMILIES:
+        program, dims = bench.build_family(family, args, dict(DIMS, D=64, F=128, H=4))
+        block = bench.FAMILIES[family].block
+        one = blockir.compile(program, block, dims=dims, seed=0)
+        results[family, "one process"] = torch.nn.functional.cross_entropy(one(ids).reshape(-1, 64), target.reshape(-1))
+        for layout in bench.HAND_LAYOUTS:
+            for plan in ("derived", "hand"):
+                m = blockir.compile(program, block, dims=dims, seed=0)
+                if plan == "derived":
+                    blockir.parallelize(m, mesh, program, block, layout=layout, dims=dims, vocab=True)
+                else:
+                    bench.hand_written_family(m, mesh, family, layout)
+                mode = bench.lm_traffic(m, ids, target, hand=plan == "hand")
+                results[family, layout, plan] = (mode.calls, mode.moved, mode.loss)
     return results
 
 
@@ -98,6 +118,22 @@ def test_a_vocab_parallel_language_model_sends_what_torchtitans_plan_sends(traff
     assert moved["forward"]["all_reduce"] == 3 * rows
     assert moved["forward"]["reduce_scatter_tensor"] == 5 * stream
 
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", ("sequence", "replicated"))
+def test_a_family_sends_no_more_than_its_hand_written_plan(traffic: dict[str, Any], family: str, layout: str) -> None:
+    calls, moved, loss = traffic[family, layout, "derived"]
+    hand_calls, hand_moved, hand_loss = traffic[family, layout, "hand"]
+    one = traffic[family, "one process"].item()
+    # both plans compute the model: the same next-token loss as one process
+    assert loss == pytest.approx(one, rel=1e-5) and hand_loss == pytest.approx(one, rel=1e-5)
+    total = lambda c: sum(c["forward"].values()) + sum(c["backward"].values())  # noqa: E731
+    assert total(calls) <= total(hand_calls)
+    assert total(moved) <= total(hand_moved)
+    if family == "phi3":  # the hand-written plan gathers q, k, v of every head; the derived one never does
+        assert total(moved) < total(hand_moved)
+        assert hand_calls["forward"]["all_gather_into_tensor"] > calls["forward"]["all_gather_into_tensor"]
 
 
 NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor", "reduce-scatter": "reduce_scatter_tensor"}

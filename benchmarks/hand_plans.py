@@ -1,0 +1,270 @@
+"""Hand-written tensor-parallel plans of the imported HF causal LMs, as torchtitan and HF's ``tp_plan`` write them.
+
+Each plan is a ``parallelize_module`` dict of PyTorch's own styles (``ColwiseParallel``, ``RowwiseParallel``,
+``SequenceParallel``, ``PrepareModuleInput``) on the submodules of the module ``blockir.compile`` returns, under
+the HF names the importer keeps. Two layouts, the two a hand author writes:
+
+* ``sequence``: torchtitan's ``parallelize_llama``: norms ``SequenceParallel``, each branch's input gathered by
+  ``PrepareModuleInput``, the row-parallel output reduce-scattered onto ``Shard(1)``;
+* ``replicated``: Megatron-LM's, and what HF's ``base_model_tp_plan`` says (``colwise`` / ``rowwise``): the
+  stream replicated, each row-parallel output all-reduced.
+
+Both split the token table and the head by vocabulary (torchtitan's ``RowwiseParallel`` on the embedding and
+``ColwiseParallel(output_layouts=Shard(-1))`` on the head, the loss under ``loss_parallel``; Megatron-LM's
+vocab-parallel embedding and cross-entropy); a tied head is tied again after the split, as HF's
+``tie_weights`` does. A custom style appears only where the stored layout forces one, as HF writes it:
+
+* GPT-2's ``Conv1D`` stores ``[in, out]``, which ``ColwiseParallel`` / ``RowwiseParallel`` refuse (they take an
+  ``nn.Linear``): ``PackedColumns`` and ``ConvRows`` split it along its other axis;
+* equal blocks packed along the output features (Phi-3's ``gate_up_proj``, GPT-2's ``c_attn`` with as many
+  key/value heads as query heads): HF's ``PackedColwiseParallel`` (``packed_colwise``), each block split over
+  the ranks by ``_StridedShard(split_factor=blocks)``; the branch then holds its rank's heads, which the author
+  sets on it (as HF's ``get_kv_heads_per_rank`` does);
+* Phi-3's ``qkv_proj``, whose q block is wider than its k and v blocks (grouped key/value heads), has no
+  strided split: HF's ``Phi3Config.base_model_tp_plan`` gathers its output (``colwise_gather_output``) and
+  splits ``o_proj``'s input again (``rowwise_split_input``); every rank runs the attention on all heads;
+* OLMo-2 normalises q and k over the whole width: ``Olmo2Config.base_model_tp_plan`` gathers q, k and v
+  (``colwise_gather_output``) and splits ``o_proj``'s input, so each norm sees whole rows;
+* GPT-NeoX's ``query_key_value`` holds q, k, v per head in turn: HF's plan splits it ``colwise``, which cuts
+  it into whole heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                               PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from blockir.lower.layers.dense import Conv1D
+
+LAYOUTS = ("sequence", "replicated")
+
+
+class PackedColumns(ParallelStyle):
+    """HF's ``PackedColwiseParallel`` for an ``nn.Linear`` or a transposed ``Conv1D``: the output features are
+    ``blocks`` equal blocks, each split over the ranks (one block: a plain ``Shard``), so each rank computes its
+    part of every block; the input arrives replicated and its gradient is a pending sum. (HF shards a packed bias
+    plainly; here it is strided like the weight, which a packed bias needs.)"""
+
+    def __init__(self, blocks: int = 1) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        out = 1 if isinstance(module, Conv1D) else 0
+        split = (lambda dim: _StridedShard(dim, split_factor=self.blocks)) if self.blocks > 1 else Shard
+        for name, p in list(module.named_parameters(recurse=False)):
+            placement = split(out if name == "weight" else 0)
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [placement],
+                                                                           src_data_rank=None)))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+            if x.placements != (Replicate(),):  # a no-op redistribute would all-reduce the pending gradient
+                x = x.redistribute(device_mesh, [Replicate()])
+            x = x.to_local(grad_placements=[Partial()])
+            w = module.weight.to_local()
+            b = module.bias.to_local() if module.bias is not None else None
+            if out == 0:
+                return F.linear(x, w, b)
+            return x @ w if b is None else x @ w + b
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+class ConvRows(ParallelStyle):
+    """``RowwiseParallel`` for a transposed ``Conv1D``: the weight split by input features (its rows), each rank's
+    product a pending sum brought to ``output_layouts``, then the replicated bias added once."""
+
+    def __init__(self, output_layouts: Any = None) -> None:
+        super().__init__()
+        self.output = output_layouts or Replicate()
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        for name, p in list(module.named_parameters(recurse=False)):
+            placement = Shard(0) if name == "weight" else Replicate()
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [placement])))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if isinstance(x, DTensor):
+                x = x.redistribute(device_mesh, [Shard(-1)]).to_local()
+            y = DTensor.from_local(x @ module.weight.to_local(), device_mesh, [Partial()], run_check=False)
+            y = y.redistribute(device_mesh, [self.output])
+            if module.bias is not None:
+                y = y + module.bias
+            return y.to_local()
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
+def _gather() -> PrepareModuleInput:
+    """torchtitan's branch input: the sequence-sharded stream gathered to full rows."""
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+
+def _llama(sp: bool) -> dict[str, ParallelStyle]:
+    """LLaMA and Qwen2: torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence split)."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=out),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=out)}
+    if sp:
+        plan |= {"input_layernorm": SequenceParallel(), "self_attn": _gather(),
+                 "post_attention_layernorm": SequenceParallel(), "mlp": _gather()}
+    return plan
+
+
+def _phi3(sp: bool) -> dict[str, ParallelStyle]:
+    """Phi-3: the stacked q/k/v gathered (HF's ``colwise_gather_output``, ``rowwise_split_input``), the stacked
+    gate/up split as two packed blocks (HF's ``packed_colwise``)."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "self_attn.qkv_proj": ColwiseParallel(output_layouts=Replicate()),
+        "self_attn.o_proj": RowwiseParallel(input_layouts=Replicate(), output_layouts=out),
+        "mlp.gate_up_proj": PackedColumns(blocks=2), "mlp.down_proj": RowwiseParallel(output_layouts=out)}
+    if sp:
+        plan |= {"input_layernorm": SequenceParallel(), "self_attn": _gather(),
+                 "post_attention_layernorm": SequenceParallel(), "mlp": _gather()}
+    return plan
+
+
+def _olmo2(sp: bool) -> dict[str, ParallelStyle]:
+    """OLMo-2: ``Olmo2Config.base_model_tp_plan``: q, k and v gathered so the width norms see whole rows, o's input
+    split again; the MLP ``colwise`` / ``rowwise``. Its norms follow the branches and feed the residual add, so
+    under the sequence split they hand back local tensors, as the add's other operand is."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "self_attn.q_proj": ColwiseParallel(output_layouts=Replicate()),
+        "self_attn.k_proj": ColwiseParallel(output_layouts=Replicate()),
+        "self_attn.v_proj": ColwiseParallel(output_layouts=Replicate()),
+        "self_attn.o_proj": RowwiseParallel(input_layouts=Replicate(), output_layouts=out),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=out)}
+    if sp:
+        plan |= {"self_attn": _gather(), "post_attention_layernorm": SequenceParallel(use_local_output=True),
+                 "mlp": _gather(), "post_feedforward_layernorm": SequenceParallel(use_local_output=True)}
+    return plan
+
+
+def _gpt2(sp: bool) -> dict[str, ParallelStyle]:
+    """GPT-2: transposed ``Conv1D`` weights; ``c_attn`` holds q, k, v as three equal blocks."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attn.c_attn": PackedColumns(blocks=3), "attn.c_proj": ConvRows(out),
+        "mlp.c_fc": PackedColumns(), "mlp.c_proj": ConvRows(out)}
+    if sp:
+        plan |= {"ln_1": SequenceParallel(), "attn": _gather(), "ln_2": SequenceParallel(), "mlp": _gather()}
+    return plan
+
+
+def _gpt_neox(sp: bool) -> dict[str, ParallelStyle]:
+    """GPT-NeoX: HF's plan, ``query_key_value`` and ``dense_h_to_4h`` ``colwise``, ``dense`` and
+    ``dense_4h_to_h`` ``rowwise``; both norms read the layer's input (a parallel residual)."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attention.query_key_value": ColwiseParallel(), "attention.dense": RowwiseParallel(output_layouts=out),
+        "mlp.dense_h_to_4h": ColwiseParallel(), "mlp.dense_4h_to_h": RowwiseParallel(output_layouts=out)}
+    if sp:
+        plan |= {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                 "attention": _gather(), "mlp": _gather()}
+    return plan
+
+
+@dataclass(frozen=True)
+class Family:
+    block: str  # the causal LM's block in the importer's text
+    layers: str  # the stack's path
+    embedding: str
+    norm: str  # the final norm
+    layer: Callable[[bool], dict[str, ParallelStyle]]
+    positions: str | None = None  # a learned position table (GPT-2's wpe)
+    packed_attention: str | None = None  # a branch whose packed q/k/v the author splits by heads
+
+    def config(self, model_type: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+               vocab: int, seq: int) -> dict[str, Any]:
+        """An HF config dict of ``model_type`` at these sizes (no weights read)."""
+        if model_type == "gpt2":
+            return dict(model_type="gpt2", vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                        n_positions=seq, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        common = dict(model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=seq)
+        extra = {"llama": dict(num_key_value_heads=kv_heads, rms_norm_eps=1e-6),
+                 "qwen2": dict(num_key_value_heads=kv_heads, tie_word_embeddings=True),
+                 "gpt_neox": dict(rotary_pct=0.25, use_parallel_residual=True),
+                 "phi3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 "olmo2": dict(num_key_value_heads=kv_heads)}[model_type]
+        return dict(common, **extra)
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "qwen2": Family("Qwen2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "gpt2": Family("GPT2LMHeadModel", "transformer.h", "transformer.wte", "transformer.ln_f", _gpt2,
+                   positions="transformer.wpe", packed_attention="attn"),
+    "gpt_neox": Family("GPTNeoXForCausalLM", "gpt_neox.layers", "gpt_neox.embed_in", "gpt_neox.final_layer_norm",
+                       _gpt_neox),
+    "phi3": Family("Phi3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _phi3),
+    "olmo2": Family("Olmo2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
+}
+
+
+def _as_torch_tables(model: nn.Module, embedding: str) -> bool:
+    """PyTorch's styles take ``nn.Embedding`` and ``nn.Linear``: the compiled table and head are handed to them
+    as those, holding the same tensors. Whether the head is tied to the table."""
+    owner, _, leaf = embedding.rpartition(".")
+    table, head = model.get_submodule(embedding), model.get_submodule("lm_head")
+    tied = head.weight is table.weight
+    lookup = nn.Embedding(*table.weight.shape, _weight=table.weight.data)
+    linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
+    linear.weight = lookup.weight if tied else nn.Parameter(head.weight.data)
+    setattr(model.get_submodule(owner), leaf, lookup)
+    model.lm_head = linear
+    return tied
+
+
+def hand_written_family(model: nn.Module, mesh: Any, family: str, layout: str) -> None:
+    """The hand-written plan of ``family``'s causal LM (``model``, compiled from the importer's text) under
+    ``layout``: vocabulary-parallel table and head, the logits left ``Shard(-1)`` for ``loss_parallel``."""
+    fam, sp = FAMILIES[family], layout == "sequence"
+    tied = _as_torch_tables(model, fam.embedding)
+    stack = model.get_submodule(fam.layers)
+    for layer in stack.children():
+        parallelize_module(layer, mesh, fam.layer(sp))
+        if fam.packed_attention:
+            branch = layer.get_submodule(fam.packed_attention)
+            vars(branch).update(heads=branch.heads // mesh.size(), kv_heads=branch.kv_heads // mesh.size())
+    top: dict[str, ParallelStyle] = {
+        fam.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                                   use_local_output=False)}
+    if sp:
+        top[fam.norm] = SequenceParallel()
+        if fam.positions:  # every rank looks up all positions and keeps its rows
+            top[fam.positions] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),),
+                                                      use_local_output=True)
+    parallelize_module(model, mesh, top)
+    if tied:  # one table: the head reads the embedding's vocabulary rows
+        model.lm_head.weight = model.get_submodule(fam.embedding).weight
+
+
+def hand_written(model: nn.Module, mesh: Any, layers: int) -> None:
+    """torchtitan's sequence-parallel plan for a LLaMA decoder (``LlamaModel`` of examples/llama.block, stream in
+    and out), under the HF module names."""
+    for i in range(layers):
+        parallelize_module(model.get_submodule(f"layers.{i}"), mesh, _llama(True))
+    parallelize_module(model, mesh, {"norm": SequenceParallel(use_local_output=True)})
+    parallelize_module(model, mesh, PrepareModuleInputOutput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_input=True,
+        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
