@@ -9,13 +9,15 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   output is reduced to the stream's layout — all-reduce for a replicated
   stream, reduce-scatter onto rows (sequence) or features (hidden); a sharded
   stream is all-gathered at the branch input;
-* MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
+* MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way; an MLP written out as two
+  linears with elementwise functions between them (``analyses/linear_pairs.py``: OPT, BERT) splits alike, its
+  first linear gathering the stream as a branch input does;
 * norms: replicated parameters; under sequence sharding each rank normalizes
   its own complete rows and the affine gradients are summed over ranks;
   under hidden sharding the row moments come from one all-reduce of the row's
   partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm), so the stream
   stays feature-sharded through a norm, Post-LN's included;
-* linears, scales, externs: replicated, gathered in and sliced out;
+* other linears, scales, externs: replicated, gathered in and sliced out;
 * embeddings and heads of a language model: replicated, computed on full
   tensors; an embedding's output is sliced to the stream's layout, a head's
   input is all-gathered (the stream is then the type of the stacked layers'
@@ -47,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockir.analyses.keys import fixup_biases, key_table
+from blockir.analyses.linear_pairs import linear_pairs
 from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
@@ -79,7 +82,7 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
+    style: str  # colwise | pair_columns | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
     # | vocab_embedding | vocab_head
     kind: str
 
@@ -161,6 +164,7 @@ class _Planner:
         self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
         self.stream_axis = stream_axis  # the stream's model axis: elements over its size are the rows
         self.plan = ParallelPlan(layout, world, vocab=vocab)
+        self._pairs: dict[str, dict[str, str]] = {}  # block name → its linear pairs
 
     def block(self, block: Block, prefix: str, layer: str) -> None:
         sizes = self.sizes.for_block(block)
@@ -250,6 +254,11 @@ class _Planner:
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return
+        if d.kind == "linear":
+            pairs = self._pairs.setdefault(block.name, linear_pairs(block, self.stream_axis))
+            if d.name in pairs:
+                self.linear_pair(d, pairs[d.name], path, layer, sizes)
+                return
         if self.plan.vocab and _by_vocab(d, block):
             self.vocab_rows(d, path, layer, sizes, self._table_elements(d, block, sizes))
             return
@@ -266,6 +275,24 @@ class _Planner:
             self._param(f"{path}.weight", "replicate")
         elif d.category in ("scale", "shift"):
             self._param(path, "replicate")
+
+    def linear_pair(self, d: KindDecl, role: str, path: str, layer: str, sizes: Sizes) -> None:
+        """One linear of a written-out MLP: the widening one split by output columns, reading full rows of the
+        stream (a branch input's gather, and its gradient's reduction), the narrowing one by input rows, its
+        pending sum reduced to the stream's layout."""
+        if role == "columns":
+            _divisible(d, "output features", sizes.dim(d.arg("out_dim")), self.world)
+            self.plan.modules.append(ModuleStyle(path, "pair_columns", d.kind))
+            self._param(f"{path}.weight", "shard(0)")
+            if d.arg("bias"):
+                self._param(f"{path}.bias", "shard(0)")
+            self._gathered(layer, path, partial=True)
+        else:
+            self.plan.modules.append(ModuleStyle(path, "rowwise", d.kind))
+            self._param(f"{path}.weight", "shard(1)")
+            if d.arg("bias"):
+                self._param(f"{path}.bias", "replicate")
+            self._reduced(layer, path)
 
     def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes, elements: int) -> None:
         """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank

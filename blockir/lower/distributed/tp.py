@@ -138,6 +138,9 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
         elif m.style == "columns":
             branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
             out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()))
+        elif m.style == "pair_columns":
+            # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it
+            out[m.path] = ColwiseParallel(input_layouts=stream)
         elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
             out[m.path] = Rows(stream, use_local_output=not sharded)
         elif m.style == "width_norm":
