@@ -9,7 +9,9 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   output is reduced to the stream's layout — all-reduce for a replicated
   stream, reduce-scatter onto rows (sequence) or features (hidden); a sharded
   stream is all-gathered at the branch input;
-* MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way;
+* MLP: fc1 (gate/up) by columns, fc2 (down) by rows, reduced the same way; an MLP written out as two
+  linears with elementwise functions between them (``analyses/linear_pairs.py``: OPT, BERT) splits alike, its
+  first linear gathering the stream as a branch input does;
 * mixture of experts: every expert split as an MLP, the router replicated on full rows, the routed (and
   shared) experts' sum reduced once (``parallel_moe.py``);
 * norms: replicated parameters; under sequence sharding each rank normalizes
@@ -17,7 +19,7 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   under hidden sharding the row moments come from one all-reduce of the row's
   partial sums (Σx² for RMSNorm, Σx and Σx² for LayerNorm), so the stream
   stays feature-sharded through a norm, Post-LN's included;
-* linears, scales, externs: replicated, gathered in and sliced out;
+* other linears, scales, externs: replicated, gathered in and sliced out;
 * embeddings and heads of a language model: replicated, computed on full
   tensors; an embedding's output is sliced to the stream's layout, a head's
   input is all-gathered (the stream is then the type of the stacked layers'
@@ -50,6 +52,7 @@ from dataclasses import dataclass, field
 
 from blockir.analyses.keys import fixup_biases, key_table
 from blockir.analyses.parallel_moe import plan_moe
+from blockir.analyses.linear_pairs import linear_pairs
 from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
@@ -84,7 +87,7 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
+    style: str  # colwise | pair_columns | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
     # | vocab_embedding | vocab_head | moe
     kind: str
 
@@ -166,6 +169,7 @@ class _Planner:
         self.program, self.sizes, self.layout, self.world, self.elements = program, sizes, layout, world, elements
         self.stream_axis = stream_axis  # the stream's model axis: elements over its size are the rows
         self.plan = ParallelPlan(layout, world, vocab=vocab)
+        self._pairs: dict[str, dict[str, str]] = {}  # block name → its linear pairs
 
     def block(self, block: Block, prefix: str, layer: str) -> None:
         sizes = self.sizes.for_block(block)
@@ -183,23 +187,36 @@ class _Planner:
                 self.plan.modules.append(ModuleStyle(path, "extern", "extern"))
                 self._gathered(layer, path)
             else:
-                self.decl(d, path, layer, sizes)
+                self.decl(d, path, layer, sizes, block)
 
-    def _gathered(self, layer: str, path: str, partial: bool = False) -> None:
+    def _gathered(self, layer: str, path: str, partial: bool = False, elements: int | None = None) -> None:
         """Full rows for ``path``'s input; with ``partial`` its input gradient is a pending sum (column-parallel
-        readers), reduced once in backward, else whole on every rank, sliced without a collective."""
+        readers), reduced once in backward, else whole on every rank, sliced without a collective. ``elements``:
+        the input's size where it is not the stream's (a head after OPT's narrower projection)."""
+        elements = self.elements if elements is None else elements
         gather = GATHER[self.layout]
         if gather:
-            self._collective(layer, Collective(path, gather, self.elements))
+            self._collective(layer, Collective(path, gather, elements))
         if partial:
-            self._backward(layer, Collective(path, GATHER_BACKWARD[self.layout], self.elements))
+            self._backward(layer, Collective(path, GATHER_BACKWARD[self.layout], elements))
 
-    def _reduced(self, layer: str, path: str) -> None:
-        """A pending sum of the stream's size brought to the stream's layout, and its backward."""
-        self._collective(layer, Collective(path, REDUCE[self.layout], self.elements))
+    def _reduced(self, layer: str, path: str, elements: int | None = None) -> None:
+        """A pending sum of the stream's size (or of ``elements``) brought to the stream's layout, and its
+        backward."""
+        elements = self.elements if elements is None else elements
+        self._collective(layer, Collective(path, REDUCE[self.layout], elements))
         back = REDUCE_BACKWARD[self.layout]
         if back:
-            self._backward(layer, Collective(path, back, self.elements))
+            self._backward(layer, Collective(path, back, elements))
+
+    def _table_elements(self, d: KindDecl, block: Block, sizes: Sizes) -> int:
+        """The size of the features a head reads or an embedding writes: the stream's rows times the width of
+        its input (a head) or result (an embedding), which a projection may make narrower than the stream."""
+        op = next((op for op in block.ops if op.applied == (d.name,)), None)
+        t = None if op is None else (block.type_of(op.operands[0]) if d.kind == "head" else op.type_of(op.result))
+        if t is None:
+            return self.elements
+        return self.elements // sizes.dim(self.stream_axis) * sizes.dim(t.names[-1])
 
     def _collective(self, layer: str, c: Collective) -> None:
         self.plan.collectives.setdefault(layer, []).append(c)
@@ -225,7 +242,7 @@ class _Planner:
     def styled(self, path: str, style: str, kind: str) -> None:
         self.plan.modules.append(ModuleStyle(path, style, kind))
 
-    def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+    def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes, block: Block) -> None:
         if d.category == "norm":
             self.plan.modules.append(ModuleStyle(path, "norm", d.kind))
             grads = {"sequence": "replicate (gradient summed over tp)"}
@@ -244,14 +261,19 @@ class _Planner:
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return
-        if self.plan.vocab and _by_vocab(d):
-            self.vocab_rows(d, path, layer, sizes)
+        if d.kind == "linear":
+            pairs = self._pairs.setdefault(block.name, linear_pairs(block, self.stream_axis))
+            if d.name in pairs:
+                self.linear_pair(d, pairs[d.name], path, layer, sizes)
+                return
+        if self.plan.vocab and _by_vocab(d, block):
+            self.vocab_rows(d, path, layer, sizes, self._table_elements(d, block, sizes))
             return
         # an embedding starts the stream and a head ends it: both compute on full tensors
         style = d.kind if d.kind in ("embedding", "head") else "replicate"
         self.plan.modules.append(ModuleStyle(path, style, d.kind))
         if d.kind == "head":
-            self._gathered(layer, path)
+            self._gathered(layer, path, elements=self._table_elements(d, block, sizes))
         if d.kind in ("linear", "head"):
             self._param(f"{path}.weight", "replicate")
             if d.arg("bias"):
@@ -261,7 +283,25 @@ class _Planner:
         elif d.category in ("scale", "shift"):
             self._param(path, "replicate")
 
-    def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+    def linear_pair(self, d: KindDecl, role: str, path: str, layer: str, sizes: Sizes) -> None:
+        """One linear of a written-out MLP: the widening one split by output columns, reading full rows of the
+        stream (a branch input's gather, and its gradient's reduction), the narrowing one by input rows, its
+        pending sum reduced to the stream's layout."""
+        if role == "columns":
+            _divisible(d, "output features", sizes.dim(d.arg("out_dim")), self.world)
+            self.plan.modules.append(ModuleStyle(path, "pair_columns", d.kind))
+            self._param(f"{path}.weight", "shard(0)")
+            if d.arg("bias"):
+                self._param(f"{path}.bias", "shard(0)")
+            self._gathered(layer, path, partial=True)
+        else:
+            self.plan.modules.append(ModuleStyle(path, "rowwise", d.kind))
+            self._param(f"{path}.weight", "shard(1)")
+            if d.arg("bias"):
+                self._param(f"{path}.bias", "replicate")
+            self._reduced(layer, path)
+
+    def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes, elements: int) -> None:
         """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank
         contributes the rows of the ids it holds), reduced to the stream's layout; the head reads full rows
         and leaves its logits split by vocabulary, so none is sent after it."""
@@ -278,11 +318,11 @@ class _Planner:
         if head and d.arg("bias"):
             self._param(f"{path}.bias", "shard(0)")
         if head:  # column-parallel by vocabulary: its input gradient is a pending sum
-            self._gathered(layer, path, partial=True)
+            self._gathered(layer, path, partial=True, elements=elements)
             rows = self.elements // sizes.dim(self.stream_axis)
             self.plan.loss = [Collective("loss", "all-reduce", rows) for _ in range(3)]
         else:
-            self._reduced(layer, path)
+            self._reduced(layer, path, elements)
 
     def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
@@ -397,9 +437,16 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
                  "tensor parallelism")])
 
 
-def _by_vocab(d: KindDecl) -> bool:
-    """Whether ``d`` has one row per vocabulary entry: a head, or an embedding of token ids (not positions)."""
-    return d.kind == "head" or (d.kind == "embedding" and not d.arg("positions"))
+def _by_vocab(d: KindDecl, block: Block) -> bool:
+    """Whether ``d`` has one row per vocabulary entry: a head, or an embedding of the token ids (the block's
+    first input) — not of positions, nor of another id input (BERT's token types, a table of a few rows that
+    Megatron-LM keeps replicated)."""
+    if d.kind == "head":
+        return True
+    if d.kind != "embedding" or d.arg("positions") or not block.params:
+        return False
+    ids = block.params[0].name
+    return any(op.applied == (d.name,) and op.operands[:1] == (ids,) for op in block.ops)
 
 
 def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
@@ -408,7 +455,7 @@ def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
     for d in block.decls:
         if isinstance(d, InstanceDecl):
             found += _vocab_decls(program, program.block(d.block))
-        elif isinstance(d, KindDecl) and _by_vocab(d):
+        elif isinstance(d, KindDecl) and _by_vocab(d, block):
             found.append(d)
     return found
 

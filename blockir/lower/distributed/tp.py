@@ -113,6 +113,14 @@ def _pieces(branch: nn.Module, proj: nn.Module, rank: int, world: int) -> list[t
     return [share(size)]
 
 
+def _head_spans(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -> None:
+    """Each attention branch computes a contiguous block of its query heads: it learns which of all they are."""
+    for m in plan.modules:
+        if m.style == "branch" and m.kind.endswith("attention"):
+            branch = module.get_submodule(m.path)
+            vars(branch).update(head_span=(rank * branch.heads // world, branch.heads))
+
+
 def _local_heads(module: nn.Module, plan: ParallelPlan, world: int) -> None:
     """A stacked q/k/v matrix is split by the branch's own head counts: they become this rank's."""
     for m in plan.modules:
@@ -131,6 +139,9 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
         elif m.style == "columns":
             branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
             out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()))
+        elif m.style == "pair_columns":
+            # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it
+            out[m.path] = ColwiseParallel(input_layouts=stream)
         elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
             out[m.path] = Rows(stream, use_local_output=not sharded)
         elif m.style == "width_norm":
@@ -337,6 +348,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     styles = _styles(plan, stream, module, mesh)
     if styles:
         parallelize_module(module, mesh, styles)
+    _head_spans(module, plan, mesh.get_local_rank(), mesh.size())
     _local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
     _head_params(module, mesh, plan)

@@ -99,6 +99,9 @@ class _Projections(_DottedLayers):
         names = {**DEFAULT_NAMES, **(names or {})}
         settings.update(width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim, fused=fused,
                         qkv_groups=qkv_groups, core=core or AttentionCore(), names=names, qk_norm=qk_norm, qk_norm_axis=qk_norm_axis)
+        # (first, total): the heads this module computes are heads first… of total (a tensor-parallel rank's), for
+        # what depends on a head's index among all of them (ALiBi's slopes); None: all of them
+        settings.update(head_span=None)
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
         if fused == "none":
             for role, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
@@ -285,7 +288,8 @@ class SelfAttention(_Projections):
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
-            return self.out(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups))
+            return self.out(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups,
+                                            self.head_span))
         return self.out(attend(q, k, v, masks, self.core, self.training, groups, scores))
 
     def extra_repr(self) -> str:

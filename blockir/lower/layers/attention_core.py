@@ -99,24 +99,31 @@ def alibi_slopes(heads: int, device: torch.device) -> Tensor:
     return slopes
 
 
-def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``[B, H, 1, K]``: slope × key position, positions counted over the kept keys of a ``[B, K]`` keep-mask."""
+def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dtype, device: torch.device,
+               head_span: tuple[int, int] | None = None) -> Tensor:
+    """``[B, H, 1, K]``: slope × key position, positions counted over the kept keys of a ``[B, K]`` keep-mask.
+
+    ``head_span`` (first, total): the ``heads`` present are heads first… of ``total`` (a tensor-parallel rank's),
+    whose slopes are those of the whole sequence of ``total``, not a sequence of their own."""
     if isinstance(keep, Tensor) and keep.dim() == 2 and not keep.is_floating_point():
         positions = ((keep.long().cumsum(dim=-1) - 1) * keep.long())[:, None, :]
     else:  # no keep-mask: every key is real
         positions = torch.arange(keys, device=device).expand(batch, 1, keys)
-    return (alibi_slopes(heads, device)[..., None] * positions).to(dtype).view(batch, heads, 1, keys)
+    first, total = head_span or (0, heads)
+    slopes = alibi_slopes(total, device)[first:first + heads]
+    return (slopes[..., None] * positions).to(dtype).view(batch, heads, 1, keys)
 
 
 def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-                  keep: object, groups: int) -> Tensor:
+                  keep: object, groups: int, head_span: tuple[int, int] | None = None) -> Tensor:
     """Attention with ALiBi biases: the fast path adds them to the SDPA mask; the eager path is BLOOM's
-    ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it."""
+    ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it. ``head_span`` places the
+    heads present among all (see ``alibi_bias``)."""
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     if core.window is not None:
         masks.window(core.window, q.device)
     (b, h, s, hd), keys = q.shape, k.shape[2]
-    bias = alibi_bias(keep, b, h, keys, q.dtype, q.device)
+    bias = alibi_bias(keep, b, h, keys, q.dtype, q.device, head_span)
     scale = core.scale if core.scale is not None else hd ** -0.5
     p = core.dropout if training else 0.0
     if core.impl == "sdpa" and core.softcap is None:
