@@ -62,6 +62,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     from blockir.lifecycle.lm import Layout
     from blockir.lifecycle.token_lm import TokenLM
     m = blockir.compile(program, name, dims=dims, seed=0, backend=backend)
+    # the one-process module's weights as compiled, for a comparison with the model they were imported from
+    state = {k: v.detach().clone() for k, v in m.state_dict().items()} if layout is None else None
     m.train(mode == "train")
     tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
@@ -130,7 +132,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             y = _full(y)
         else:
             # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
-            grad_out = torch.randn(shape[0], *y.shape[1:], generator=torch.Generator().manual_seed(2))
+            grad_out = output_gradient((shape[0], *y.shape[1:]))
             y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
     if counted:
         totals = [sum(seen.values(), Counter()) for seen in (counter.seen, counter.seen_backward)]
@@ -144,10 +146,43 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         y, dx = _gather_batch(y, group), None if tokens else _gather_batch(dx, group) / n
         # each dp rank's loss is the mean over its slice; FSDP averages their gradients, as the whole batch's mean
         loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
-    return dict(y=y, dx=dx, loss=loss,
+    out = dict(y=y, dx=dx, loss=loss, state=state,
                 grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
                 comms_backward=comms_backward, planned_backward=planned_backward, totals=totals)
+    if mode == "steps":  # with the evaluation's loss, which the first training step's differs from where it drops
+        out |= dict(_train(m, x, grad_out[index * rows:(index + 1) * rows] * n, group), eval_loss=(y * grad_out).sum())
+    return out
+
+
+def output_gradient(shape: tuple[int, ...]) -> torch.Tensor:
+    """The fixed gradient every non-vocab case back-propagates from its whole batch's output."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+
+
+STEPS, LR = 3, 1e-3  # the steps mode: optimizer steps of plain SGD, whose update is linear in the gradient
+
+
+def _train(m: Any, x: torch.Tensor, grad_out: torch.Tensor, group: Any) -> dict[str, Any]:
+    """``STEPS`` steps of SGD in training mode (dropout on) on the loss ``Σ y · grad_out``: each step's loss
+    (summed over the data-parallel ranks, as the whole batch's) and the parameters after the last step.
+
+    Each forward seeds torch's generator alike on every rank, so the masks are those of one process; a data-parallel
+    rank's ``grad_out`` is scaled by dp, FSDP's average of the gradients then being the whole batch's."""
+    m.train(True)
+    optimizer = torch.optim.SGD(m.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        torch.manual_seed(10 + step)
+        loss = (m(x).float() * grad_out).sum()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach() / (1 if group is None else dist.get_world_size(group)))
+    total = torch.stack(losses)
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return dict(losses=total, trained={k: _full(p).detach().clone() for k, p in m.named_parameters()})
 
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
@@ -212,7 +247,13 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their
     own. One spawn for many cases: starting ranks costs more than running them.
     """
-    refs = [_run(program, name, dims, None, shape, mode, 1, *extra) for program, name, dims, _, shape, mode, _, *extra
-            in cases]
+    # one reference per distinct module and input: cases that differ only in layout or mesh share it
+    refs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for program, name, dims, _, shape, mode, _, *extra in cases:
+        key = (program, name, tuple(sorted(dims.items())), shape, mode, *extra)
+        if key not in refs:
+            refs[key] = _run(program, name, dims, None, shape, mode, 1, *extra)
+    order = [refs[(program, name, tuple(sorted(dims.items())), shape, mode, *extra)]
+             for program, name, dims, _, shape, mode, _, *extra in cases]
     pars = run_world(_run_cases, world, cases)
-    return list(zip(refs, pars))
+    return list(zip(order, pars))

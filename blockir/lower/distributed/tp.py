@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
                                                SequenceParallel, parallelize_module)
 from torch.distributed.tensor.placement_types import Placement
 
-from blockir.analyses.parallel import LAYOUTS, ParallelPlan, derive_plan, stream_type
+from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
@@ -128,6 +128,14 @@ def _local_heads(module: nn.Module, plan: ParallelPlan, world: int) -> None:
         if m.style == "columns" and vars(branch).get("fused") == "stacked":
             kv = branch.kv_heads
             vars(branch).update(heads=branch.heads // world, kv_heads=kv // world if kv % world == 0 else 1)
+
+
+def _head_shards(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -> None:
+    """Each attention branch learns which of its query heads this rank holds, so that dropout on its
+    probabilities draws the unsharded run's decisions for those heads (``attention_core.drop_probs``)."""
+    for m in plan.modules:
+        if m.style == "branch" and "q" in COLUMN.get(m.kind, ()):
+            vars(module.get_submodule(m.path))["head_shard"] = (rank, world)
 
 
 def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: DeviceMesh) -> dict[str, ParallelStyle]:
@@ -351,6 +359,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     _head_spans(module, plan, mesh.get_local_rank(), mesh.size())
     _local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
+    _head_shards(module, plan, mesh.get_local_rank(), mesh.size())
     _head_params(module, mesh, plan)
     if not isinstance(stream, Replicate):
         _replicate_rest(module, mesh, plan, set(styles))

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from blockir.diagnostics import UNKNOWN_SPAN, BlockError, Span, error
 from blockir.lower.layers import numerics, rotary
-from blockir.lower.layers.attention_core import AttentionCore, attend, attend_alibi, repeat_kv
+from blockir.lower.layers.attention_core import ALL_HEADS, AttentionCore, attend, attend_alibi, repeat_kv
 from blockir.lower.layers.dense import dense
 from blockir.lower.layers.fixup_bias import OUT, add_biases, shift
 from blockir.lower.layers.kv_cache import KVCache
@@ -102,6 +102,8 @@ class _Projections(_DottedLayers):
         # (first, total): the heads this module computes are heads first… of total (a tensor-parallel rank's), for
         # what depends on a head's index among all of them (ALiBi's slopes); None: all of them
         settings.update(head_span=None)
+        # (rank, ranks): which of the query heads a tensor-parallel rank holds, for the probabilities' dropout
+        settings.update(head_shard=ALL_HEADS)
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
         if fused == "none":
             for role, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
@@ -289,8 +291,8 @@ class SelfAttention(_Projections):
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
             return self.out(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups,
-                                            self.head_span))
-        return self.out(attend(q, k, v, masks, self.core, self.training, groups, scores))
+                                            self.head_span, self.head_shard))
+        return self.out(attend(q, k, v, masks, self.core, self.training, groups, scores, self.head_shard))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \
@@ -322,7 +324,7 @@ class CrossAttention(_Projections):
         q, k, v = self.project(x, memory)
         q, k = self.sphere_qk(q, k)
         return self.out(attend(q, k, v, masks, self.core, self.training,
-                                     self.heads // self.kv_heads, scores))
+                                     self.heads // self.kv_heads, scores, self.head_shard))
 
 
 # torch.fx.symbolic_trace records this as one call: its body reads shapes as Python values.

@@ -13,6 +13,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blockir.lower.layers.masks import MaskBuilder
+from blockir.lower.layers.numerics import BatchSlice
+from blockir.lower.rng import MASK32, fmix32, keep_block
+
+# a tensor-parallel rank's query heads: (rank, ranks), the rank holding heads [rank·h, (rank + 1)·h) of ranks·h
+ALL_HEADS = (0, 1)
+
+
+def drop_probs(probs: Tensor, p: float, heads: tuple[int, int]) -> Tensor:
+    """Inverted dropout of attention probabilities ``[B, H, Sq, Sk]`` keyed by their logical coordinates.
+
+    One seed per call comes from torch's generator (every rank and the one-process run draw the same); each
+    keep decision is a hash of (seed, global batch row, global query head, query, key), so a rank holding
+    some heads (``heads``, set by ``parallelize``) or a data-parallel slice of the batch (``BatchSlice``)
+    draws exactly the decisions the unsharded run draws there, and a recomputed forward replays them."""
+    key = fmix32(torch.randint(0, MASK32 + 1, (), dtype=torch.int64))
+    (rank, ranks), (index, count) = heads, BatchSlice.current
+    b, h, sq, sk = probs.shape
+    keep = keep_block(key, p, (b * count, h * ranks, sq, sk), (index * b, rank * h, 0, 0), (b, h, sq, sk),
+                      device=probs.device)
+    return torch.where(keep, probs * (1.0 / (1.0 - p)), 0.0)
 
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -36,7 +56,7 @@ def _scaled_query(q: Tensor, core: "AttentionCore") -> tuple[Tensor, float | Non
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-            groups: int, prev: Tensor | None = None) -> Any:
+            groups: int, prev: Tensor | None = None, heads: tuple[int, int] = ALL_HEADS) -> Any:
     """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
 
     The fast path is one ``scaled_dot_product_attention``; the eager path (and any soft-capped
@@ -44,6 +64,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
     before the mask, and the result is ``(output, scores)``: the running sum (or mean) the next layer reads.
+    Dropout on the probabilities (``drop_probs``) takes the eager path, which holds them.
     """
     if core.impl == "eager" and core.kv_cache:  # a KV cache hands the eager op contiguous keys and values, and
         # matmuls round by layout
@@ -53,9 +74,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
     if core.window is not None:
         masks.window(core.window, q.device)
     p = core.dropout if training else 0.0
-    if core.impl == "sdpa" and core.softcap is None and core.score_residual is None:
+    if core.impl == "sdpa" and core.softcap is None and core.score_residual is None and not p:
         mask, is_causal = masks.build(core.causal, q.dtype, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                               scale=scale).transpose(1, 2)
     if core.scores_f32:
         q, k = q.float(), k.float()
@@ -78,7 +99,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     else:
         probs = F.softmax(scores, dim=-1).type(v.dtype)
-    probs = F.dropout(probs, p=p, training=training)
+    if p:
+        probs = drop_probs(probs, p, heads)
     out = torch.matmul(probs, v).transpose(1, 2).contiguous()
     return out if carried is None else (out, carried)
 
@@ -115,7 +137,8 @@ def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dty
 
 
 def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-                  keep: object, groups: int, head_span: tuple[int, int] | None = None) -> Tensor:
+                  keep: object, groups: int, head_span: tuple[int, int] | None = None,
+                  heads: tuple[int, int] = ALL_HEADS) -> Tensor:
     """Attention with ALiBi biases: the fast path adds them to the SDPA mask; the eager path is BLOOM's
     ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it. ``head_span`` places the
     heads present among all (see ``alibi_bias``)."""
@@ -126,10 +149,10 @@ def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Att
     bias = alibi_bias(keep, b, h, keys, q.dtype, q.device, head_span)
     scale = core.scale if core.scale is not None else hd ** -0.5
     p = core.dropout if training else 0.0
-    if core.impl == "sdpa" and core.softcap is None:
+    if core.impl == "sdpa" and core.softcap is None and not p:
         masks._add(bias)
         mask, _ = masks.build(core.causal, q.dtype, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
     scores = bias.reshape(b * h, 1, keys).baddbmm(batch1=q.reshape(b * h, s, hd),
                                                    batch2=k.reshape(b * h, keys, hd).transpose(-1, -2),
                                                    beta=1.0, alpha=scale).view(b, h, s, keys)
@@ -138,7 +161,9 @@ def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Att
     mask, _ = masks.build(core.causal, q.dtype, q.device, additive=True)
     if mask is not None:
         scores = scores + mask
-    probs = F.dropout(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), p=p, training=training)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if p:
+        probs = drop_probs(probs, p, heads)
     context = torch.bmm(probs.view(b * h, s, keys), v.reshape(b * h, keys, hd))
     return context.view(b, h, s, hd).transpose(1, 2).contiguous()
 
