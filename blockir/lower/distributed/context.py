@@ -70,7 +70,7 @@ class ContextAttention(ParallelStyle):
         def prepare(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             if kwargs.get("past_key_values") is not None:
                 raise BlockError([error(
-                    "E0633", f"self_attention '{vars(m)['name']}' runs context-parallel: each rank holds a slice "
+                    "E0633", f"{vars(m)['name']} runs context-parallel: each rank holds a slice "
                     "of the sequence's rows, and a KV cache holds the keys of one process's whole sequence",
                     vars(m)["span"], hint="generate with the module on one process (blockir.compile), or "
                     "parallelise it with another layout")])
