@@ -54,7 +54,8 @@ def test_collectives_follow_the_closed_forms() -> None:
         for layer in ("layers.0", "layers.1"):
             ops = [c.op for c in plan.collectives[layer]]
             assert {op: ops.count(op) for op in set(ops)} == form, layout
-        stream = 2 * 8 * 64
+        # the stream, B·S·D; under the context layout the keys and the values, B·S·kv_heads·head_dim
+        stream = 2 * 8 * 64 if layout != "context" else 2 * 8 * 2 * 16
         big = [c for c in plan.collectives["layers.0"] if c.op != "all-reduce" or layout == "replicated"]
         assert all(c.elements == stream for c in big)
         # ring volumes: all-reduce sends 2(P-1)/P of the payload, the others (P-1)/P

@@ -201,6 +201,11 @@ def _kind_keys(block: Block, decl: KindDecl, s: Sizes) -> list[tuple[str, Shape]
     return []  # activations own no state
 
 
+def decl_keys(block: Block, decl: KindDecl, sizes: Sizes) -> list[str]:
+    """The state_dict keys ``decl`` of ``block`` owns, relative to the declaration's own path."""
+    return [name for name, _ in _kind_keys(block, decl, sizes)]
+
+
 def _collect(program: Program, block: Block, s: Sizes, prefix: str, keys: list[Key], unknown: list[str],
              nested: bool = True) -> None:
     """Every key under ``block``, in declaration order, through sub-blocks and stacks unless not ``nested`` (an

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockir.analyses.keys import fixup_biases, key_table
+from blockir.analyses.keys import decl_keys, fixup_biases, key_table
 from blockir.analyses.parallel_moe import plan_moe
 from blockir.analyses.linear_pairs import linear_pairs
 from blockir.norms import FAMILIES, NormFamily, family
@@ -61,7 +61,7 @@ from blockir.ir.kinds import layer_names
 from blockir.ir.program import Block, Program
 from blockir.ir.types import TensorType
 
-LAYOUTS = ("replicated", "sequence", "hidden")
+LAYOUTS = ("replicated", "sequence", "hidden", "context")
 # roles (ir/kinds.py LAYER_NAMES) of the column-parallel projections of each branch and of its row-parallel one
 COLUMN = {"self_attention": ("q", "k", "v"), "cross_attention": ("q", "k", "v"), "mlp": ("fc1",),
           "gated_mlp": ("gate", "up")}
@@ -70,15 +70,20 @@ ROW = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp":
 # branches planned in a file of their own: kind → (planner, declaration, path, layer, sizes) → None
 BRANCH_PLANS = {"moe": plan_moe}
 # where the stream lives, as a placement of a [B, S, D] tensor
-STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)"}
+STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)", "context": "shard(S)"}
 # collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
 # brings the stream to a branch input (full rows on every rank)
-REDUCE = {"replicated": "all-reduce", "sequence": "reduce-scatter", "hidden": "reduce-scatter"}
-GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather"}
+REDUCE = {"replicated": "all-reduce", "sequence": "reduce-scatter", "hidden": "reduce-scatter",
+          "context": "reduce-scatter"}
+GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
 # backward of a row-parallel output's reduction (the incoming gradient is whole: an all-reduce sends nothing
 # back, a reduce-scatter's gradient is gathered), and of a branch input's gather (the gradient of the
 # column-parallel projections is a pending sum, reduced once to the stream's layout)
-REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather"}
+REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
+# a parameter whose every rank applies it to its own rows: its gradient is a pending sum over the ranks
+SUMMED = "replicate (gradient summed over tp)"
+# rope scalings whose frequencies depend on the longest position of the call, which a rank's rows do not hold
+LONGEST_POSITION = ("dynamic", "longrope")
 GATHER_BACKWARD = REDUCE
 
 
@@ -245,7 +250,7 @@ class _Planner:
     def decl(self, d: KindDecl, path: str, layer: str, sizes: Sizes, block: Block) -> None:
         if d.category == "norm":
             self.plan.modules.append(ModuleStyle(path, "norm", d.kind))
-            grads = {"sequence": "replicate (gradient summed over tp)"}
+            grads = {"sequence": SUMMED, "context": SUMMED}
             for name in _norm_params(d):
                 self._param(f"{path}.{name}", grads.get(self.layout, "replicate"))
             for name, _ in family(d).buffers(d, ()):
@@ -255,8 +260,15 @@ class _Planner:
                 width = sizes.dim(d.arg("axes")[-1])
                 self._sharded_norm(layer, path, family(d), self.elements // width, width, len(_norm_params(d)))
             return
+        if d.kind in BRANCH_PLANS and self.layout == "context":
+            raise BlockError([error(
+                "E0634", f"{d.kind} '{d.name}' routes each row to experts, which the context layout does not plan",
+                d.span, hint="parallelise this block with the sequence, hidden or replicated layout")])
         if d.kind in BRANCH_PLANS:
             BRANCH_PLANS[d.kind](self, d, path, layer, sizes)
+            return
+        if d.kind in COLUMN and self.layout == "context":
+            self.context_branch(d, path, layer, sizes, block)
             return
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
@@ -281,7 +293,49 @@ class _Planner:
         elif d.kind == "embedding":
             self._param(f"{path}.weight", "replicate")
         elif d.category in ("scale", "shift"):
-            self._param(path, "replicate")
+            self._param(path, SUMMED if self.layout == "context" else "replicate")
+        if d.kind == "linear" and self.layout == "context":  # applied to each rank's rows of the stream
+            for key in decl_keys(block, d, sizes):
+                self._param(f"{path}.{key}", SUMMED)
+
+    def context_branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes, block: Block) -> None:
+        """Context parallelism: every rank holds the branch's weights whole and runs it on its own rows, so
+        each weight's gradient is a pending sum over the ranks. An MLP reads each row alone and sends nothing;
+        a self-attention's queries need every key: its keys and values are all-gathered along the sequence
+        (B·S·kv_heads·head_dim elements each) and the gradients reaching them reduce-scattered back."""
+        self.plan.modules.append(ModuleStyle(path, "context_attention" if d.kind == "self_attention" else "rows",
+                                             d.kind))
+        for key in decl_keys(block, d, sizes):
+            self._param(f"{path}.{key}", SUMMED)
+        if d.kind == "cross_attention" or d.arg("score_residual") is not None:
+            what = "attends to another sequence's keys" if d.kind == "cross_attention" else \
+                "carries its [B, H, S, S] scores to the next layer (score_residual)"
+            raise BlockError([error(
+                "E0631", f"{d.kind} '{d.name}' {what}, which the context layout does not split by the stream's rows",
+                d.span, hint="parallelise this block with the sequence layout (the branch then sees full rows)")])
+        if d.arg("rope") and d.arg("rope_scaling") in LONGEST_POSITION:
+            raise BlockError([error(
+                "E0632", f"self_attention '{d.name}' scales its rotary frequencies by the longest position of the "
+                f"call (rope_scaling={d.arg('rope_scaling')}), which a rank holding a slice of the rows does not see",
+                d.span, hint="parallelise this block with the sequence layout, or use a fixed scaling "
+                             "(linear, llama3, yarn)")])
+        if d.kind != "self_attention":
+            return
+        if d.arg("dropout") is not None and float(sizes.value(d.arg("dropout"))):
+            # its masks are keyed by the query's index, which on a rank holding a slice of the rows is not global
+            raise BlockError([error(
+                "E0635", f"self_attention '{d.name}' drops attention probabilities, which the context layout does not "
+                "draw as one process does", d.span,
+                hint="set the attention dropout to 0, or parallelise this block with the sequence layout")])
+        heads = int(sizes.value(d.arg("heads")))
+        kv = heads if d.arg("kv_heads") is None or d.arg("kv_broadcast") or d.arg("fused") == "qvk_groups" else \
+            int(sizes.value(d.arg("kv_heads")))
+        hd = int(sizes.value(d.arg("head_dim"))) if d.arg("head_dim") is not None else \
+            sizes.dim(self.stream_axis) // heads
+        keys = self.elements // sizes.dim(self.stream_axis) * kv * hd
+        for _ in ("k", "v"):
+            self._collective(layer, Collective(path, "all-gather", keys))
+            self._backward(layer, Collective(path, "reduce-scatter", keys))
 
     def linear_pair(self, d: KindDecl, role: str, path: str, layer: str, sizes: Sizes) -> None:
         """One linear of a written-out MLP: the widening one split by output columns, reading full rows of the
@@ -460,6 +514,22 @@ def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
     return found
 
 
+def _context_rows(program: Program, block: Block, state: TensorType, known: dict, world: int) -> None:  # type: ignore[type-arg]
+    """The context layout splits the stream's sequence axis into ``world`` equal slices of whole rows."""
+    seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
+    if seq is None:
+        raise BlockError([error(
+            "E0630", f"{block.kind} '{block.name}' has no sequence axis in its stream {state} for the context "
+                     "layout to split", block.span,
+            hint="context parallelism splits a [B, S, D] stream by its seq-role axis; declare one "
+                 "(dim S: seq), or use the replicated or hidden layout")])
+    if known[seq] is not None and int(known[seq]) % world:
+        raise BlockError([error(
+            "E0630", f"the sequence axis {seq} = {known[seq]} of {block.kind} '{block.name}' does not split into "
+                     f"{world} equal slices of rows", block.span,
+            hint=f"choose a sequence length that is a multiple of {world} (pad it), or fewer ranks")])
+
+
 def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int,
                 vocab: bool = False) -> ParallelPlan:
     """The plan for ``block`` with its stream ``layout`` over ``world`` ranks; with ``vocab``, its token
@@ -474,6 +544,8 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     elements = 1
     for a in state.names:
         elements *= 1 if a in state.rows and per_token else sizes.dim(a)
+    if layout == "context":
+        _context_rows(program, block, state, known, world)
     if layout == "sequence":
         seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
         if seq is None or (known[seq] is not None and int(known[seq]) % world):

@@ -19,6 +19,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
 from blockir.lower.distributed.experts import ExpertColumns
+from blockir.lower.distributed.context import ContextAttention
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
@@ -35,12 +36,12 @@ def _bad(argument: str, message: str, hint: str | None = None) -> BlockError:
 
 
 def _stream(block: Block, program: Program, layout: str) -> Placement:
-    """The stream's placement as DTensor states it: the tensor dim of S (sequence) or of D (hidden).
+    """The stream's placement as DTensor states it: the tensor dim of S (sequence, context) or of D (hidden).
 
     ``derive_plan`` has checked that the stream has the axis the layout splits."""
     if layout == "replicated":
         return Replicate()
-    role = "seq" if layout == "sequence" else "model"
+    role = "model" if layout == "hidden" else "seq"
     return Shard(next(i for i, a in enumerate(stream_type(program, block).axes) if a.role.value == role))
 
 
@@ -166,11 +167,13 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = BranchInput(stream)
         elif m.style == "moe":
             out[m.path] = ExpertColumns(stream, use_local_output=not sharded)
+        elif m.style == "context_attention":
+            out[m.path] = ContextAttention()
         elif m.style == "vocab_embedding":
             out[m.path] = VocabRows(stream)
         elif m.style == "vocab_head":
             out[m.path] = VocabColumns()
-        elif m.style == "norm" and plan.layout == "sequence":
+        elif m.style == "norm" and plan.layout in ("sequence", "context"):
             out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
         elif m.style == "embedding" and sharded:
             # a lookup on every rank's full ids, its rows then sliced to the stream's layout (no collective)
@@ -338,8 +341,9 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     computed in and the dtype gradients are reduced in) is handed to ``fully_shard``.
 
     ``layout`` is where the residual stream lives between blocks: ``replicated`` (Megatron tensor
-    parallelism), ``sequence`` (rows split between ranks at norms and adds) or ``hidden`` (features
-    split). The module still takes and returns full tensors: its input is sliced to the stream's
+    parallelism), ``sequence`` (rows split between ranks at norms and adds), ``hidden`` (features
+    split) or ``context`` (context parallelism over the same axis: weights replicated, rows split
+    everywhere, attention reading the keys and values of all ranks' rows). The module still takes and returns full tensors: its input is sliced to the stream's
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
 
@@ -360,7 +364,8 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     _local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
     _head_shards(module, plan, mesh.get_local_rank(), mesh.size())
-    _head_params(module, mesh, plan)
+    if plan.layout != "context":  # under it every rank holds all heads, their parameters replicated
+        _head_params(module, mesh, plan)
     if not isinstance(stream, Replicate):
         _replicate_rest(module, mesh, plan, set(styles))
         _boundary(module, mesh, program, block, stream)

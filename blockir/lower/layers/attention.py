@@ -18,6 +18,7 @@ from blockir.lower.layers.dense import dense
 from blockir.lower.layers.fixup_bias import OUT, add_biases, shift
 from blockir.lower.layers.kv_cache import KVCache
 from blockir.lower.layers.masks import MaskBuilder
+from blockir.lower.layers.query_rows import WHOLE, QueryRows
 from blockir.lower.layers.norm_module import make_norm
 from blockir.lower.layers.rotary import apply_rope, rope_cos_sin
 from blockir.norms import FAMILIES
@@ -178,11 +179,16 @@ class _Projections(_DottedLayers):
             y = y * scales.to(y.dtype)[:, None]
         return getattr(self, self.names["o"])(shift(y.flatten(-2), self, OUT))
 
+    # the rows of the sequence this module's calls hold: all of them, unless context parallelism splits them
+    query_rows: ClassVar[QueryRows] = WHOLE
+
     def masks(self, x: Tensor, keys: int | None = None) -> MaskBuilder:
         """Masks for the queries of ``x`` over ``keys`` keys (default: its own positions, the very same size
         object, so that a symbolic trace never compares two traced sizes)."""
         seq = x.shape[1]
-        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, seq, seq if keys is None else keys))
+        queries, first = self.query_rows.span(seq)
+        return MaskBuilder(self.name, self.span, (x.shape[0], self.heads, queries, seq if keys is None else keys),
+                           first)
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, {self.core!r}"
@@ -255,7 +261,8 @@ class SelfAttention(_Projections):
         the positions the internal tables rotate by. ``attention_mask`` (HF's forms)
         and ``src_key_padding_mask`` (torch's) both apply, together with the block's causality.
         """
-        q, k, v = self.project(x)
+        rows = self.query_rows
+        q, k, v = (rows.local(t) for t in self.project(x))
         groups = self.heads // self.kv_heads
         if self.kv_broadcast:  # every query head gets its own rotated key; a cache then stores one copy per head
             k, v, groups = repeat_kv(k, groups), repeat_kv(v, groups), 1
@@ -286,13 +293,14 @@ class SelfAttention(_Projections):
                                          f"{type(cache).__name__}", Span("<call>", 1, 1),
                                          hint="pass the cache a previous call returned (use_cache=True), or none")])
             k, v = cache.update(self, k, v)
+        k, v = rows.keys(k, v)
         masks = self.masks(x, k.shape[2] if cache is not None else None)
         masks.attention_mask(attention_mask, "attention_mask")
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
-            return self.out(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask, groups,
-                                            self.head_span, self.head_shard))
-        return self.out(attend(q, k, v, masks, self.core, self.training, groups, scores, self.head_shard))
+            return self.out(rows.stream(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
+                                                     groups, self.head_span, self.head_shard)))
+        return self.out(rows.stream(attend(q, k, v, masks, self.core, self.training, groups, scores, self.head_shard)))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \

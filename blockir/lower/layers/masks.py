@@ -31,8 +31,11 @@ def _fits(shape: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
 class MaskBuilder:
     """Collects the constraints of one attention call: ``allowed`` (bool, True = attend) and ``bias`` (added)."""
 
-    def __init__(self, label: str, span: Span, sizes: tuple[int, int, int, int]) -> None:
+    def __init__(self, label: str, span: Span, sizes: tuple[int, int, int, int], first: int | None = None) -> None:
         self.label, self.span, self.sizes = label, span, sizes  # sizes: batch, heads, queries, keys
+        # the first query's position among the keys; None: the queries are the last keys (after a cache).
+        # A context-parallel rank holds rows first … first + queries - 1 of the sequence and all its keys
+        self.first = first
         self.allowed: Tensor | None = None
         self.bias: Tensor | None = None
         self.summed = False  # two additive masks were added: their sum may leave the dtype's range
@@ -84,7 +87,8 @@ class MaskBuilder:
     def window(self, size: int, device: torch.device) -> None:
         """Sliding window: query ``i`` sees key ``j`` only while ``i - j < size`` (HF's convention)."""
         _, _, queries, keys = self.sizes
-        rows = torch.arange(keys - queries, keys, device=device)[:, None]
+        first = keys - queries if self.first is None else self.first
+        rows = torch.arange(first, first + queries, device=device)[:, None]
         self._allow(rows - torch.arange(keys, device=device)[None, :] < size)
 
     def build(self, causal: bool, dtype: torch.dtype, device: torch.device,
@@ -98,10 +102,11 @@ class MaskBuilder:
         if self.allowed is None and self.bias is None and not (additive and causal) and \
                 (not causal or queries is keys or queries == keys):  # `is`: one traced size, never compared
             return None, causal  # the kernels' own causal path; it aligns the triangle top-left, so not after a cache
-        if self.allowed is None and self.bias is None and not additive and queries == 1:
+        if self.allowed is None and self.bias is None and not additive and queries == 1 and self.first is None:
             return None, False  # one query after the cached keys sees all of them
         if causal:
-            self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries))
+            first = keys - queries if self.first is None else self.first
+            self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril(first))
         if additive and self.bias is None:
             self.bias = torch.zeros((), dtype=dtype, device=device)
         if self.bias is None:

@@ -1,0 +1,33 @@
+"""Which rows of the sequence an attention call holds, and where it finds the keys of the others.
+
+A self-attention asks its ``query_rows`` at four seams: its projections as tensors of its own rows
+(``local``), the keys and values of the whole sequence (``keys``), how many queries it holds and the
+position of the first (``span``, for the masks), and its output in the stream's form (``stream``). On one
+process it holds every row and each seam is the identity (``WHOLE``); context parallelism
+(``blockir.lower.distributed.context``) gives each rank a slice of the rows and gathers the keys.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+
+class QueryRows:
+    """Every row at hand: the projections are the rows, their keys are all the keys."""
+
+    def local(self, t: Tensor) -> Tensor:
+        return t
+
+    def keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+    def span(self, seq: Any) -> tuple[Any, int | None]:
+        """(queries held, position of the first among the keys); None: the queries are the last keys."""
+        return seq, None
+
+    def stream(self, y: Any) -> Any:
+        return y
+
+
+WHOLE = QueryRows()

@@ -1,0 +1,116 @@
+"""The context layout on two gloo ranks against one process: each rank holds every weight and half the rows,
+attention gathers the keys and values of both halves; logits (or outputs) and every gradient must match, and
+each layer must issue exactly the plan's gathers forward and reduce-scatters backward. One spawned world."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from blockir.api import hf_block_text
+from conftest import ROOT
+from dist_harness import _run, _run_cases, run_world
+from hf_configs import CONFIGS, MORE_CONFIGS
+
+FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
+STREAM = {"B": 2, "S": 8, "D": 64}
+# model → (program, block, mode, extra): examples and tests' own blocks take a [B, S, D] stream
+BLOCKS = {"llama": (str(ROOT / "examples" / "llama.block"), "LlamaModel", "eval"),
+          "gpt2-train": (FAMILIES, "GPT2Model", "train"), "gpt2-eval": (FAMILIES, "GPT2Model", "eval"),
+          "bert": (FAMILIES, "BertEncoder", "eval"), "heads": (FAMILIES, "HeadParamsModel", "eval")}
+# imported causal LMs, token ids in: grouped heads and RoPE (LLaMA, Qwen2 tied), a sliding window of 5 over 8
+# positions (Mistral), ALiBi (BLOOM), learned positions and a tied head (GPT-2), trained with residual dropout
+# (its attention-probability dropout off: a kernel draws that per rank)
+IMPORTED = {"hf-llama": ("llama", "LlamaForCausalLM", {}, "eval"), "hf-qwen2": ("qwen2", "Qwen2ForCausalLM", {}, "eval"),
+            "hf-mistral": ("mistral", "MistralForCausalLM", {}, "eval"),
+            "hf-bloom": ("bloom", "BloomForCausalLM", {}, "eval"),
+            "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {}, "eval"),
+            "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", {"attn_pdrop": 0.0}, "train")}
+
+
+def _kv_cache_refusal(program: str) -> str:
+    """What a context-parallel module says when asked to extend a KV cache."""
+    import blockir
+    from torch.distributed.device_mesh import init_device_mesh
+    m = blockir.compile(program, "LlamaModel", dims=STREAM, seed=0)
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("tp",))
+    blockir.parallelize(m, mesh, program, "LlamaModel", layout="context", dims=STREAM)
+    try:
+        m(torch.randn(2, 8, 64), past_key_values=blockir.KVCache())
+    except blockir.BlockError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _world(cases: list[tuple[Any, ...]], program: str) -> tuple[list[dict[str, Any]], str]:
+    return _run_cases(cases), _kv_cache_refusal(program)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, tuple[Any, Any]], str]:
+    folder = tmp_path_factory.mktemp("context")
+    cases = {model: (program, name, STREAM, "context", (2, 8, 64), mode, 1)
+             for model, (program, name, mode) in BLOCKS.items()}
+    cases["gpt2-fused"] = (FAMILIES, "GPT2Model", STREAM, "context", (2, 8, 64), "train", 1, False, "fused")
+    configs = {**CONFIGS, **MORE_CONFIGS}
+    for model, (config, name, extra, mode) in IMPORTED.items():
+        path = folder / f"{model}.block"
+        path.write_text(hf_block_text(dict(configs[config], **extra)))
+        cases[model] = (str(path), name, {"B": 2, "S": 8}, "context", (2, 8), mode, 1)
+    listed = list(cases.values())
+    refs = [_run(program, name, dims, None, shape, mode, 1, *extra)
+            for program, name, dims, _, shape, mode, _, *extra in listed]
+    pars, refusal = run_world(_world, 2, listed, BLOCKS["llama"][0])
+    return dict(zip(cases, zip(refs, pars))), refusal
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # 1e-5 relative in fp32; the floor is for the key bias, whose gradient is zero in exact arithmetic
+    return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
+
+
+CASES = [*BLOCKS, "gpt2-fused", *IMPORTED]
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_context_parallel_matches_one_process(world: tuple[dict, str], model: str) -> None:
+    ref, par = world[0][model]
+    assert _close(par["y"], ref["y"])
+    if ref["dx"] is not None:
+        assert _close(par["dx"], ref["dx"])
+    assert set(par["grads"]) == set(ref["grads"])
+    for key, g in ref["grads"].items():
+        assert _close(par["grads"][key], g), key
+    # every weight whole on every rank (the token and position tables and the head, computed on full tensors,
+    # as plain ones); the stream reaches each stack split by rows
+    plain = {k for k, v in par["params"].items() if v != "R"}
+    assert all(k.endswith(("embed_tokens.weight", "wte.weight", "wpe.weight", "word_embeddings.weight",
+                           "lm_head.weight")) for k in plain), plain
+    assert any(v == "R" for v in par["params"].values())
+    stacks = [k for k in par["inputs"] if k.endswith(("layers", ".h", "transformer.h")) or k in ("h", "layers")]
+    assert stacks and all(par["inputs"][k] == "S(1)" for k in stacks)
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
+
+
+def test_each_layer_gathers_its_keys_and_values_and_reduce_scatters_their_gradients(world: tuple[dict, str]) -> None:
+    # LLaMA: 2 key/value heads of 16 features over B·S = 16 rows; GPT-2: 4 heads of 16; Mistral: 1 of 16
+    for model, elements in (("llama", 512), ("gpt2-train", 1024), ("hf-mistral", 256)):
+        _, par = world[0][model]
+        layer = next(iter(par["comms"]))
+        assert par["comms"][layer] == {("all-gather", elements): 2}
+        assert par["comms_backward"][layer] == {("reduce-scatter", elements): 2}
+
+
+def test_training_really_drops(world: tuple[dict, str]) -> None:
+    train, evaluated = world[0]["gpt2-train"][0], world[0]["gpt2-eval"][0]
+    assert ((train["y"] - evaluated["y"]).norm() / evaluated["y"].norm()).item() > 1e-2
+
+
+def test_a_kv_cache_is_refused_at_the_attention(world: tuple[dict, str]) -> None:
+    program = BLOCKS["llama"][0]
+    assert world[1] == (
+        f"{program}:26:3: error[E0633]: self_attention 'self_attn' runs context-parallel: each rank holds a slice "
+        "of the sequence's rows, and a KV cache holds the keys of one process's whole sequence\n"
+        "  = hint: generate with the module on one process (blockir.compile), or parallelise it with another layout")
