@@ -25,7 +25,7 @@ BLOCKS = {"llama": (str(ROOT / "examples" / "llama.block"), "LlamaModel", "eval"
 IMPORTED = {"hf-llama": ("llama", "LlamaForCausalLM", {}, "eval"), "hf-qwen2": ("qwen2", "Qwen2ForCausalLM", {}, "eval"),
             "hf-mistral": ("mistral", "MistralForCausalLM", {}, "eval"),
             "hf-bloom": ("bloom", "BloomForCausalLM", {}, "eval"),
-            "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {}, "eval"),
+            "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {"attn_pdrop": 0.0}, "eval"),
             "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", {"attn_pdrop": 0.0}, "train")}
 
 

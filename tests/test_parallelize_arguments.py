@@ -53,7 +53,7 @@ def llama() -> nn.Module:
     ("other block", "name", "the module was compiled from block 'LlamaModel', not 'LlamaDecoderLayer'"),
     ("unknown block", "name", "no block named 'Llama'"),
     ("program", "program", "expected a Program or a path, got int"),
-    ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden"),
+    ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden, context"),
     ("vocab", "vocab", "vocab must be True or False, got 'yes'"),
     ("mp_policy", "mp_policy", "expected a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
     ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a 3-D one "

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from blockir.lift.certificate import evaluating, invoke
+from blockir.lower.layers import attention_core
 from blockir.lift.trace import Call, python_path
 
 # what the parameters leave open, tried in this order, one variant a line; the first that reproduces the
@@ -225,6 +226,21 @@ class _Dropouts(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[tuple[float, Tensor | None]] = []
+        self._drawn = attention_core.drop_probs
+
+    # a compiled attention draws its probabilities' dropout keyed by their coordinates (``drop_probs``), not
+    # through F.dropout: it is recorded the same way
+    def _keyed(self, probs: Tensor, p: float, heads: tuple[int, int]) -> Tensor:
+        self.seen.append((p, probs))
+        return probs
+
+    def __enter__(self) -> "_Dropouts":
+        attention_core.drop_probs = self._keyed
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        attention_core.drop_probs = self._drawn
+        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
