@@ -15,7 +15,6 @@ GPT-2 (tied) also run with the embedding and head split by vocabulary, trained t
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,15 +224,19 @@ def test_a_vocab_parallel_model_trains_as_one_process(world: dict, case: tuple[s
 
 
 # one layer's backward, counted (B·S·D = 2·8·64 = 1024; B·S = 16 rows): each branch input's pending gradient
-# reduced once, each reduce-scatter's gradient gathered; a feature-sharded RMSNorm's DTensor backward
-# reduce-scatters its input gradient, LayerNorm's own sharded path all-reduces Σg and Σg·x̂ and gathers its
-# gain's and shift's gradient slices; OLMo-2's q/k norms over the width (64 and 32 features) reduce-scatter theirs
+# reduced once, each reduce-scatter's gradient gathered; a feature-sharded norm's own path all-reduces its
+# backward's row sums (RMSNorm Σg·x̂, LayerNorm Σg and Σg·x̂) and gathers the gradient slices of each replicated
+# gain and shift (64 features); OLMo-2's q/k norms over the width (64 and 32 features) have their gains stored
+# split with the heads, so they send their row sums only
 BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
             ("qwen2", "sequence"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2},
-            ("qwen2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 4},
+            ("qwen2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 2,
+                                  ("all-reduce", 16): 2},
             ("gpt2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 4,
                                  ("all-reduce", 32): 2},
-            ("olmo2", "replicated"): {("all-reduce", 1024): 2, ("reduce-scatter", 1024): 1, ("reduce-scatter", 512): 1}}
+            ("olmo2", "replicated"): {("all-reduce", 1024): 2, ("all-reduce", 16): 2},
+            ("olmo2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 2,
+                                  ("all-reduce", 16): 4}}
 
 
 @pytest.mark.parametrize("case", BACKWARD, ids="-".join)

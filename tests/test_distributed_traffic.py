@@ -143,7 +143,8 @@ def _planned(layout: str) -> dict[str, tuple[Counter, Counter]]:
     """What ``blockir plan`` lists for one forward and backward of the decoder, by CommDebugMode's names:
     calls and operand bytes (fp32; an all-gather's operand is one rank's shard of the payload). The module's
     own boundary, which the plan leaves out, is added: a sharded stream's result is gathered whole; and the
-    input needs no gradient here, so the first norm computes none and sends none for it."""
+    input needs no gradient here, so the first norm computes none and sends none for it (a feature-sharded
+    one still gathers its gain's gradient slices)."""
     import blockir
     from blockir.analyses.parallel import Collective, derive_plan
     from blockir.analyses.sizes import Sizes
@@ -154,7 +155,7 @@ def _planned(layout: str) -> dict[str, tuple[Counter, Counter]]:
     for phase, listed, extra in (("forward", plan.collectives, boundary), ("backward", plan.backward, [])):
         calls, moved = Counter(), Counter()
         for c in [c for cs in listed.values() for c in cs if c.site != "layers.0.input_layernorm" or
-                  phase == "forward"] + extra:
+                  phase == "forward" or c.op == "all-gather"] + extra:
             calls[NAMES[c.op]] += 1
             moved[NAMES[c.op]] += c.elements * 4 // (2 if c.op == "all-gather" else 1)
         out[phase] = (calls, moved)

@@ -362,23 +362,28 @@ def test_a_vocabulary_the_ranks_cannot_split_is_a_located_error(tmp_path) -> Non
 def test_the_plan_lists_backward_collectives_and_per_step_totals() -> None:
     """Backward, each forward fact's dual: a branch input's pending gradient reduced once (all-reduce, or
     reduce-scatter onto a shard), a reduce-scatter's gradient gathered, an all-reduce of a row-parallel output
-    sending nothing back; a feature-sharded RMSNorm reduce-scatters its input gradient."""
-    stream = 2 * 8 * 64  # B·S·D
+    sending nothing back; a feature-sharded RMSNorm all-reduces its backward's row sum and gathers its gain's
+    gradient slices."""
+    stream, rows, width = 2 * 8 * 64, 2 * 8, 64  # B·S·D, B·S, D
     backward = {"replicated": [("all-reduce", "layers.0.self_attn"), ("all-reduce", "layers.0.mlp")],
                 "sequence": [("reduce-scatter", "layers.0.self_attn"), ("all-gather", "layers.0.self_attn.o_proj"),
                              ("reduce-scatter", "layers.0.mlp"), ("all-gather", "layers.0.mlp.down_proj")],
-                "hidden": [("reduce-scatter", "layers.0.input_layernorm"), ("reduce-scatter", "layers.0.self_attn"),
-                           ("all-gather", "layers.0.self_attn.o_proj"),
-                           ("reduce-scatter", "layers.0.post_attention_layernorm"),
+                "hidden": [("all-reduce", "layers.0.input_layernorm"), ("all-gather", "layers.0.input_layernorm"),
+                           ("reduce-scatter", "layers.0.self_attn"), ("all-gather", "layers.0.self_attn.o_proj"),
+                           ("all-reduce", "layers.0.post_attention_layernorm"),
+                           ("all-gather", "layers.0.post_attention_layernorm"),
                            ("reduce-scatter", "layers.0.mlp"), ("all-gather", "layers.0.mlp.down_proj")]}
+    # the norms' row sums and gain slices beside the stream-sized collectives
+    sizes = {"all-reduce": rows, "all-gather": width}
     for layout, expected in backward.items():
         code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", layout,
                             "--dims", "B=2,S=8", "--dtype", "f32", "--format", "json")
         assert code == 0
         report = json.loads(out)
         assert [(c["op"], c["site"]) for c in report["backward"]["layers.0"]] == expected
-        assert {c["elements"] for c in report["backward"]["layers.0"]} == {stream}
-        assert all(c["bytes"] == 4 * stream for c in report["backward"]["layers.0"])
+        for c in report["backward"]["layers.0"]:
+            elements = sizes[c["op"]] if c["site"].endswith("layernorm") else stream
+            assert (c["elements"], c["bytes"]) == (elements, 4 * elements), c
         totals = report["totals"]
         for phase, key in (("forward", "collectives"), ("backward", "backward")):
             cs = [c for layer in report[key].values() for c in layer]
@@ -386,9 +391,9 @@ def test_the_plan_lists_backward_collectives_and_per_step_totals() -> None:
                                          bytes=sum(c["bytes"] for c in cs), wire_bytes=sum(c["wire_bytes"] for c in cs))
         assert totals["step"] == {k: totals["forward"][k] + totals["backward"][k] for k in totals["step"]}
     # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, and the final norm, forward;
-    # backward 6 stream-sized per layer and the final norm's reduce-scatter
-    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * 16) + 16
-    assert totals["backward"]["elements"] == (2 * 6 + 1) * stream
+    # backward 4 stream-sized per layer and each norm's row sum and gain slices, the final norm's included
+    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * rows) + rows
+    assert totals["backward"]["elements"] == 2 * 4 * stream + 5 * (rows + width)
     code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", "replicated",
                         "--dims", "B=2,S=8", "--dtype", "f32")
     assert "backward collectives, f32, per step:\n  layers.0:\n    all-reduce     at layers.0.self_attn" in out

@@ -49,6 +49,7 @@ feature-sharded rows sends what its family's ``sharded_backward`` says.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from blockir.analyses.keys import decl_keys, fixup_biases, key_table
 from blockir.analyses.parallel_moe import plan_moe
@@ -229,14 +230,16 @@ class _Planner:
     def _backward(self, layer: str, c: Collective) -> None:
         self.plan.backward.setdefault(layer, []).append(c)
 
-    def _sharded_norm(self, layer: str, path: str, norm: NormFamily, rows: int, width: int, params: int) -> None:
+    def _sharded_norm(self, layer: str, path: str, norm: NormFamily, decl: Any, rows: int, width: int,
+                      gathered: int) -> None:
         """The collectives of a norm of ``rows`` rows of ``width`` features split over ranks (``norm`` its
-        family, ``params`` its affine parameters of ``width`` entries each): the forward's one all-reduce of
-        the row's partial sums, and the backward its family's sharded path sends."""
+        family, ``decl`` its declaration): the forward's one all-reduce of the row's partial sums, and the
+        backward its family's sharded path sends, with an all-gather of the gradient's slices for each of the
+        ``gathered`` affine parameters that are replicated (one stored split with the features needs none)."""
         self._collective(layer, Collective(path, "all-reduce", norm.reductions[0] * rows))
-        if norm.sharded_backward == "row_sums":
+        if norm.sharded_backward(decl) == "row_sums":
             self._backward(layer, Collective(path, "all-reduce", norm.reductions[1] * rows))
-            for _ in range(params):
+            for _ in range(gathered):
                 self._backward(layer, Collective(path, "all-gather", width))
         else:
             self._backward(layer, Collective(path, "reduce-scatter", rows * width))
@@ -258,7 +261,7 @@ class _Planner:
             if self.layout == "hidden":
                 # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
                 width = sizes.dim(d.arg("axes")[-1])
-                self._sharded_norm(layer, path, family(d), self.elements // width, width, len(_norm_params(d)))
+                self._sharded_norm(layer, path, family(d), d, self.elements // width, width, len(_norm_params(d)))
             return
         if d.kind in BRANCH_PLANS and self.layout == "context":
             raise BlockError([error(
@@ -461,9 +464,9 @@ class _Planner:
                 self.plan.modules.append(ModuleStyle(sub, "width_norm" if width else "head_norm", d.kind))
                 for key, _ in qk.keys(qk.defaults(), ()):
                     self._param(f"{sub}.{key}", placement)
-                if width:  # the row moments' partial sums, one all-reduce per forward reduction
+                if width:  # the row moments' partial sums; the gain is stored split with the heads
                     rows = self.elements // sizes.dim(self.stream_axis)
-                    self._sharded_norm(layer, sub, qk, rows, count * hd, len(qk.keys(qk.defaults(), ())))
+                    self._sharded_norm(layer, sub, qk, qk.defaults(), rows, count * hd, 0)
         if d.arg("qk_scale") and not shared_kv:
             self._param(f"{path}.qk_scale", "shard(0)")
         if d.arg("head_scale"):  # NormFormer's scale of each query head's output

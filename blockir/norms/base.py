@@ -43,10 +43,6 @@ class NormFamily:
     module_name: ClassVar[str]  # the module's class name, as ``print(model)`` shows it
     statistics: ClassVar[int]  # row statistics saved for backward
     reductions: ClassVar[tuple[int, int]]  # row reductions per application: forward, backward
-    # the backward of the norm of feature-sharded rows: "dtensor" (DTensor's ops on the shards, whose backward
-    # reduce-scatters the input's gradient) or "row_sums" (a sharded path of the family's own: one all-reduce
-    # of the backward's row reductions, and an all-gather of each affine parameter's gradient slices)
-    sharded_backward: ClassVar[str] = "dtensor"
     fused_code: ClassVar[str | None] = None  # the fused add+norm kernel that implements it: "layer" | "rms"
     fused_offset: ClassVar[bool] = False  # the fused kernel implements a (1 + weight) gain
     batch_coupled: ClassVar[bool] = False  # moments over rows: a padding policy and running state matter
@@ -120,6 +116,13 @@ class NormFamily:
     def parameters(self, decl: Decl, width: int) -> int:
         """Parameter elements of one declaration over a width-``width`` axis."""
         return sum(_numel(shape) for _, shape in self.keys(decl, (width,)))
+
+    def sharded_backward(self, decl: Decl) -> str:
+        """The backward of the declaration's norm of feature-sharded rows: "dtensor" (DTensor's ops on the
+        shards, whose backward reduce-scatters the input's gradient) or "row_sums" (a sharded path of the
+        family's own, ``sharded_rows``: one all-reduce of the backward's row reductions, and an all-gather of
+        the gradient slices of each affine parameter that is replicated)."""
+        return "dtensor"
 
     def fuses(self, decl: Decl) -> bool:
         """Whether the fused add+norm kernels reproduce this declaration exactly."""

@@ -8,13 +8,13 @@ at the end — bit for bit what code written that way computes.
 """
 from __future__ import annotations
 
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from blockir.diagnostics import error
 from blockir.ir.schema import ArgSpec, Implies
 from blockir.norms import args as A
-from blockir.norms.base import NormFamily, Value, accum_dtype, is_dtensor, offset_weight
+from blockir.norms.base import NormFamily, Value, accum_dtype, offset_weight
+from blockir.norms.sharded_rows import feature_axis, like, own_features, whole_row_sums
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -42,7 +42,7 @@ def layer_norm(
     accum = torch.float32 if accum is None else accum
     if weight is not None:
         weight = offset_weight(weight, offset)
-    if is_dtensor(x) and any(p.is_shard(x.ndim - 1) for p in x.placements):  # type: ignore[attr-defined]
+    if feature_axis(x) is not None:
         return _feature_sharded_layer_norm(x, weight, bias, eps, accum)
     if upcast and not two_pass:
         cast = (lambda t: t.to(accum) if t is not None else None)
@@ -63,56 +63,25 @@ def layer_norm(
     return y.to(x.dtype)
 
 
-@cache
-def _row_sums() -> Any:
-    import torch
-
-    class RowSums(torch.autograd.Function):
-        """All-reduce of each rank's partial row sums. Every rank's sums feed the same whole-row moments, so
-        the gradient of one rank's sums is the sum of all ranks' gradients: an all-reduce backward as well."""
-
-        @staticmethod
-        def forward(ctx: Any, sums: Tensor, group: str) -> Tensor:  # type: ignore[override]
-            ctx.group = group
-            return _all_reduce(sums, group)
-
-        @staticmethod
-        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-            return _all_reduce(grad.contiguous(), ctx.group), None
-    return RowSums
-
-
-def _all_reduce(t: Tensor, group: str) -> Tensor:
-    import torch
-    ops = torch.ops._c10d_functional
-    return ops.wait_tensor(ops.all_reduce(t, "sum", group))
-
-
 def _feature_sharded_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
                                 accum: Any) -> Tensor:
     """LayerNorm of rows whose features are split over ranks, the output split the same way.
 
     Each rank sums its slice of every row, Σx and Σx², and one all-reduce of those two numbers per row gives
     the row's mean and biased variance (E[x²] − mean²); the affine parameters are sliced to the rank's
-    features. The whole row is never gathered, so a Post-LN stream stays feature-sharded. The single pass
-    replaces ``two_pass`` here: its answer differs from the one-device kernel by rounding only.
+    features (``sharded_rows``). The whole row is never gathered, so a Post-LN stream stays feature-sharded.
+    The single pass replaces ``two_pass`` here: its answer differs from the one-device kernel by rounding only.
     """
     import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    mesh, placements = x.device_mesh, x.placements  # type: ignore[attr-defined]
-    axis = next(i for i, p in enumerate(placements) if p.is_shard(x.ndim - 1))
     local = x.to_local().to(accum)  # type: ignore[attr-defined]
-    sums = torch.stack((local.sum(-1), local.pow(2).sum(-1)), dim=-1)
-    sums = _row_sums().apply(sums, mesh.get_group(axis).group_name)
+    sums = whole_row_sums(x, torch.stack((local.sum(-1), local.pow(2).sum(-1)), dim=-1))
     mean = sums[..., :1] / x.shape[-1]
     variance = (sums[..., 1:] / x.shape[-1] - mean * mean).clamp_min(0)
     y = (local - mean) * torch.rsqrt(variance + eps)
-    own = [Shard(0) if i == axis else Replicate() for i in range(mesh.ndim)]
     for p, combine in ((weight, torch.mul), (bias, torch.add)):
         if p is not None:
-            part = p.redistribute(mesh, own).to_local()  # type: ignore[attr-defined]
-            y = combine(y, part.to(accum))
-    return DTensor.from_local(y.to(x.dtype), mesh, placements, run_check=False, shape=x.shape, stride=x.stride())
+            y = combine(y, own_features(x, p).to(accum))
+    return like(x, y.to(x.dtype))
 
 
 class LayerNorm(NormFamily):
@@ -133,7 +102,6 @@ class LayerNorm(NormFamily):
     rank = 10
     module_name = "LayerNorm"
     statistics, reductions = 2, (2, 2)
-    sharded_backward = "row_sums"  # _feature_sharded_layer_norm
     fused_code = "layer"
     qk_norm = 2
     unaffine = {"affine": False, "bias": False, "offset": 0}
@@ -141,6 +109,9 @@ class LayerNorm(NormFamily):
 
     def weight(self, decl: Any) -> bool:
         return bool(decl.arg("affine"))
+
+    def sharded_backward(self, decl: Any) -> str:
+        return "row_sums"  # _feature_sharded_layer_norm
 
     def bias(self, decl: Any) -> bool:
         return self.weight(decl) and bool(decl.arg("bias"))

@@ -20,6 +20,7 @@ from blockir.ir.consts import Num
 from blockir.ir.schema import ArgSpec
 from blockir.norms import args as A
 from blockir.norms.base import NormFamily, Value, accum_dtype, offset_weight
+from blockir.norms.sharded_rows import feature_axis, like, own_features, whole_row_sums
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -55,6 +56,8 @@ def rms_norm(
     ``features`` takes the mean square over the row's first ``features`` features only (pRMSNorm)."""
     import torch
     accum = torch.float32 if accum is None else accum
+    if features is None and cast in CASTS and feature_axis(x) is not None:
+        return _feature_sharded(x, weight, eps, offset, cast, accum)
     if weight is None and cast in CASTS:
         # weight_dtype scales the input in its own dtype; the other orders scale it in accum
         work = x if cast == "weight_dtype" else x.to(accum)
@@ -72,6 +75,31 @@ def rms_norm(
             normalized = normalized.to(weight.dtype)
         return offset_weight(weight, offset) * normalized
     raise ValueError(f"unknown RMSNorm cast order {cast!r}; expected one of {CASTS}")
+
+
+def _feature_sharded(x: Tensor, weight: Tensor | None, eps: float, offset: int, cast: str, accum: Any) -> Tensor:
+    """RMSNorm of rows whose features are split over ranks, the output split the same way: each rank sums
+    the squares of its slice of every row and one all-reduce of that number per row gives the row's mean
+    square; the weight is sliced to the rank's features (``sharded_rows``). The casts are those of
+    ``rms_norm`` in the same order, on the rank's features; the row sum differs from the one-device mean by
+    rounding only. (pRMSNorm's first features lie on some ranks only: it keeps DTensor's ops.)"""
+    import torch
+    local = x.to_local()  # type: ignore[attr-defined]
+    work = local.to(accum)
+    sums = whole_row_sums(x, work.pow(2).sum(-1, keepdim=True))
+    scale = torch.rsqrt(sums / x.shape[-1] + eps)
+    if weight is None:
+        # weight_dtype scales the input in its own dtype; the other orders scale it in accum
+        return like(x, ((local if cast == "weight_dtype" else work) * scale).type_as(local))
+    own = own_features(x, weight)
+    if cast == "before_weight":
+        return like(x, offset_weight(own, offset) * (work * scale).to(local.dtype))
+    if cast == "after_weight":
+        return like(x, (work * scale * offset_weight(own.to(accum), offset)).type_as(local))
+    normalized = local * scale
+    if own.dtype in (torch.float16, torch.bfloat16):
+        normalized = normalized.to(own.dtype)
+    return like(x, offset_weight(own, offset) * normalized)
 
 
 class RMSNorm(NormFamily):
@@ -115,6 +143,10 @@ class RMSNorm(NormFamily):
         share = value(decl.arg("partial")) if decl.arg("partial") is not None else None
         partial = {} if decl.arg("partial") is None else {"partial": float(share) if share is not None else None}
         return {"offset": decl.arg("offset"), "cast": decl.arg("cast")} | partial
+
+    def sharded_backward(self, decl: Any) -> str:
+        # _feature_sharded; pRMSNorm's first features lie on some ranks only, so it keeps DTensor's ops
+        return "row_sums" if decl.arg("partial") is None else "dtensor"
 
     def fuses(self, decl: Any) -> bool:
         return super().fuses(decl) and decl.arg("partial") is None  # the fused kernels take the whole row
