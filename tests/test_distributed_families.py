@@ -3,11 +3,11 @@
 The families cover what the importer writes: grouped key/value heads and an untied head with biases (LLaMA),
 grouped heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix
 and a tied head, GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and
-stacked gate/up, OLMo-2's q/k norms over the whole width. Each config drops out whatever its family drops
-(attention probabilities, branch updates). Under every layout, at tp=2 and at tp=4, and at four ranks on a
+stacked gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated
+key/value heads). Each config drops out whatever its family drops (attention probabilities, branch updates). Under every layout, at tp=2 and at tp=4, and at four ranks on a
 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal the single-process module, which
 equals the HF model it was imported from, and three SGD steps in training mode, dropout on, give one
-process's losses and parameters. At tp=2 each stacked layer must also issue exactly the plan's forward
+process's losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly the plan's forward
 collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and
 GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s loss under
 ``loss_parallel``. The cases of each world size share one spawned world.
@@ -31,9 +31,8 @@ DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout
            "gpt2": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "gpt_neox": dict(attention_dropout=0.1, hidden_dropout=0.1),
            "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1)}
-# four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3); OLMo-2's q/k norm over the
-# whole key width needs a slice of it on every rank (E0607 otherwise), so it has 4 key/value heads there
-WORLD4_CONFIG = {"olmo2": dict(num_key_value_heads=4)}
+# four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3, OLMo-2, whose key norm over the
+# whole key width then takes its moments from the ranks' partial sums over the heads they compute)
 LAYOUTS = ("replicated", "sequence", "hidden")
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
@@ -52,7 +51,7 @@ def config(model: str, world: int) -> dict[str, Any]:
     """The tiny HF config of a family as the tests of ``world`` ranks import it."""
     cfg = dict(CONFIGS[model], **DROPOUT[model])
     layers = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
-    return cfg if world == 2 else dict(cfg, **{layers: 1}, **WORLD4_CONFIG.get(model, {}))
+    return cfg if world == 2 else dict(cfg, **{layers: 1})
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +149,10 @@ def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: d
                                                  "query_key_value.weight")))
     if dp == 1:
         assert par["comms"] == par["planned"]
+        assert par["comms_backward"] == par["planned_backward"]
+        if case[0] == "olmo2":  # the key norm over the 2 replicated key/value heads keeps its gain whole
+            assert params["model.layers.0.self_attn.k_norm.weight"] == "R"
+            assert params["model.layers.0.self_attn.q_norm.weight"] == "S(0)"
         layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
         assert par["inputs"][layers] == STREAM[case[1]]
         assert params[q] == ("R" if case[0] in ("gpt2", "phi3") else "S(0)")

@@ -262,12 +262,12 @@ def test_head_parameters_are_placed() -> None:
 @pytest.mark.parametrize("change, unplaced", [
     ("fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)",
      "'h.0.attn.qkv_proj.weight', 'h.0.attn.qkv_proj.bias', 'h.0.attn.o_proj.weight', 'h.0.attn.o_proj.bias' and 4 more"),
-    ("kv_heads=1, bias=true, out_bias=true, qk_norm=rmsnorm, qk_norm_axis=width)",
-     "'h.0.attn.q_norm.weight', 'h.0.attn.k_norm.weight', 'h.1.attn.q_norm.weight', 'h.1.attn.k_norm.weight'"),
+    ("kv_heads=1, bias=true, out_bias=true, qk_norm=l2norm, qk_scale=true)", "'h.0.attn.qk_scale', 'h.1.attn.qk_scale'"),
 ])
 def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: str) -> None:
-    """CodeGen's q/v/k row groups are not split; a q/k norm over the whole width has no key slice on a rank that
-    computes a replicated key/value head: the plan names what it cannot place instead of leaving it out."""
+    """CodeGen's q/v/k row groups are not split; nGPT's s_qk gives a key head its group's first query gain, which a
+    rank computing a replicated key/value head need not hold: the plan names what it cannot place instead of
+    leaving it out."""
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
         "attn: self_attention(heads=H, causal=true, " + change)
@@ -278,6 +278,26 @@ def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: s
     assert (d.code, d.span.line, d.span.column) == ("E0607", 16, 3)
     assert d.message == (f"the sequence tensor-parallel plan over 2 ranks cannot place {unplaced}: self_attention "
                          "'attn' has no sharding that keeps whole heads or units on each rank")
+
+
+def test_a_key_norm_over_replicated_key_value_heads_keeps_its_gain_whole() -> None:
+    """A q/k norm over the whole width with 1 key/value head over 2 ranks: the query norm's gain is split with the
+    query heads, the key norm's replicated (each rank applies its head's slice, a pending-sum gradient); each norm
+    sends one all-reduce of its B·S row sums forward and one backward (LayerNorm: Σx and Σx²), no gain slices."""
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        "attn: self_attention(heads=H, kv_heads=1, causal=true, bias=true, out_bias=true, qk_norm=layernorm, "
+        "qk_norm_axis=width)")
+    prog = blockir.parse(text, "families.block")
+    plan = derive_plan(prog, prog.block("GPT2Model"), Sizes.of(prog, {"B": 2, "S": 8}), "sequence", 2)
+    shared = "replicate (each rank applies its key/value head's slice; gradient summed over tp)"
+    assert {k: v for k, v in plan.params.items() if k.startswith(("h.0.attn.q_norm.", "h.0.attn.k_norm."))} == {
+        "h.0.attn.q_norm.weight": "shard(0)", "h.0.attn.q_norm.bias": "shard(0)",
+        "h.0.attn.k_norm.weight": shared, "h.0.attn.k_norm.bias": shared}
+    assert plan.styles()["h.0.attn.k_norm"] == "kv_width_norm"
+    for listed in (plan.collectives, plan.backward):
+        assert [(c.site, c.op, c.elements) for c in listed["h.0"] if "_norm" in c.site] == [
+            ("h.0.attn.q_norm", "all-reduce", 2 * 16), ("h.0.attn.k_norm", "all-reduce", 2 * 16)]
 
 
 def test_the_manifest_says_where_the_plan_does_not_apply() -> None:

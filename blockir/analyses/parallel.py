@@ -32,9 +32,9 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   one parameter split once.
 
 Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
-key no style can place (CodeGen's q/v/k row groups, a q/k norm over the whole
-width with key/value heads replicated over more ranks) is an error naming it
-(E0607), never a silent omission.
+key no style can place (CodeGen's q/v/k row groups, nGPT's s_qk with key/value
+heads replicated over more ranks) is an error naming it (E0607), never a
+silent omission.
 
 The plan also counts the collectives of one forward and of its backward per
 layer with their payload, which the cost report turns into bytes on the wire.
@@ -83,6 +83,8 @@ GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", 
 REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
 # a parameter whose every rank applies it to its own rows: its gradient is a pending sum over the ranks
 SUMMED = "replicate (gradient summed over tp)"
+# a key norm's gain over key/value heads replicated over more ranks: each rank applies its head's block
+SHARED_HEAD = "replicate (each rank applies its key/value head's slice; gradient summed over tp)"
 # rope scalings whose frequencies depend on the longest position of the call, which a rank's rows do not hold
 LONGEST_POSITION = ("dynamic", "longrope")
 GATHER_BACKWARD = REDUCE
@@ -93,7 +95,8 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | pair_columns | kv_replicated | rowwise | branch | head_norm | norm | replicate | extern | embedding | head
+    style: str  # colwise | pair_columns | kv_replicated | rowwise | branch | head_norm | width_norm | kv_width_norm
+    # | norm | replicate | extern | embedding | head
     # | vocab_embedding | vocab_head | moe
     kind: str
 
@@ -445,8 +448,11 @@ class _Planner:
         heads share: every rank applies it to its own heads, so its gradient is a pending sum over tp. A norm
         over the whole width (OLMo-2) is split with the heads: each rank's gain is that of its own features,
         and the row moments come from one all-reduce of the ranks' partial sums, as a feature-sharded norm's
-        do; with replicated key/value heads a rank holds no slice of the key width, so that is left unplaced.
-        nGPT's s_qk has one entry per query feature and splits with its heads; a key head takes its group's
+        do. With key/value heads replicated over more ranks, each rank's key features are its head's, and
+        the ranks' slices together are the key row with each head repeated once per rank sharing it: the
+        all-reduced partial sums over that row, divided by its width, are the key row's moments, and the key
+        norm's gain stays replicated, each rank applying its head's block (a pending-sum gradient, since a
+        rank's key gradient comes from its own query heads only). nGPT's s_qk has one entry per query feature and splits with its heads; a key head takes its group's
         first query gain, which a rank computing a replicated key/value head need not hold, so then it is left
         unplaced too."""
         qk = FAMILIES.get(d.arg("qk_norm"))
@@ -456,15 +462,16 @@ class _Planner:
             sizes.dim(self.stream_axis) // heads
         if qk is not None and qk.scale_kind == "per_channel" and d.arg("qk_norm_axis") in ("head", "width"):
             width = d.arg("qk_norm_axis") == "width"
-            if width and shared_kv:
-                return
-            placement = "shard(0)" if width else "replicate (gradient summed over tp)"
+            if width and shared_kv and qk.sharded_backward(qk.defaults()) != "row_sums":
+                return  # only a family's own sharded path takes the key row's moments from replicated heads
             for role, count in (("q_norm", heads), ("k_norm", kv)):
                 sub = f"{path}.{names[role]}"
-                self.plan.modules.append(ModuleStyle(sub, "width_norm" if width else "head_norm", d.kind))
+                style, placement = ("kv_width_norm", SHARED_HEAD) if width and shared_kv and role == "k_norm" else \
+                    ("width_norm", "shard(0)") if width else ("head_norm", SUMMED)
+                self.plan.modules.append(ModuleStyle(sub, style, d.kind))
                 for key, _ in qk.keys(qk.defaults(), ()):
                     self._param(f"{sub}.{key}", placement)
-                if width:  # the row moments' partial sums; the gain is stored split with the heads
+                if width:  # the row moments' partial sums; no gain slice is gathered (split, or a pending sum)
                     rows = self.elements // sizes.dim(self.stream_axis)
                     self._sharded_norm(layer, sub, qk, qk.defaults(), rows, count * hd, 0)
         if d.arg("qk_scale") and not shared_kv:
@@ -489,9 +496,8 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
         raise BlockError([error(
             "E0607", f"the {plan.layout} tensor-parallel plan over {plan.world} ranks cannot place {shown}: "
             f"{owner.kind} '{owner.name}' has no sharding that keeps whole heads or units on each rank", owner.span,
-            hint="store q, k and v stacked or separately (not in q/v/k row groups); with a q/k norm over the whole "
-                 "width or nGPT's qk_scale, use no more ranks than key/value heads; or run this block without "
-                 "tensor parallelism")])
+            hint="store q, k and v stacked or separately (not in q/v/k row groups); with nGPT's qk_scale, use no "
+                 "more ranks than key/value heads; or run this block without tensor parallelism")])
 
 
 def _by_vocab(d: KindDecl, block: Block) -> bool:

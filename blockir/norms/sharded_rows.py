@@ -6,7 +6,8 @@ each row, all-reduces those few numbers per row, and normalises its own features
 moments; the row is never gathered, so the output keeps the input's placements. Its affine parameters are
 sliced to the rank's features. The backward is one all-reduce of the gradient's row sums (the gradient of
 the all-reduced sums) and, for a parameter that is replicated, an all-gather of its gradient's slices; a
-parameter stored split with the features (a q/k norm over the whole width) needs none.
+parameter stored split with the features (a q/k norm over the whole width) needs none, nor does a key
+norm's over key/value heads replicated over the ranks (``own_features``).
 """
 from __future__ import annotations
 
@@ -60,9 +61,22 @@ def whole_row_sums(x: Any, sums: Tensor) -> Tensor:
 def own_features(x: Any, p: Any) -> Tensor:
     """This rank's slice of ``p``, a parameter over ``x``'s features, as a plain tensor. A replicated
     parameter is sliced (its gradient's slices are all-gathered in backward); one already split with the
-    features is this rank's shard as it is (no collective either way)."""
-    from torch.distributed.tensor import Replicate, Shard
+    features is this rank's shard as it is (no collective either way).
+
+    A parameter narrower than ``x``'s rows is over features that several ranks hold alike: key/value heads
+    replicated over more ranks than there are of them, each rank holding its head's features, so that the
+    ranks' slices together are the key row with each head repeated once per rank that computes it (the
+    ranks that share a head are consecutive). The moments of that row are the key row's; the rank takes its
+    head's block of the replicated parameter, whose gradient, from that rank's query heads only, is then a
+    pending sum over the ranks."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
     mesh, axis = x.device_mesh, feature_axis(x)
+    shared = x.shape[-1] // p.shape[0]
+    if shared > 1:
+        width = x.to_local().shape[-1]
+        block = mesh.get_local_rank(axis) // shared
+        grads = [Partial() if i == axis else q for i, q in enumerate(p.placements)]
+        return p.to_local(grad_placements=grads)[block * width:(block + 1) * width]
     own = [Shard(0) if i == axis else Replicate() for i in range(mesh.ndim)]
     return p.redistribute(mesh, own).to_local()
 

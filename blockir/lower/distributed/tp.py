@@ -153,8 +153,9 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = ColwiseParallel(input_layouts=stream)
         elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
             out[m.path] = Rows(stream, use_local_output=not sharded)
-        elif m.style == "width_norm":
+        elif m.style in ("width_norm", "kv_width_norm"):
             # a q/k norm over all heads, on this rank's heads: their features are a shard of the norm's width
+            # (of the key width with each replicated key/value head repeated once per rank computing it)
             out[m.path] = PrepareModuleInputOutput(
                 input_layouts=(Shard(2),), desired_input_layouts=(Shard(2),), use_local_input=False,
                 output_layouts=(Shard(2),), desired_output_layouts=(Shard(2),), use_local_output=True)
@@ -191,11 +192,12 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
 
 
 def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
-    """Per-head parameters of attention branches, in every layout: a q/k norm's gain is replicated (each rank
-    applies it to its own heads, so its gradient is a pending sum); nGPT's s_qk and NormFormer's head scales are split
-    with the query heads."""
-    placed = {m.path: [Replicate() if m.style == "head_norm" else Shard(0)] for m in plan.modules
-              if m.style in ("head_norm", "width_norm")}
+    """Per-head parameters of attention branches, in every layout: a per-head q/k norm's gain is replicated (each
+    rank applies it to its own heads, so its gradient is a pending sum), as is a key norm's over replicated
+    key/value heads (each rank applies its head's slice); a q/k norm's over the whole width, nGPT's s_qk and
+    NormFormer's head scales are split with the query heads."""
+    placed = {m.path: [Shard(0) if m.style == "width_norm" else Replicate()] for m in plan.modules
+              if m.style in ("head_norm", "width_norm", "kv_width_norm")}
     placed |= {key.rpartition(".")[0]: [Shard(0)] for key in plan.params if key.endswith((".qk_scale", ".head_scale"))}
     for path, placements in placed.items():
         for name, p in list(module.get_submodule(path).named_parameters(recurse=False)):
