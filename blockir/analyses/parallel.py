@@ -452,9 +452,9 @@ class _Planner:
         the ranks' slices together are the key row with each head repeated once per rank sharing it: the
         all-reduced partial sums over that row, divided by its width, are the key row's moments, and the key
         norm's gain stays replicated, each rank applying its head's block (a pending-sum gradient, since a
-        rank's key gradient comes from its own query heads only). nGPT's s_qk has one entry per query feature and splits with its heads; a key head takes its group's
-        first query gain, which a rank computing a replicated key/value head need not hold, so then it is left
-        unplaced too."""
+        rank's key gradient comes from its own query heads only). nGPT's s_qk has one entry per query feature
+        and splits with its heads; a key head takes its group's first query gain, which a rank computing a
+        replicated key/value head need not hold, so then it is left unplaced."""
         qk = FAMILIES.get(d.arg("qk_norm"))
         heads = int(sizes.value(d.arg("heads")))
         kv = int(sizes.value(d.arg("kv_heads"))) if d.arg("kv_heads") is not None else heads
