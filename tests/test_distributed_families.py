@@ -1,16 +1,16 @@
 """Imported causal LMs (tiny HF configs, token ids in, logits out) parallelised on real gloo ranks.
 
 The families cover what the importer writes: grouped key/value heads and an untied head with biases (LLaMA),
-grouped heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix
-and a tied head, GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and
-stacked gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated
-key/value heads). Each config drops out whatever its family drops (attention probabilities, branch updates). Under every layout, at tp=2 and at tp=4, and at four ranks on a
-2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal the single-process module, which
-equals the HF model it was imported from, and three SGD steps in training mode, dropout on, give one
-process's losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly the plan's forward
-collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and
-GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s loss under
-``loss_parallel``. The cases of each world size share one spawned world.
+grouped heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix and a
+tied head, GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked
+gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated key/value heads).
+Each config drops out whatever its family drops (attention probabilities, branch updates). Under every layout, at
+tp=2 and at tp=4, and at four ranks on a 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal
+the single-process module, which equals the HF model it was imported from, and three SGD steps in training mode,
+dropout on, give one process's losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly
+the plan's forward collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA
+(untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s
+loss under ``loss_parallel``. The cases of each world size share one spawned world.
 """
 from __future__ import annotations
 
