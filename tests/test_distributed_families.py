@@ -10,12 +10,13 @@ equals the HF model it was imported from, and three SGD steps in training mode, 
 process's losses and parameters. At tp=2 each stacked layer must also issue exactly the plan's forward
 collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and
 GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s loss under
-``loss_parallel``. The cases of each world size share one spawned world.
+``loss_parallel``. Mixtral and Qwen2-MoE (a gated shared expert), split by hidden units inside every expert,
+run at four ranks under FSDP2 and HSDP, compared with one process and HF alike. The cases of each world size
+share one spawned world.
 """
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +32,8 @@ MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT
 DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout=0.1),
            "gpt2": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "gpt_neox": dict(attention_dropout=0.1, hidden_dropout=0.1),
-           "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1)}
+           "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1),
+           "mixtral": dict(attention_dropout=0.1), "qwen2_moe": dict(attention_dropout=0.1)}
 # four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3); OLMo-2's q/k norm over the
 # whole key width needs a slice of it on every rank (E0607 otherwise), so it has 4 key/value heads there
 WORLD4_CONFIG = {"olmo2": dict(num_key_value_heads=4)}
@@ -47,6 +49,12 @@ HSDP = ((2, 2), (2, 1))
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
     [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)]
+# mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
+# FSDP2 shards by expert): Qwen2-MoE's gated shared expert on a (2, 1, 2) mesh, with tp=2 inside every expert
+MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "hidden", (2, 2)),
+           ("qwen2_moe", "sequence", (2, 1))]
+ARCHITECTURES = MODELS | MOE_MODELS
 
 
 def config(model: str, world: int) -> dict[str, Any]:
@@ -75,9 +83,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
     folder = tmp_path_factory.mktemp("families4")
-    for model in MODELS:
+    for model in ARCHITECTURES:
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
-    cases = [(str(folder / f"{model}.block"), MODELS[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
+    cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
               (2 * data_ranks(dp), 8), "steps", dp) for model, layout, dp in WORLD4]
     return dict(zip(WORLD4, compare(cases, world=4)))
 
@@ -240,3 +248,14 @@ BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
 def test_a_layers_backward_sends_the_duals_of_its_forward(world: dict, case: tuple[str, str]) -> None:
     layer = next(iter(world[case][1]["comms_backward"]))
     assert world[case][1]["comms_backward"][layer] == BACKWARD[case]
+
+
+def test_fsdp2_shards_the_stacked_experts_by_expert_over_their_tensor_parallel_split(world4: dict) -> None:
+    """FSDP2 shards each [E, ...] expert tensor along its experts over dp, on top of its tp placement (the
+    gate/up rows read from a replicated tensor, the down columns split by hidden units); HSDP replicates first."""
+    mlp = "model.layers.0.mlp."
+    for case, lead in ((("qwen2_moe", "hidden", 2), "S(0)"), (("qwen2_moe", "sequence", (2, 1)), "R,S(0)")):
+        params = world4[case][1]["params"]
+        assert params[mlp + "experts.gate_up_proj"] == params[mlp + "gate.weight"] == f"{lead},R"
+        assert params[mlp + "experts.down_proj"] == f"{lead},S(2)"
+        assert params[mlp + "shared_expert_gate.weight"] == f"{lead},R"
