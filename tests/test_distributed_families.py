@@ -24,7 +24,7 @@ import torch
 
 from blockir.api import hf_block_text as block_text
 from dist_harness import compare, data_ranks, output_gradient
-from hf_configs import CONFIGS
+from hf_configs import CONFIGS, MORE_CONFIGS
 
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
           "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
@@ -33,7 +33,12 @@ DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout
            "gpt2": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "gpt_neox": dict(attention_dropout=0.1, hidden_dropout=0.1),
            "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1),
-           "mixtral": dict(attention_dropout=0.1), "qwen2_moe": dict(attention_dropout=0.1)}
+           "mixtral": dict(attention_dropout=0.1), "qwen2_moe": dict(attention_dropout=0.1),
+           "opt-post-ln": dict(dropout=0.1, attention_dropout=0.1), "biogpt": dict(attention_probs_dropout_prob=0.1)}
+# linears outside a branch under hidden sharding, trained: OPT's narrower embedding projected in and out
+# (row-parallel, each reducing onto the stream's shards) and BioGPT's fc1/fc2 with an activation dropout between
+PROJECTED = {"opt-post-ln": "OPTForCausalLM", "biogpt": "BioGptForCausalLM"}
+PROJECTED_CASES = [(model, "hidden", "projected") for model in PROJECTED]
 # four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3); OLMo-2's q/k norm over the
 # whole key width needs a slice of it on every rank (E0607 otherwise), so it has 4 key/value heads there
 WORLD4_CONFIG = {"olmo2": dict(num_key_value_heads=4)}
@@ -59,7 +64,7 @@ ARCHITECTURES = MODELS | MOE_MODELS
 
 def config(model: str, world: int) -> dict[str, Any]:
     """The tiny HF config of a family as the tests of ``world`` ranks import it."""
-    cfg = dict(CONFIGS[model], **DROPOUT[model])
+    cfg = dict((CONFIGS | MORE_CONFIGS)[model], **DROPOUT[model])
     layers = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
     return cfg if world == 2 else dict(cfg, **{layers: 1}, **WORLD4_CONFIG.get(model, {}))
 
@@ -77,7 +82,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
     cases = [(str(files[model]), MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "steps", 1) for model, layout in CASES]
     cases += [(str(files[model, "vocab"]), VOCAB_MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "eval", 1, True)
               for model, layout, _ in VOCAB_CASES]
-    return dict(zip(CASES + VOCAB_CASES, compare(cases, world=2)))
+    for model, layout, _ in PROJECTED_CASES:
+        path = folder / f"{model}.block"
+        path.write_text(block_text(config(model, 2)))
+        cases.append((str(path), PROJECTED[model], {"B": 2, "S": 8}, layout, (2, 8), "steps", 1))
+    return dict(zip(CASES + VOCAB_CASES + PROJECTED_CASES, compare(cases, world=2)))
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +155,22 @@ def test_an_imported_family_matches_one_process_and_hf(world: dict, case: tuple[
     assert par["comms_backward"] == par["planned_backward"]
     layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
     assert par["inputs"][layers] == STREAM[case[1]]
+
+
+@pytest.mark.parametrize("case", PROJECTED_CASES, ids="-".join)
+def test_linears_outside_a_branch_split_by_rows_under_hidden_sharding(world: dict, case: tuple[str, str, str]) -> None:
+    """Logits, every gradient and three training steps with dropout equal one process and HF, and the whole step,
+    the model's boundary and the projections included, sends exactly the plan's collectives."""
+    ref, par = world[case]
+    _matches(ref, par)
+    _matches_hf(ref, case[0], 2)
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
+    params = par["params"]
+    if case[0] == "opt-post-ln":  # 64 → 32 → 64 features: each rank holds its input columns of the weight
+        assert params["model.decoder.project_in.weight"] == params["model.decoder.project_out.weight"] == "S(1)"
+    else:  # the pair splits as an MLP does, its activation dropout drawn on each rank's global hidden units
+        assert params["biogpt.layers.0.fc1.weight"] == "S(0)" and params["biogpt.layers.0.fc2.weight"] == "S(1)"
 
 
 @pytest.mark.parametrize("case", WORLD4, ids=lambda c: "-".join(map(str, c)))

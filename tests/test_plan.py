@@ -385,10 +385,16 @@ def test_the_plan_lists_backward_collectives_and_per_step_totals() -> None:
             assert totals[phase] == dict(collectives=len(cs), elements=sum(c["elements"] for c in cs),
                                          bytes=sum(c["bytes"] for c in cs), wire_bytes=sum(c["wire_bytes"] for c in cs))
         assert totals["step"] == {k: totals["forward"][k] + totals["backward"][k] for k in totals["step"]}
-    # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, and the final norm, forward;
-    # backward 6 stream-sized per layer and the final norm's reduce-scatter
-    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * 16) + 16
-    assert totals["backward"]["elements"] == (2 * 6 + 1) * stream
+        # the module takes and returns full tensors: a split stream is gathered at its output, and the gradient
+        # of the input it slices gathered in backward
+        boundary = [("all-gather", "", stream)] if layout != "replicated" else []
+        for key in ("collectives", "backward"):
+            assert [(c["op"], c["site"], c["elements"]) for c in report[key].get("LlamaModel", [])
+                    if not c["site"]] == boundary
+    # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, the final norm and the output's
+    # gather, forward; backward 6 stream-sized per layer, the final norm's reduce-scatter and the input's gather
+    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * 16) + 16 + stream
+    assert totals["backward"]["elements"] == (2 * 6 + 1) * stream + stream
     code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", "replicated",
                         "--dims", "B=2,S=8", "--dtype", "f32")
     assert "backward collectives, f32, per step:\n  layers.0:\n    all-reduce     at layers.0.self_attn" in out
