@@ -117,26 +117,32 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     if counted:
         from blockir.lower.distributed.comms import LayerCollectives
         plan = m.blockir_plan
-        # what the plan lists outside the stacked layers (a final norm, an embedding, a head) is counted by site
-        tables = list(dict.fromkeys(c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])))
-        # and the root, the site of whatever no layer or table issues, so a step's totals are counted too
-        counter = LayerCollectives(m, plan.layers + tables + [""], dist.get_world_size())
+        # what the plan lists outside the stacked layers (a final norm, an embedding, a head) is counted by site,
+        # and the root "" (the model's own boundary, the loss) counts whatever runs outside every other site
+        # A row-parallel linear outside the layers (OPT's project_out) reduces its output in a forward hook, which
+        # runs after torch's module tracker has left the module: the counter sees that at the root.
+        outer = {m.path for m in plan.modules if m.style == "rowwise"}
+        site = {c.site: "" if c.site in outer else c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])}
+        tables = list(dict.fromkeys([""] + list(site.values())))
+        counter = LayerCollectives(m, plan.layers + tables, dist.get_world_size())
         for got, listed in ((planned, plan.collectives), (planned_backward, plan.backward)):
             got |= {layer: Counter((c.op, c.elements) for c in listed.get(layer, [])) for layer in plan.layers}
-            got |= {path: Counter((c.op, c.elements) for c in listed.get("", []) if c.site == path)
+            got |= {path: Counter((c.op, c.elements) for c in listed.get("", []) if site[c.site] == path)
                     for path in tables}
+        planned[""] += Counter((c.op, c.elements) for c in plan.loss)  # loss_parallel's, outside every module
     with counter:
         y, loss = forward()
         if loss is not None:
             loss.backward()
-            y = _full(y)
         else:
             # the output gradient of the whole batch; a data-parallel rank takes its rows, scaled by dp (FSDP averages)
             grad_out = output_gradient((shape[0], *y.shape[1:]))
             y.backward(grad_out[index * rows:(index + 1) * rows].to(y.dtype) * n)
+    if loss is not None:
+        y = _full(y)  # the split logits gathered for the comparison, which the step does not send
     if counted:
         totals = [sum(seen.values(), Counter()) for seen in (counter.seen, counter.seen_backward)]
-        comms, comms_backward = ({k: v for k, v in seen.items() if k} for seen in (counter.seen, counter.seen_backward))
+        comms, comms_backward = counter.seen, counter.seen_backward
     for h in hooks:
         h.remove()
     y, dx = y.detach().float(), None if tokens else x.grad.detach()

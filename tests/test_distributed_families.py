@@ -10,7 +10,9 @@ the single-process module, which equals the HF model it was imported from, and t
 dropout on, give one process's losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly
 the plan's forward collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA
 (untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s
-loss under ``loss_parallel``. The cases of each world size share one spawned world.
+loss under ``loss_parallel``. Mixtral and Qwen2-MoE (a gated shared expert), split by hidden units inside
+every expert, run at four ranks under FSDP2 and HSDP, compared with one process and HF alike. The cases of each
+world size share one spawned world.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 
 from blockir.api import hf_block_text as block_text
 from dist_harness import compare, data_ranks, output_gradient
-from hf_configs import CONFIGS
+from hf_configs import CONFIGS, MORE_CONFIGS
 
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
           "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
@@ -30,7 +32,13 @@ MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT
 DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout=0.1),
            "gpt2": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "gpt_neox": dict(attention_dropout=0.1, hidden_dropout=0.1),
-           "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1)}
+           "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1),
+           "mixtral": dict(attention_dropout=0.1), "qwen2_moe": dict(attention_dropout=0.1),
+           "opt-post-ln": dict(dropout=0.1, attention_dropout=0.1), "biogpt": dict(attention_probs_dropout_prob=0.1)}
+# linears outside a branch under hidden sharding, trained: OPT's narrower embedding projected in and out
+# (row-parallel, each reducing onto the stream's shards) and BioGPT's fc1/fc2 with an activation dropout between
+PROJECTED = {"opt-post-ln": "OPTForCausalLM", "biogpt": "BioGptForCausalLM"}
+PROJECTED_CASES = [(model, "hidden", "projected") for model in PROJECTED]
 # four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3, OLMo-2, whose key norm over the
 # whole key width then takes its moments from the ranks' partial sums over the heads they compute)
 LAYOUTS = ("replicated", "sequence", "hidden")
@@ -45,11 +53,17 @@ HSDP = ((2, 2), (2, 1))
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
     [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)]
+# mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
+# FSDP2 shards by expert): Qwen2-MoE's gated shared expert on a (2, 1, 2) mesh, with tp=2 inside every expert
+MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "hidden", (2, 2)),
+           ("qwen2_moe", "sequence", (2, 1))]
+ARCHITECTURES = MODELS | MOE_MODELS
 
 
 def config(model: str, world: int) -> dict[str, Any]:
     """The tiny HF config of a family as the tests of ``world`` ranks import it."""
-    cfg = dict(CONFIGS[model], **DROPOUT[model])
+    cfg = dict((CONFIGS | MORE_CONFIGS)[model], **DROPOUT[model])
     layers = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
     return cfg if world == 2 else dict(cfg, **{layers: 1})
 
@@ -67,15 +81,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
     cases = [(str(files[model]), MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "steps", 1) for model, layout in CASES]
     cases += [(str(files[model, "vocab"]), VOCAB_MODELS[model], {"B": 2, "S": 8}, layout, (2, 8), "eval", 1, True)
               for model, layout, _ in VOCAB_CASES]
-    return dict(zip(CASES + VOCAB_CASES, compare(cases, world=2)))
+    for model, layout, _ in PROJECTED_CASES:
+        path = folder / f"{model}.block"
+        path.write_text(block_text(config(model, 2)))
+        cases.append((str(path), PROJECTED[model], {"B": 2, "S": 8}, layout, (2, 8), "steps", 1))
+    return dict(zip(CASES + VOCAB_CASES + PROJECTED_CASES, compare(cases, world=2)))
 
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
     folder = tmp_path_factory.mktemp("families4")
-    for model in MODELS:
+    for model in ARCHITECTURES:
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
-    cases = [(str(folder / f"{model}.block"), MODELS[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
+    cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
               (2 * data_ranks(dp), 8), "steps", dp) for model, layout, dp in WORLD4]
     return dict(zip(WORLD4, compare(cases, world=4)))
 
@@ -136,6 +154,22 @@ def test_an_imported_family_matches_one_process_and_hf(world: dict, case: tuple[
     assert par["comms_backward"] == par["planned_backward"]
     layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
     assert par["inputs"][layers] == STREAM[case[1]]
+
+
+@pytest.mark.parametrize("case", PROJECTED_CASES, ids="-".join)
+def test_linears_outside_a_branch_split_by_rows_under_hidden_sharding(world: dict, case: tuple[str, str, str]) -> None:
+    """Logits, every gradient and three training steps with dropout equal one process and HF, and the whole step,
+    the model's boundary and the projections included, sends exactly the plan's collectives."""
+    ref, par = world[case]
+    _matches(ref, par)
+    _matches_hf(ref, case[0], 2)
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
+    params = par["params"]
+    if case[0] == "opt-post-ln":  # 64 → 32 → 64 features: each rank holds its input columns of the weight
+        assert params["model.decoder.project_in.weight"] == params["model.decoder.project_out.weight"] == "S(1)"
+    else:  # the pair splits as an MLP does, its activation dropout drawn on each rank's global hidden units
+        assert params["biogpt.layers.0.fc1.weight"] == "S(0)" and params["biogpt.layers.0.fc2.weight"] == "S(1)"
 
 
 @pytest.mark.parametrize("case", WORLD4, ids=lambda c: "-".join(map(str, c)))
@@ -246,3 +280,14 @@ BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
 def test_a_layers_backward_sends_the_duals_of_its_forward(world: dict, case: tuple[str, str]) -> None:
     layer = next(iter(world[case][1]["comms_backward"]))
     assert world[case][1]["comms_backward"][layer] == BACKWARD[case]
+
+
+def test_fsdp2_shards_the_stacked_experts_by_expert_over_their_tensor_parallel_split(world4: dict) -> None:
+    """FSDP2 shards each [E, ...] expert tensor along its experts over dp, on top of its tp placement (the
+    gate/up rows read from a replicated tensor, the down columns split by hidden units); HSDP replicates first."""
+    mlp = "model.layers.0.mlp."
+    for case, lead in ((("qwen2_moe", "hidden", 2), "S(0)"), (("qwen2_moe", "sequence", (2, 1)), "R,S(0)")):
+        params = world4[case][1]["params"]
+        assert params[mlp + "experts.gate_up_proj"] == params[mlp + "gate.weight"] == f"{lead},R"
+        assert params[mlp + "experts.down_proj"] == f"{lead},S(2)"
+        assert params[mlp + "shared_expert_gate.weight"] == f"{lead},R"

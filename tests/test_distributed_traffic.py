@@ -141,21 +141,20 @@ NAMES = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor", "re
 
 def _planned(layout: str) -> dict[str, tuple[Counter, Counter]]:
     """What ``blockir plan`` lists for one forward and backward of the decoder, by CommDebugMode's names:
-    calls and operand bytes (fp32; an all-gather's operand is one rank's shard of the payload). The module's
-    own boundary, which the plan leaves out, is added: a sharded stream's result is gathered whole; and the
-    input needs no gradient here, so the first norm computes none and sends none for it (a feature-sharded
-    one still gathers its gain's gradient slices)."""
+    calls and operand bytes (fp32; an all-gather's operand is one rank's shard of the payload), the module's own
+    boundary included (a sharded stream's result gathered whole). The input needs no gradient here, so the
+    first norm computes none and sends none for it (a feature-sharded one still gathers its gain's gradient
+    slices), nor does the boundary gather one."""
     import blockir
-    from blockir.analyses.parallel import Collective, derive_plan
+    from blockir.analyses.parallel import derive_plan
     from blockir.analyses.sizes import Sizes
     program = blockir.load(str(ROOT / "examples" / "llama.block"))
     plan = derive_plan(program, program.block("LlamaModel"), Sizes.of(program, DIMS), layout, 2)
-    boundary = [Collective("", "all-gather", 2 * 8 * 64)] if layout != "replicated" else []
     out = {}
-    for phase, listed, extra in (("forward", plan.collectives, boundary), ("backward", plan.backward, [])):
+    for phase, listed in (("forward", plan.collectives), ("backward", plan.backward)):
         calls, moved = Counter(), Counter()
-        for c in [c for cs in listed.values() for c in cs if c.site != "layers.0.input_layernorm" or
-                  phase == "forward" or c.op == "all-gather"] + extra:
+        for c in [c for cs in listed.values() for c in cs if phase == "forward" or
+                  (c.site != "layers.0.input_layernorm" or c.op == "all-gather") and c.site != ""]:
             calls[NAMES[c.op]] += 1
             moved[NAMES[c.op]] += c.elements * 4 // (2 if c.op == "all-gather" else 1)
         out[phase] = (calls, moved)

@@ -410,10 +410,17 @@ def test_the_plan_lists_backward_collectives_and_per_step_totals() -> None:
             assert totals[phase] == dict(collectives=len(cs), elements=sum(c["elements"] for c in cs),
                                          bytes=sum(c["bytes"] for c in cs), wire_bytes=sum(c["wire_bytes"] for c in cs))
         assert totals["step"] == {k: totals["forward"][k] + totals["backward"][k] for k in totals["step"]}
-    # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, and the final norm, forward;
-    # backward 4 stream-sized per layer and each norm's row sum and gain slices, the final norm's included
-    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * rows) + rows
-    assert totals["backward"]["elements"] == 2 * 4 * stream + 5 * (rows + width)
+        # the module takes and returns full tensors: a split stream is gathered at its output, and the gradient
+        # of the input it slices gathered in backward
+        boundary = [("all-gather", "", stream)] if layout != "replicated" else []
+        for key in ("collectives", "backward"):
+            assert [(c["op"], c["site"], c["elements"]) for c in report[key].get("LlamaModel", [])
+                    if not c["site"]] == boundary
+    # hidden, per step: 2 layers of 4 stream-sized collectives and 2 norms of B·S, the final norm and the output's
+    # gather, forward; backward 4 stream-sized per layer, each norm's row sum and gain slices, the final norm's
+    # included, and the input's gather
+    assert totals["forward"]["elements"] == 2 * (4 * stream + 2 * rows) + rows + stream
+    assert totals["backward"]["elements"] == 2 * 4 * stream + 5 * (rows + width) + stream
     code, out, _ = _run("plan", LLAMA, "--block", "LlamaModel", "--tp", "2", "--layout", "replicated",
                         "--dims", "B=2,S=8", "--dtype", "f32")
     assert "backward collectives, f32, per step:\n  layers.0:\n    all-reduce     at layers.0.self_attn" in out

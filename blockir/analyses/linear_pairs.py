@@ -3,14 +3,15 @@ narrows it back (OPT's fc1/fc2, BERT's intermediate.dense/output.dense, which HF
 children, so the importer cannot declare them as one ``mlp``).
 
 Such a pair splits as the ``mlp`` kind does (Shoeybi et al., 2019): the first by output columns, the second by
-input rows, every function between them acting on each rank's own hidden units. A function that draws random
-values (dropout) is not one of them: its masks would be drawn over a rank's slice instead of the whole width.
+input rows, every function between them acting on each rank's own hidden units. A function that draws random values
+(BioGPT's activation dropout) is one of them too: the hidden units stay a DTensor split by columns between the
+two linears, so each rank draws the decisions of the global units it holds (``numerics._sharded_dropout``).
 """
 from __future__ import annotations
 
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Block
-from blockir.ir.traits import Elementwise, Stochastic
+from blockir.ir.traits import Elementwise
 from blockir.ops import Op
 
 
@@ -34,7 +35,7 @@ def linear_pairs(block: Block, stream_axis: str) -> dict[str, str]:
         if len(calls) != 1:
             continue
         op = _only_user(block, calls[0].result)
-        while op is not None and op.has(Elementwise) and not op.has(Stochastic) and len(op.operands) == 1:
+        while op is not None and op.has(Elementwise) and len(op.operands) == 1:
             op = _only_user(block, op.result)
         second = block.decl_map.get(op.applied[0]) if op is not None and len(op.applied) == 1 else None
         if isinstance(second, KindDecl) and second.kind == "linear" and second.arg("in_dim") == d.arg("out_dim") \

@@ -149,6 +149,13 @@ def stream_type(program: Program, block: Block) -> TensorType:
     return block.params[0].type if block.params else block.result
 
 
+def stream_ends(program: Program, block: Block) -> tuple[bool, bool]:
+    """Whether the model takes the stream (a stream-typed first input) and whether it returns it: the module
+    takes and returns full tensors, so under a split stream it slices the one and gathers the other."""
+    names = stream_type(program, block).names
+    return bool(block.params) and block.params[0].type.names == names, block.result.names == names
+
+
 def _fail(span, message: str, hint: str | None = None) -> BlockError:
     return BlockError([error("E0730", message, span, hint=hint)])
 
@@ -208,6 +215,16 @@ class _Planner:
             self._collective(layer, Collective(path, gather, elements))
         if partial:
             self._backward(layer, Collective(path, GATHER_BACKWARD[self.layout], elements))
+
+    def ends(self, takes: bool, returns: bool) -> None:
+        """The model's own boundary (site ``""``) under a split stream: a stream it takes is sliced, its
+        gradient gathered in backward; a stream it returns is gathered, its gradient sliced."""
+        if GATHER[self.layout] is None:
+            return
+        if takes:
+            self._backward("", Collective("", "all-gather", self.elements))
+        if returns:
+            self._collective("", Collective("", GATHER[self.layout], self.elements))
 
     def _reduced(self, layer: str, path: str, elements: int | None = None) -> None:
         """A pending sum of the stream's size (or of ``elements``) brought to the stream's layout, and its
@@ -284,6 +301,9 @@ class _Planner:
             if d.name in pairs:
                 self.linear_pair(d, pairs[d.name], path, layer, sizes)
                 return
+        if d.kind == "linear" and self.layout == "hidden":
+            self.lone_rows(d, path, layer, sizes)
+            return
         if self.plan.vocab and _by_vocab(d, block):
             self.vocab_rows(d, path, layer, sizes, self._table_elements(d, block, sizes))
             return
@@ -292,6 +312,10 @@ class _Planner:
         self.plan.modules.append(ModuleStyle(path, style, d.kind))
         if d.kind == "head":
             self._gathered(layer, path, elements=self._table_elements(d, block, sizes))
+        if d.kind == "embedding" and GATHER[self.layout]:
+            # its full rows sliced to the stream's layout after the lookup: their gradient is gathered back,
+            # outside the embedding's own backward (the model's boundary)
+            self._backward(layer, Collective("", "all-gather", self._table_elements(d, block, sizes)))
         if d.kind in ("linear", "head"):
             self._param(f"{path}.weight", "replicate")
             if d.arg("bias"):
@@ -360,6 +384,18 @@ class _Planner:
             if d.arg("bias"):
                 self._param(f"{path}.bias", "replicate")
             self._reduced(layer, path)
+
+    def lone_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+        """A linear of its own under hidden sharding (OPT's project_in and project_out): its input is the
+        stream's feature shard, so it is split by input rows as a row-parallel projection is, each rank holding
+        its columns of the weight, and its pending sum reduced onto the stream's layout."""
+        _divisible(d, "input features", sizes.dim(d.arg("in_dim")), self.world)
+        _divisible(d, "output features", sizes.dim(d.arg("out_dim")), self.world)
+        self.plan.modules.append(ModuleStyle(path, "rowwise", d.kind))
+        self._param(f"{path}.weight", "shard(1)")
+        if d.arg("bias"):
+            self._param(f"{path}.bias", "replicate")
+        self._reduced(layer, path, self.elements // sizes.dim(self.stream_axis) * sizes.dim(d.arg("out_dim")))
 
     def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes, elements: int) -> None:
         """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank
@@ -570,5 +606,6 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     planner = _Planner(program, sizes, layout, world, elements, state.names[-1], vocab)
     planner.plan.per_token = per_token
     planner.block(block, "", "")
+    planner.ends(*stream_ends(program, block))
     _check_placed(program, block, sizes, planner.plan)
     return planner.plan

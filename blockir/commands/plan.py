@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             for layer, cs in listed.items():
                 print(f"  {layer}:")
                 for c in cs:
-                    print(f"    {c['op']:<14} at {c['site']:<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
+                    print(f"    {c['op']:<14} at {c['site'] or '(model boundary)':<32} {c['bytes']:>10} B payload, {c['wire_bytes']:>10} B sent per rank")
         if plan.vocab:
             print("vocabulary split by rows; the loss's backward sends nothing")
         print(f"total {unit}:")

@@ -27,8 +27,9 @@ class LayerCollectives(TorchDispatchMode):
     """While active, counts ``(kind, payload elements)`` per stacked layer of ``module``: forward passes in
     ``seen``, backward passes in ``seen_backward``.
 
-    ``layers`` are the module paths of the stacked layers (``ParallelPlan.layers``); collectives outside
-    them (the model's input and output, a final norm) are not counted."""
+    ``layers`` are the module paths of the sites to count: the stacked layers (``ParallelPlan.layers``), the
+    tables and norms outside them, and ``""`` for the root, which then also counts whatever runs outside every
+    module (the model's own output gathered); collectives outside the sites given are not counted."""
 
     def __init__(self, module: nn.Module, layers: list[str], world: int) -> None:
         super().__init__()
@@ -48,9 +49,10 @@ class LayerCollectives(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def _layer(self) -> str | None:
-        """The innermost counted site whose forward or backward is running."""
+        """The innermost counted site whose forward or backward is running; outside every module (the root's
+        output hooks, which run after the tracker has left it), the root where it is counted."""
         found = [self.names[n] for n in self.tracker.parents if n in self.names]
-        return max(found, key=len, default=None)
+        return max(found, key=len, default="" if "" in self.seen else None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if any(t is DTensor for t in types):

@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
                                                SequenceParallel, parallelize_module)
 from torch.distributed.tensor.placement_types import Placement
 
-from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan, stream_type
+from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan, stream_ends, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
@@ -49,11 +49,11 @@ def _boundary(module: nn.Module, mesh: DeviceMesh, program: Program, block: Bloc
     """The module takes and returns full tensors: a stream-typed input is sliced to the stream's layout and a
     stream-typed result gathered; token ids and logits are full tensors already (see the embedding and head),
     but for logits a vocab-parallel head leaves split by vocabulary."""
-    state = stream_type(program, block)
-    if block.params and block.params[0].type.names == state.names:
+    takes, returns = stream_ends(program, block)
+    if takes:
         parallelize_module(module, mesh, PrepareModuleInput(
             input_layouts=(Replicate(),), desired_input_layouts=(stream,), use_local_output=False))
-    if block.result.names == state.names:
+    if returns:
         parallelize_module(module, mesh, PrepareModuleOutput(
             output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
 
@@ -149,8 +149,9 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
             out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()))
         elif m.style == "pair_columns":
-            # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it
-            out[m.path] = ColwiseParallel(input_layouts=stream)
+            # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it;
+            # its hidden units stay a DTensor split by columns, so a dropout between the pair draws global units
+            out[m.path] = ColwiseParallel(input_layouts=stream, use_local_output=False)
         elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
             out[m.path] = Rows(stream, use_local_output=not sharded)
         elif m.style in ("width_norm", "kv_width_norm"):
