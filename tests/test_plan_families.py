@@ -33,8 +33,6 @@ LAYOUTS = ("replicated", "sequence", "hidden")
 
 # family → (degrees it is refused at, code, reason); every layout and both vocab settings alike
 REFUSED: dict[str, tuple[tuple[int, ...], str, str]] = {
-    "codegen": (WORLDS, "E0607", "q, v and k stored in row groups: no rule splits them by whole heads (not yet "
-                                 "planned)"),
     # not an impossibility: a rank of a replicated key/value head could take its key norm's moments from the
     # ranks' partial sums over the heads they hold; the plan does not do that yet
     "olmo2": ((4,), "E0607", "a q/k norm over the whole width with 2 key/value heads over 4 ranks: the key "
