@@ -26,7 +26,10 @@ vocab-parallel embedding and cross-entropy); a tied head is tied again after the
 * OLMo-2 normalises q and k over the whole width: ``Olmo2Config.base_model_tp_plan`` gathers q, k and v
   (``colwise_gather_output``) and splits ``o_proj``'s input, so each norm sees whole rows;
 * GPT-NeoX's ``query_key_value`` holds q, k, v per head in turn: HF's plan splits it ``colwise``, which cuts
-  it into whole heads.
+  it into whole heads;
+* CodeGen's ``qkv_proj`` holds 4 row groups, each q, v, k of a quarter of the heads (HF's fixed ``mp_num``): a
+  degree that divides 4 cuts it ``colwise`` into whole groups, and the author sets the rank's heads and groups
+  on the branch (``CodeGenConfig`` has no ``base_model_tp_plan``).
 """
 from __future__ import annotations
 
@@ -182,6 +185,18 @@ def _gpt_neox(sp: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
+def _codegen(sp: bool) -> dict[str, ParallelStyle]:
+    """CodeGen: ``qkv_proj`` ``colwise`` (whole row groups per rank), ``fc_in`` ``colwise``, ``out_proj`` and
+    ``fc_out`` ``rowwise``; one norm feeds both branches (GPT-J's parallel residual), each gathering its output."""
+    out = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attn.qkv_proj": ColwiseParallel(), "attn.out_proj": RowwiseParallel(output_layouts=out),
+        "mlp.fc_in": ColwiseParallel(), "mlp.fc_out": RowwiseParallel(output_layouts=out)}
+    if sp:
+        plan |= {"ln_1": SequenceParallel(), "attn": _gather(), "mlp": _gather()}
+    return plan
+
+
 @dataclass(frozen=True)
 class Family:
     block: str  # the causal LM's block in the importer's text
@@ -195,9 +210,12 @@ class Family:
     def config(self, model_type: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                vocab: int, seq: int) -> dict[str, Any]:
         """An HF config dict of ``model_type`` at these sizes (no weights read)."""
-        if model_type == "gpt2":
-            return dict(model_type="gpt2", vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
-                        n_positions=seq, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        if model_type in ("gpt2", "codegen"):
+            # CodeGen rotates half of each head's features, as its released models do
+            rotary = dict(rotary_dim=hidden // heads // 2, n_ctx=seq) if model_type == "codegen" else {}
+            return dict(model_type=model_type, vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                        n_positions=seq, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        **rotary)
         common = dict(model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                       num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=seq)
         extra = {"llama": dict(num_key_value_heads=kv_heads, rms_norm_eps=1e-6),
@@ -217,6 +235,8 @@ FAMILIES = {
                        _gpt_neox),
     "phi3": Family("Phi3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _phi3),
     "olmo2": Family("Olmo2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
+    "codegen": Family("CodeGenForCausalLM", "transformer.h", "transformer.wte", "transformer.ln_f", _codegen,
+                      packed_attention="attn"),
 }
 
 
@@ -227,8 +247,10 @@ def _as_torch_tables(model: nn.Module, embedding: str) -> bool:
     table, head = model.get_submodule(embedding), model.get_submodule("lm_head")
     tied = head.weight is table.weight
     lookup = nn.Embedding(*table.weight.shape, _weight=table.weight.data)
-    linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=False)
+    linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=head.bias is not None)
     linear.weight = lookup.weight if tied else nn.Parameter(head.weight.data)
+    if head.bias is not None:  # GPT-J's and CodeGen's head
+        linear.bias = nn.Parameter(head.bias.data)
     setattr(model.get_submodule(owner), leaf, lookup)
     model.lm_head = linear
     return tied
@@ -245,6 +267,8 @@ def hand_written_family(model: nn.Module, mesh: Any, family: str, layout: str) -
         if fam.packed_attention:
             branch = layer.get_submodule(fam.packed_attention)
             vars(branch).update(heads=branch.heads // mesh.size(), kv_heads=branch.kv_heads // mesh.size())
+            if branch.fused == "qvk_groups":  # the rank's whole row groups
+                vars(branch).update(qkv_groups=branch.qkv_groups // mesh.size())
     top: dict[str, ParallelStyle] = {
         fam.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()),
         "lm_head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),

@@ -19,7 +19,8 @@ from dist_harness import compare, data_ranks
 LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
 MODELS = {"llama": (LLAMA, "LlamaModel"), "gpt2": (FAMILIES, "GPT2Model"),
-          "neox": (FAMILIES, "GPTNeoXModel"), "bert": (FAMILIES, "BertEncoder"), "heads": (FAMILIES, "HeadParamsModel")}
+          "neox": (FAMILIES, "GPTNeoXModel"), "bert": (FAMILIES, "BertEncoder"), "heads": (FAMILIES, "HeadParamsModel"),
+          "qvk": (FAMILIES, "QVKGroupsModel")}
 LAYOUTS = ("replicated", "sequence", "hidden")
 # where the residual stream reaches each layer
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
@@ -43,6 +44,8 @@ FUSED_DP = [("llama", layout, "eval", 2, "fused") for layout in ("sequence", "hi
 # tp=2 (GPT-2 training with dropout: four data-parallel slices draw one process's masks); FSDP2 mixed precision
 HSDP = [("llama", "sequence", "eval", (2, 2)), ("gpt2", "sequence", "train", (2, 1))]
 MIXED = [("llama", "sequence", "eval-bf16", 2)]
+# CodeGen-style q/v/k in 2 row groups over tp=4, training with dropout: each rank's head is half a group
+GROUPS = [("qvk", "hidden", "train", 1)]
 # and an imported LLaMA causal LM with its embedding and head split by vocabulary, trained on the 2×2 mesh
 VOCAB_DP = ("llama-lm", "sequence", "vocab", 2)
 
@@ -75,7 +78,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     lm = tmp_path_factory.mktemp("vocab") / "llama.block"
     lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
     vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
-    cases = WORLD4 + HSDP + MIXED + FUSED_DP
+    cases = WORLD4 + HSDP + MIXED + FUSED_DP + GROUPS
     return dict(zip(cases + [VOCAB_DP], compare([_case(*c) for c in cases] + [vocab], world=4)))
 
 
@@ -222,6 +225,19 @@ def test_llama_over_four_ranks_replicates_key_value_heads(world4: dict, case: tu
     assert params["layers.0.self_attn.k_proj.weight"] == params["layers.1.self_attn.v_proj.weight"] == "R"
     assert par["inputs"]["layers.0"] == STREAM[case[1]]
     assert par["comms"] == par["planned"]
+
+
+def test_q_v_k_row_groups_over_more_ranks_than_groups(world4: dict) -> None:
+    """Two row groups of [q; v; k] over four ranks: the matrix stays whole and each rank computes the q, v and k
+    columns of its own head (half a group), one group of its own; training with dropout matches one process, and
+    every layer issues the plan's collectives, forward and backward."""
+    ref, par = world4[GROUPS[0]]
+    _matches(ref, par)
+    params = par["params"]
+    assert params["h.0.attn.qkv_proj.weight"] == params["h.1.attn.qkv_proj.weight"] == "R"
+    assert params["h.0.attn.out_proj.weight"] == "S(1)"
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
 
 
 @pytest.mark.parametrize("case", FUSED_DP, ids=lambda c: c[1])

@@ -3,7 +3,8 @@
 The families cover what the importer writes: grouped key/value heads and an untied head with biases (LLaMA),
 grouped heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix and a
 tied head, GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked
-gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated key/value heads).
+gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated key/value heads),
+CodeGen's q, v, k in 4 row groups (whole groups per rank at 2 and 4 ranks) with a partial interleaved rotary.
 Each config drops out whatever its family drops (attention probabilities, branch updates). Under every layout, at
 tp=2 and at tp=4, and at four ranks on a 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal
 the single-process module, which equals the HF model it was imported from, and three SGD steps in training mode,
@@ -27,13 +28,15 @@ from dist_harness import compare, data_ranks, output_gradient
 from hf_configs import CONFIGS, MORE_CONFIGS
 
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
-          "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+          "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+          "codegen": "CodeGenForCausalLM"}
 # the dropout each family's config can ask for, all of which the importer writes
 DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout=0.1),
            "gpt2": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "gpt_neox": dict(attention_dropout=0.1, hidden_dropout=0.1),
            "phi3": dict(attention_dropout=0.1, resid_pdrop=0.1), "olmo2": dict(attention_dropout=0.1),
            "mixtral": dict(attention_dropout=0.1), "qwen2_moe": dict(attention_dropout=0.1),
+           "codegen": dict(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.0),
            "opt-post-ln": dict(dropout=0.1, attention_dropout=0.1), "biogpt": dict(attention_probs_dropout_prob=0.1)}
 # linears outside a branch under hidden sharding, trained: OPT's narrower embedding projected in and out
 # (row-parallel, each reducing onto the stream's shards) and BioGPT's fc1/fc2 with an activation dropout between
@@ -48,11 +51,13 @@ STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
 VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
-# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families
+# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families (CodeGen's placements are plain
+# shards at tp=4, which FSDP2 wraps as it wraps GPT-NeoX's: it runs the plan over tp alone)
 HSDP = ((2, 2), (2, 1))
+MESHES = [model for model in MODELS if model != "codegen"]
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
-    [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
-    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)]
+    [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MESHES)] + \
+    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MESHES)]
 # mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
 # FSDP2 shards by expert): Qwen2-MoE's gated shared expert on a (2, 1, 2) mesh, with tp=2 inside every expert
 MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
@@ -208,7 +213,7 @@ def test_a_tied_head_keeps_one_table_computed_on_full_rows(world: dict) -> None:
 
 
 def test_fused_matrices_are_split_by_their_head_groups(world: dict) -> None:
-    gpt2, neox, phi3 = (_placements(world, m) for m in ("gpt2", "gpt_neox", "phi3"))
+    gpt2, neox, phi3, codegen = (_placements(world, m) for m in ("gpt2", "gpt_neox", "phi3", "codegen"))
     # GPT-2's Conv1D stores [in, out]: the MLP's columns are dim 1, the output projection's rows dim 0
     assert gpt2["transformer.h.0.mlp.c_fc.weight"] == "S(1)" and gpt2["transformer.h.0.mlp.c_fc.bias"] == "S(0)"
     assert gpt2["transformer.h.0.mlp.c_proj.weight"] == gpt2["transformer.h.0.attn.c_proj.weight"] == "S(0)"
@@ -217,6 +222,8 @@ def test_fused_matrices_are_split_by_their_head_groups(world: dict) -> None:
     assert phi3["model.layers.0.mlp.gate_up_proj.weight"] == "R"
     # per head q, k, v in turn: a rank's heads are one contiguous block
     assert neox["gpt_neox.layers.0.attention.query_key_value.weight"] == "S(0)"
+    # q/v/k in 4 row groups over 2 ranks: a rank's heads are 2 whole groups, one contiguous block
+    assert codegen["transformer.h.0.attn.qkv_proj.weight"] == "S(0)"
 
 
 def test_a_q_k_norm_over_the_whole_width_is_split_with_the_heads(world: dict) -> None:
@@ -264,7 +271,8 @@ def test_a_vocab_parallel_model_trains_as_one_process(world: dict, case: tuple[s
 # reduced once, each reduce-scatter's gradient gathered; a feature-sharded norm's own path all-reduces its
 # backward's row sums (RMSNorm Σg·x̂, LayerNorm Σg and Σg·x̂) and gathers the gradient slices of each replicated
 # gain and shift (64 features); OLMo-2's q/k norms over the width (64 and 32 features) have their gains stored
-# split with the heads, so they send their row sums only
+# split with the heads, so they send their row sums only; CodeGen's one LayerNorm feeds both branches (GPT-J's parallel
+# residual), each branch input reduced once
 BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
             ("qwen2", "sequence"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2},
             ("qwen2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 2,
@@ -273,7 +281,9 @@ BACKWARD = {("qwen2", "replicated"): {("all-reduce", 1024): 2},
                                  ("all-reduce", 32): 2},
             ("olmo2", "replicated"): {("all-reduce", 1024): 2, ("all-reduce", 16): 2},
             ("olmo2", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 2,
-                                  ("all-reduce", 16): 4}}
+                                  ("all-reduce", 16): 4},
+            ("codegen", "hidden"): {("all-gather", 1024): 2, ("reduce-scatter", 1024): 2, ("all-gather", 64): 2,
+                                    ("all-reduce", 32): 1}}
 
 
 @pytest.mark.parametrize("case", BACKWARD, ids="-".join)

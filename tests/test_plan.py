@@ -260,13 +260,11 @@ def test_head_parameters_are_placed() -> None:
 
 
 @pytest.mark.parametrize("change, unplaced", [
-    ("fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)",
-     "'h.0.attn.qkv_proj.weight', 'h.0.attn.qkv_proj.bias', 'h.0.attn.o_proj.weight', 'h.0.attn.o_proj.bias' and 4 more"),
     ("kv_heads=1, bias=true, out_bias=true, qk_norm=l2norm, qk_scale=true)", "'h.0.attn.qk_scale', 'h.1.attn.qk_scale'"),
 ])
 def test_a_key_the_plan_cannot_place_is_a_located_error(change: str, unplaced: str) -> None:
-    """CodeGen's q/v/k row groups are not split; nGPT's s_qk gives a key head its group's first query gain, which a
-    rank computing a replicated key/value head need not hold: the plan names what it cannot place instead of
+    """nGPT's s_qk gives a key head its group's first query gain, which a rank computing a replicated key/value
+    head need not hold: the plan names what it cannot place instead of
     leaving it out."""
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
@@ -301,18 +299,34 @@ def test_a_key_norm_over_replicated_key_value_heads_keeps_its_gain_whole() -> No
 
 
 def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
-    """A file that declares a mesh and a q/v/k row-grouped matrix still shows its manifest; the block's entry
-    carries the plan's refusal where the placements would be."""
+    """A file that declares a mesh and a q/k norm over the whole width of one key/value head still shows its
+    manifest; the block's entry carries the plan's refusal where the placements would be."""
     from blockir.analyses.manifest import program_manifest
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
-        "attn: self_attention(heads=H, causal=true, fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)").replace(
-        "dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
+        "attn: self_attention(heads=H, kv_heads=1, causal=true, bias=true, out_bias=true, qk_norm=rmsnorm, "
+        "qk_norm_axis=width)").replace("dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
     prog = blockir.parse(text, "families.block")
     entry = program_manifest(prog)["parallel_layout"]["blocks"]["GPT2Model"]
     assert "params" not in entry
     assert entry["plan_refused"].startswith("E0607: the ")
-    assert "'h.0.attn.qkv_proj.weight'" in entry["plan_refused"]
+    assert "'h.0.attn.q_norm.weight'" in entry["plan_refused"]
+
+
+@pytest.mark.parametrize("world, placement", [
+    (2, "shard(0)"), (4, "replicate (each rank computes the columns of its own heads or units)")])
+def test_q_v_k_row_groups_split_by_whole_groups_where_the_degree_divides_them(world: int, placement: str) -> None:
+    """CodeGen's fused matrix in 2 row groups of [q; v; k]: over 2 ranks each holds one whole group, a plain
+    shard; over 4 each rank's head is half a group, three blocks of rows it reads from the whole matrix."""
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        "attn: self_attention(heads=H, causal=true, fused=qvk_groups, qkv_groups=2, bias=true, out_bias=true)")
+    prog = blockir.parse(text, "families.block")
+    for layout in ("replicated", "sequence", "hidden"):
+        plan = derive_plan(prog, prog.block("GPT2Model"), Sizes.of(prog, {"B": 2, "S": 8}), layout, world)
+        assert plan.params["h.0.attn.qkv_proj.weight"] == plan.params["h.1.attn.qkv_proj.bias"] == placement
+        assert plan.params["h.0.attn.o_proj.weight"] == "shard(1)"
+        assert plan.styles()["h.0.attn.qkv_proj"] == "columns"
 
 
 def test_a_language_models_collectives_carry_the_stream_it_embeds(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -32,9 +32,8 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   one parameter split once.
 
 Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
-key no style can place (CodeGen's q/v/k row groups, nGPT's s_qk with key/value
-heads replicated over more ranks) is an error naming it (E0607), never a
-silent omission.
+key no style can place (nGPT's s_qk with key/value heads replicated over more
+ranks) is an error naming it (E0607), never a silent omission.
 
 The plan also counts the collectives of one forward and of its backward per
 layer with their payload, which the cost report turns into bytes on the wire.
@@ -424,9 +423,8 @@ class _Planner:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
 
         GPT-2's transposed Conv1D weights split along their other axis; a fused matrix is split by its head
-        groups (q, k, v stacked or per head in turn; gate and up stacked), each rank computing the columns of
-        its own heads or units. CodeGen's q, v, k row groups are left unplaced, and the exhaustiveness check
-        names them."""
+        groups (q, k, v stacked, per head in turn or in CodeGen's q/v/k row groups; gate and up stacked), each
+        rank computing the columns of its own heads or units."""
         names = layer_names(d.kind, dict(d.args))
         attention = d.kind.endswith("attention")
         shared_kv = False
@@ -439,17 +437,18 @@ class _Planner:
             _divisible(d, "hidden units", sizes.dim(d.arg("hidden")), self.world)
         self.plan.modules.append(ModuleStyle(path, "branch", d.kind))
         fused, conv1d, bias = d.arg("fused"), bool(d.arg("conv1d")), d.arg("bias")
-        if fused == "qvk_groups":
-            return
         if fused in (None, False, "none"):
             for role in COLUMN[d.kind]:
                 self._columns(f"{path}.{names[role]}", shared_kv and role in KV, conv1d, bias)
         else:
             # a stacked matrix's rank columns are several blocks of it: it stays whole and each rank reads its
-            # rows; per head q, k, v in turn, a rank's heads are one contiguous block, a plain shard
+            # rows; per head q, k, v in turn, a rank's heads are one contiguous block, a plain shard, and so are
+            # q/v/k row groups the degree divides (each rank's heads are whole groups)
             sub = f"{path}.{names['qkv' if attention else 'gate_up']}"
             self.plan.modules.append(ModuleStyle(sub, "columns", "linear"))
-            placement = "shard(0)" if fused == "heads" and not conv1d else \
+            groups = int(sizes.value(d.arg("qkv_groups"))) if d.arg("qkv_groups") is not None else 1
+            contiguous = fused == "heads" or (fused == "qvk_groups" and groups % self.world == 0)
+            placement = "shard(0)" if contiguous and not conv1d else \
                 "replicate (each rank computes the columns of its own heads or units)"
             self._param(f"{sub}.weight", placement)
             if bias:
@@ -532,8 +531,8 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
         raise BlockError([error(
             "E0607", f"the {plan.layout} tensor-parallel plan over {plan.world} ranks cannot place {shown}: "
             f"{owner.kind} '{owner.name}' has no sharding that keeps whole heads or units on each rank", owner.span,
-            hint="store q, k and v stacked or separately (not in q/v/k row groups); with nGPT's qk_scale, use no "
-                 "more ranks than key/value heads; or run this block without tensor parallelism")])
+            hint="with nGPT's qk_scale, use no more ranks than key/value heads; or run this block without tensor "
+                 "parallelism")])
 
 
 def _by_vocab(d: KindDecl, block: Block) -> bool:
