@@ -299,18 +299,18 @@ def test_a_key_norm_over_replicated_key_value_heads_keeps_its_gain_whole() -> No
 
 
 def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
-    """A file that declares a mesh and a q/k norm over the whole width of one key/value head still shows its
+    """A file that declares a mesh and nGPT's s_qk with one key/value head over its 2 ranks still shows its
     manifest; the block's entry carries the plan's refusal where the placements would be."""
     from blockir.analyses.manifest import program_manifest
     text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
         "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
-        "attn: self_attention(heads=H, kv_heads=1, causal=true, bias=true, out_bias=true, qk_norm=rmsnorm, "
-        "qk_norm_axis=width)").replace("dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
+        "attn: self_attention(heads=H, kv_heads=1, causal=true, bias=true, out_bias=true, qk_norm=l2norm, "
+        "qk_scale=true)").replace("dim H: heads = 4\n", "dim H: heads = 4\ndim tp: mesh = 2\n")
     prog = blockir.parse(text, "families.block")
     entry = program_manifest(prog)["parallel_layout"]["blocks"]["GPT2Model"]
     assert "params" not in entry
     assert entry["plan_refused"].startswith("E0607: the ")
-    assert "'h.0.attn.q_norm.weight'" in entry["plan_refused"]
+    assert "'h.0.attn.qk_scale'" in entry["plan_refused"]
 
 
 @pytest.mark.parametrize("world, placement", [
