@@ -37,7 +37,7 @@ def _kv_cache_refusal(program: str) -> str:
     import blockir
     from torch.distributed.device_mesh import init_device_mesh
     m = blockir.compile(program, "LlamaModel", dims=STREAM, seed=0)
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("tp",))
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("cp",))
     blockir.parallelize(m, mesh, program, "LlamaModel", layout="context", dims=STREAM)
     try:
         m(torch.randn(2, 8, 64), past_key_values=blockir.KVCache())
