@@ -8,14 +8,14 @@ stacked gate/up, OLMo-2's q/k norms over the whole width. Each config drops out 
 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal the single-process module, which
 equals the HF model it was imported from, and three SGD steps in training mode, dropout on, give one
 process's losses and parameters. At tp=2 each stacked layer must also issue exactly the plan's forward
-collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and
-GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s loss under
-``loss_parallel``. The cases of each world size share one spawned world.
+collectives and, counted while its backward runs, exactly the plan's backward ones. The context layout runs
+over four ranks (LLaMA, GPT-2) and under FSDP2 on a 2×2 mesh (GPT-2), trained with dropout as the others.
+LLaMA (untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained
+through ``run``'s loss under ``loss_parallel``. The cases of each world size share one spawned world.
 """
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,16 +37,18 @@ DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout
 WORLD4_CONFIG = {"olmo2": dict(num_key_value_heads=4)}
 LAYOUTS = ("replicated", "sequence", "hidden")
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
-STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
+STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)", "context": "S(1)"}
 # vocab-parallel cases: a vocabulary of 64 splits over two ranks, and the token ids (below 50) hit both halves
 VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
-# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families
+# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families; and the context layout, its
+# sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2 mesh, 2 of 4 (GPT-2)
 HSDP = ((2, 2), (2, 1))
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
-    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)]
+    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)] + \
+    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2)]
 
 
 def config(model: str, world: int) -> dict[str, Any]:
@@ -142,7 +144,8 @@ def test_an_imported_family_matches_one_process_and_hf(world: dict, case: tuple[
 
 @pytest.mark.parametrize("case", WORLD4, ids=lambda c: "-".join(map(str, c)))
 def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: dict, case: tuple[Any, ...]) -> None:
-    """tp=4 (the key/value heads replicated where there are 2), FSDP2 over dp=2 with tp=2, and HSDP."""
+    """tp=4 (the key/value heads replicated where there are 2), FSDP2 over dp=2 with tp=2, HSDP, and the
+    context layout (every weight replicated) over 4 ranks and under FSDP2."""
     ref, par = world4[case]
     _matches(ref, par)
     _matches_hf(ref, case[0], 4)
@@ -153,7 +156,7 @@ def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: d
         assert par["comms"] == par["planned"]
         layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
         assert par["inputs"][layers] == STREAM[case[1]]
-        assert params[q] == ("R" if case[0] in ("gpt2", "phi3") else "S(0)")
+        assert params[q] == ("R" if case[0] in ("gpt2", "phi3") or case[1] == "context" else "S(0)")
     else:  # FSDP2 shards every parameter over dp (HSDP: replicated over dp_replicate first)
         lead = ("S(0)", "_S(0,") if dp == 2 else ("R,S(0)", "R,_S(0,")
         assert all(p.startswith(lead) for p in params.values()), params
