@@ -38,21 +38,23 @@ def data_ranks(dp: int | tuple[int, ...]) -> int:
     return math.prod(dp) if isinstance(dp, tuple) else dp
 
 
-def _mesh(dp: int | tuple[int, ...]) -> tuple[Any, Any, dict[str, Any]]:
-    """The case's mesh, the process group of this rank's data-parallel peers, and parallelize's mesh keywords."""
+def _mesh(dp: int | tuple[int, ...], layout: str) -> tuple[Any, Any, dict[str, Any]]:
+    """The case's mesh, the process group of this rank's data-parallel peers, and parallelize's mesh keywords.
+    The axis the plan runs over is named as the layout wants it: ``cp`` for the context layout, else ``tp``."""
     from torch.distributed.device_mesh import init_device_mesh
-    from blockir.lower.distributed.tp import DATA_AXES
-    world = dist.get_world_size()
+    from blockir.lower.distributed.tp import DATA_AXES, parallel_axis
+    world, axis = dist.get_world_size(), parallel_axis(layout)
     if dp == 1:
-        return init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)), None, {}
+        return init_device_mesh("cpu", (world,), mesh_dim_names=(axis,)), None, {}
     sizes = dp if isinstance(dp, tuple) else (dp,)
     axes = DATA_AXES[len(sizes) + 1]
-    mesh = init_device_mesh("cpu", (*sizes, world // data_ranks(dp)), mesh_dim_names=(*axes, "tp"))
+    mesh = init_device_mesh("cpu", (*sizes, world // data_ranks(dp)), mesh_dim_names=(*axes, axis))
     if len(axes) == 1:
         return mesh, mesh["dp"].get_group(), {}
-    # the data-parallel peers of each tensor-parallel rank, numbered replica group first (as parallelize does)
+    # the data-parallel peers of each tensor- or context-parallel rank, numbered replica group first (as
+    # parallelize does)
     groups = [dist.new_group(mesh.mesh[..., t].flatten().tolist()) for t in range(mesh.size(len(axes)))]
-    return mesh, groups[mesh["tp"].get_local_rank()], {}
+    return mesh, groups[mesh[axis].get_local_rank()], {}
 
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
@@ -76,7 +78,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     if layout is not None:
         from blockir.lower.distributed import parallelize
         from blockir.lower.distributed.tp import DATA_AXES, data_rank
-        mesh, group, options = _mesh(dp)
+        mesh, group, options = _mesh(dp, layout)
         if group is not None:
             # each data-parallel rank takes its slice of the batch; FSDP averages gradients over dp, so the
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
@@ -239,7 +241,7 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
 
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
-    is a pair, else on one ``tp`` axis of all ranks; a
+    is a pair, else on one ``tp`` axis of all ranks (``cp`` for the context layout); a
     ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream; a ninth entry
     compiles both modules with that backend instead of fx. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients

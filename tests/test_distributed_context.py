@@ -20,13 +20,16 @@ BLOCKS = {"llama": (str(ROOT / "examples" / "llama.block"), "LlamaModel", "eval"
           "gpt2-train": (FAMILIES, "GPT2Model", "train"), "gpt2-eval": (FAMILIES, "GPT2Model", "eval"),
           "bert": (FAMILIES, "BertEncoder", "eval"), "heads": (FAMILIES, "HeadParamsModel", "eval")}
 # imported causal LMs, token ids in: grouped heads and RoPE (LLaMA, Qwen2 tied), a sliding window of 5 over 8
-# positions (Mistral), ALiBi (BLOOM), learned positions and a tied head (GPT-2), trained with residual dropout
-# (its attention-probability dropout off: a kernel draws that per rank)
+# positions (Mistral), ALiBi (BLOOM), learned positions and a tied head (GPT-2), trained with HF's default
+# dropout (0.1 on the embedding, the residual branches and the attention probabilities, keyed by the global
+# query): one training forward and backward, and three SGD steps (``steps``)
+DROPOUT = {"attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1}
 IMPORTED = {"hf-llama": ("llama", "LlamaForCausalLM", {}, "eval"), "hf-qwen2": ("qwen2", "Qwen2ForCausalLM", {}, "eval"),
             "hf-mistral": ("mistral", "MistralForCausalLM", {}, "eval"),
             "hf-bloom": ("bloom", "BloomForCausalLM", {}, "eval"),
-            "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {"attn_pdrop": 0.0}, "eval"),
-            "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", {"attn_pdrop": 0.0}, "train")}
+            "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {}, "eval"),
+            "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", DROPOUT, "train"),
+            "hf-gpt2-steps": ("gpt2", "GPT2LMHeadModel", DROPOUT, "steps")}
 
 
 def _kv_cache_refusal(program: str) -> str:
@@ -34,7 +37,7 @@ def _kv_cache_refusal(program: str) -> str:
     import blockir
     from torch.distributed.device_mesh import init_device_mesh
     m = blockir.compile(program, "LlamaModel", dims=STREAM, seed=0)
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("tp",))
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("cp",))
     blockir.parallelize(m, mesh, program, "LlamaModel", layout="context", dims=STREAM)
     try:
         m(torch.randn(2, 8, 64), past_key_values=blockir.KVCache())
@@ -106,6 +109,21 @@ def test_each_layer_gathers_its_keys_and_values_and_reduce_scatters_their_gradie
 def test_training_really_drops(world: tuple[dict, str]) -> None:
     train, evaluated = world[0]["gpt2-train"][0], world[0]["gpt2-eval"][0]
     assert ((train["y"] - evaluated["y"]).norm() / evaluated["y"].norm()).item() > 1e-2
+
+
+def test_attention_dropout_trains_as_one_process(world: tuple[dict, str]) -> None:
+    """GPT-2 with its probabilities dropped: each rank keys its queries' decisions by their global index, so
+    three SGD steps give one process's losses and parameters; and the steps really dropped and moved."""
+    ref, par = world[0]["hf-gpt2-steps"]
+    assert _close(par["losses"], ref["losses"]), (par["losses"], ref["losses"])
+    assert set(par["trained"]) == set(ref["trained"])
+    for key, p in ref["trained"].items():
+        assert _close(par["trained"][key], p), key
+    assert abs(ref["losses"][0] - ref["eval_loss"]) > 1e-2 * abs(ref["eval_loss"])
+    assert abs(ref["losses"][2] - ref["losses"][0]) > 1e-1 * abs(ref["losses"][0])
+    # the training forward dropped too: its logits are not the evaluation's
+    train, evaluated = world[0]["hf-gpt2-train"][0]["y"], world[0]["hf-gpt2"][0]["y"]
+    assert ((train - evaluated).norm() / evaluated.norm()).item() > 1e-2
 
 
 def test_a_kv_cache_is_refused_at_the_attention(world: tuple[dict, str]) -> None:

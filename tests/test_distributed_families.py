@@ -12,8 +12,9 @@ dropout on, give one process's losses and parameters. At tp=2 and tp=4 each stac
 the plan's forward collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA
 (untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s
 loss under ``loss_parallel``. Mixtral and Qwen2-MoE (a gated shared expert), split by hidden units inside
-every expert, run at four ranks under FSDP2 and HSDP, compared with one process and HF alike. The cases of each
-world size share one spawned world.
+every expert, run at four ranks under FSDP2 and HSDP, compared with one process and HF alike. The context layout runs over
+four ranks (LLaMA, GPT-2) and under FSDP2 on a 2×2 mesh (GPT-2), trained with dropout as the others. The cases
+of each world size share one spawned world.
 """
 from __future__ import annotations
 
@@ -46,18 +47,21 @@ PROJECTED_CASES = [(model, "hidden", "projected") for model in PROJECTED]
 # whole key width then takes its moments from the ranks' partial sums over the heads they compute)
 LAYOUTS = ("replicated", "sequence", "hidden")
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
-STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
+STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)", "context": "S(1)"}
 # vocab-parallel cases: a vocabulary of 64 splits over two ranks, and the token ids (below 50) hit both halves
 VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
 # on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families (CodeGen's placements are plain
 # shards at tp=4, which FSDP2 wraps as it wraps GPT-NeoX's: it runs the plan over tp alone)
+# and the context layout, its sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2
+# mesh, 2 of 4 (GPT-2)
 HSDP = ((2, 2), (2, 1))
 MESHES = [model for model in MODELS if model != "codegen"]
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MESHES)] + \
-    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MESHES)]
+    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MESHES)] + \
+    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2)]
 # mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
 # FSDP2 shards by expert): Qwen2-MoE's gated shared expert on a (2, 1, 2) mesh, with tp=2 inside every expert
 MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
@@ -179,7 +183,8 @@ def test_linears_outside_a_branch_split_by_rows_under_hidden_sharding(world: dic
 
 @pytest.mark.parametrize("case", WORLD4, ids=lambda c: "-".join(map(str, c)))
 def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: dict, case: tuple[Any, ...]) -> None:
-    """tp=4 (the key/value heads replicated where there are 2), FSDP2 over dp=2 with tp=2, and HSDP."""
+    """tp=4 (the key/value heads replicated where there are 2), FSDP2 over dp=2 with tp=2, HSDP, and the
+    context layout (every weight replicated) over 4 ranks and under FSDP2."""
     ref, par = world4[case]
     _matches(ref, par)
     _matches_hf(ref, case[0], 4)
@@ -194,7 +199,7 @@ def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: d
             assert params["model.layers.0.self_attn.q_norm.weight"] == "S(0)"
         layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
         assert par["inputs"][layers] == STREAM[case[1]]
-        assert params[q] == ("R" if case[0] in ("gpt2", "phi3") else "S(0)")
+        assert params[q] == ("R" if case[0] in ("gpt2", "phi3") or case[1] == "context" else "S(0)")
     else:  # FSDP2 shards every parameter over dp (HSDP: replicated over dp_replicate first)
         lead = ("S(0)", "_S(0,") if dp == 2 else ("R,S(0)", "R,_S(0,")
         assert all(p.startswith(lead) for p in params.values()), params

@@ -21,6 +21,8 @@ from blockir.norms.dyt import dyt
 from blockir.norms.layernorm import layer_norm
 from blockir.norms.rmsnorm import rms_norm
 from blockir.norms.scalenorm import scale_norm
+from blockir.lower.layers.attention_core import ALL_HEADS, drop_probs, recording_dropout
+from blockir.lower.layers.query_rows import QueryRows
 from blockir.lower.rng import dropout_key, keep_block, keep_mask
 
 D = 64
@@ -435,3 +437,39 @@ def test_a_block_of_the_keep_mask_is_that_slice_of_the_whole_mask(start: tuple[i
     assert block.shape == size
     assert torch.equal(block, whole[index])
     assert 0 < int(block.sum()) < block.numel()
+
+
+class _Rows(QueryRows):
+    """Rank ``rank`` of ``ranks`` holding a slice of the queries, as a context-parallel rank does."""
+
+    def __init__(self, rank: int, ranks: int) -> None:
+        self.rank, self.ranks = rank, ranks
+
+    def queries(self, held: int) -> tuple[int, int]:
+        return self.rank * held, self.ranks * held
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_attention_dropout_of_a_slice_of_the_queries_is_that_slice_of_the_whole(ranks: int) -> None:
+    """A context-parallel rank (its queries a slice, its keys all of them), also holding a tensor-parallel rank's
+    heads, draws the one-process decisions at its coordinates: same seed, the same keep mask there."""
+    probs = torch.rand(2, 4, 8, 8)
+    torch.manual_seed(5)
+    whole = drop_probs(probs, 0.3, ALL_HEADS)
+    rows = 8 // ranks
+    for rank in range(ranks):
+        for head in range(2):
+            torch.manual_seed(5)
+            part = drop_probs(probs[:, 2 * head:2 * head + 2, rank * rows:(rank + 1) * rows], 0.3, (head, 2),
+                              _Rows(rank, ranks))
+            assert torch.equal(part, whole[:, 2 * head:2 * head + 2, rank * rows:(rank + 1) * rows])
+    assert 0 < int((whole == 0).sum()) < whole.numel() // 2
+
+
+def test_a_recorder_sees_the_keyed_attention_dropout_instead_of_it_drawing() -> None:
+    probs, seen = torch.rand(1, 2, 4, 4), []
+    with recording_dropout(lambda t, p: seen.append((t, p))):
+        assert drop_probs(probs, 0.25, ALL_HEADS) is probs
+    assert len(seen) == 1 and seen[0][0] is probs and seen[0][1] == 0.25
+    torch.manual_seed(0)
+    assert (drop_probs(probs, 0.25, ALL_HEADS) == 0).any()  # outside it, the dropout draws again

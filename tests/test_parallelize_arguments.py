@@ -2,7 +2,8 @@
 
 The argument checks come before any use of the mesh, so these need no process group; one world of two gloo
 ranks checks the data-parallel batch slice on a real (dp, tp) mesh, a second call on the same module, the
-FSDP2 units of a fused module's inlined layers, and the fused ops' DTensor rules over both ranks.
+FSDP2 units of a fused module's inlined layers, the fused ops' DTensor rules over both ranks, and the names of
+the mesh's axes (``cp`` for the context layout, ``tp`` for the others).
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def llama() -> nn.Module:
     ("layout", "layout", "unknown layout 'rows'; expected one of replicated, sequence, hidden, context"),
     ("vocab", "vocab", "vocab must be True or False, got 'yes'"),
     ("mp_policy", "mp_policy", "expected a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
-    ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a 3-D one "
-     "named ('dp_replicate', 'dp_shard', 'tp')"),
+    ("mesh", "mesh", "mesh must be a 1-D DeviceMesh (tensor or context parallel), a 2-D one named ('dp', 'tp') or "
+     "a 3-D one named ('dp_replicate', 'dp_shard', 'tp'), 'cp' for 'tp' under the context layout"),
 ])
 def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, case: str, where: str,
                                                              message: str) -> None:
@@ -186,7 +187,32 @@ def _body() -> dict[str, Any]:
     fused = blockir.compile(LLAMA, "LlamaModel", backend="fused", seed=0)
     blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
     results["fused units"] = [path for path, sub in fused.named_modules() if isinstance(sub, FSDPModule)]
+    results["axis names"] = _axis_names()
     return results
+
+
+# (mesh shape, axis names, layout): a context-parallel axis is named cp, a tensor-parallel one tp
+AXIS_NAMES = [((2,), ("cp",), "context"), ((1, 2), ("dp", "cp"), "context"), ((2,), None, "context"),
+              ((2,), ("cp",), "sequence"), ((1, 2), ("dp", "cp"), "hidden"), ((2,), ("tp",), "context"),
+              ((1, 2), ("dp", "tp"), "context"), ((1, 2), ("dp", "x"), "context")]
+
+
+def _axis_names() -> list[Any]:
+    """Each of ``AXIS_NAMES`` parallelised: the plan's layout and degree, or the refusal's location, message and
+    hint."""
+    from torch.distributed.device_mesh import init_device_mesh
+    out: list[Any] = []
+    for shape, names, layout in AXIS_NAMES:
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        m = blockir.compile(LLAMA, "LlamaModel", seed=0)
+        try:
+            blockir.parallelize(m, mesh, LLAMA, "LlamaModel", layout=layout, dims={"B": 2, "S": 4})
+        except blockir.BlockError as exc:
+            (d,) = exc.diagnostics
+            out.append((d.code, str(d.span), d.message, d.hint))
+        else:
+            out.append((m.blockir_plan.layout, m.blockir_plan.world))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -196,13 +222,33 @@ def dp_world() -> dict[str, Any]:
 
 def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused(
         dp_world: dict[str, Any]) -> None:
-    results = {k: v for k, v in dp_world.items() if k != "fused rules"}
+    results = {k: v for k, v in dp_world.items() if k not in ("fused rules", "axis names")}
     assert results == {
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
         "twice": ("E0722", "the module is already parallelised (replicated layout over 1 rank)"),
         "fused units": ["", "layers.0.input_layernorm", "layers.0.self_attn", "layers.0.mlp", "layers.1.self_attn",
                         "layers.1.mlp"]}
+
+
+def test_a_context_parallel_axis_is_named_cp_and_a_tensor_parallel_one_tp(dp_world: dict[str, Any]) -> None:
+    where = "blockir.parallelize(mesh=…)"
+    assert dp_world["axis names"] == [
+        ("context", 2), ("context", 2), ("context", 2),
+        ("E0722", where, "the sequence layout splits heads and hidden units over a tensor-parallel axis named 'tp', "
+         "but the mesh's last axis is 'cp', the context layout's",
+         "name it 'tp' (mesh_dim_names=('tp',)), or pass layout='context'"),
+        ("E0722", where, "the hidden layout splits heads and hidden units over a tensor-parallel axis named 'tp', "
+         "but the mesh's last axis is 'cp', the context layout's",
+         "name it 'tp' (mesh_dim_names=('dp', 'tp')), or pass layout='context'"),
+        ("E0722", where, "the context layout splits the sequence's rows over a context-parallel axis named 'cp', "
+         "but the mesh's last axis is 'tp', the other layouts'",
+         "name it 'cp' (mesh_dim_names=('cp',)), or pass a tensor-parallel layout (replicated, sequence, hidden)"),
+        ("E0722", where, "the context layout splits the sequence's rows over a context-parallel axis named 'cp', "
+         "but the mesh's last axis is 'tp', the other layouts'",
+         "name it 'cp' (mesh_dim_names=('dp', 'cp')), or pass a tensor-parallel layout (replicated, sequence, hidden)"),
+        ("E0722", where, "a 2-D mesh must name its axes ('dp', 'cp'), not ('dp', 'x')",
+         "init_device_mesh(device, (dp, cp), mesh_dim_names=('dp', 'cp'))")]
 
 
 def test_the_fused_ops_split_rows_over_ranks_and_sum_parameter_gradients(dp_world: dict[str, Any]) -> None:

@@ -350,12 +350,6 @@ class _Planner:
                              "(linear, llama3, yarn)")])
         if d.kind != "self_attention":
             return
-        if d.arg("dropout") is not None and float(sizes.value(d.arg("dropout"))):
-            # its masks are keyed by the query's index, which on a rank holding a slice of the rows is not global
-            raise BlockError([error(
-                "E0635", f"self_attention '{d.name}' drops attention probabilities, which the context layout does not "
-                "draw as one process does", d.span,
-                hint="set the attention dropout to 0, or parallelise this block with the sequence layout")])
         heads = int(sizes.value(d.arg("heads")))
         kv = heads if d.arg("kv_heads") is None or d.arg("kv_broadcast") or d.arg("fused") == "qvk_groups" else \
             int(sizes.value(d.arg("kv_heads")))

@@ -219,28 +219,18 @@ def _first(out: Any) -> Any:
 
 
 class _Dropouts(TorchFunctionMode):
-    """Every dropout a run asks for — ``F.dropout`` (what ``nn.Dropout`` calls) and SDPA's ``dropout_p`` —
-    recorded as (p, input) and not drawn, so that a run under it is deterministic unless something else
+    """Every dropout a run asks for — ``F.dropout`` (what ``nn.Dropout`` calls), SDPA's ``dropout_p`` and, with
+    ``keyed`` installed, a compiled attention's keyed dropout — recorded as (p, input) and not drawn, so that a run under it is deterministic unless something else
     draws random numbers."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[tuple[float, Tensor | None]] = []
-        self._drawn = attention_core.drop_probs
 
-    # a compiled attention draws its probabilities' dropout keyed by their coordinates (``drop_probs``), not
-    # through F.dropout: it is recorded the same way
-    def _keyed(self, probs: Tensor, p: float, heads: tuple[int, int]) -> Tensor:
+    def keyed(self, probs: Tensor, p: float) -> None:
+        """The hook of a compiled attention's keyed probability dropout (``attention_core.recording_dropout``),
+        which draws through no F.dropout: recorded the same way."""
         self.seen.append((p, probs))
-        return probs
-
-    def __enter__(self) -> "_Dropouts":
-        attention_core.drop_probs = self._keyed
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        attention_core.drop_probs = self._drawn
-        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
@@ -265,7 +255,7 @@ def _dropout(module: nn.Module, call: Call, x: Tensor, keys: int) -> tuple[float
     with torch.random.fork_rng(), torch.no_grad(), python_path():
         for seed in (1, 2):
             torch.manual_seed(seed)
-            with _Dropouts() as mode:
+            with _Dropouts() as mode, attention_core.recording_dropout(mode.keyed):
                 outs.append(_first(invoke(module, call, {})))
             seen.append(mode.seen)
     if not torch.equal(outs[0], outs[1]):

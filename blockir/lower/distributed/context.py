@@ -48,6 +48,10 @@ class ContextRows(QueryRows):
         rows = seq // self.world
         return rows, self.rank * rows
 
+    def queries(self, held: int) -> tuple[int, int]:
+        # rank r holds queries r·S/P … (r+1)·S/P - 1 of S: its dropout draws the one-process decisions there
+        return self.rank * held, self.world * held
+
     def stream(self, y: Any) -> Any:
         """The attended rows ``[B, S/P, H, hd]`` back in the stream's form, so the output projection's
         replicated weights meet them as the stream's rows."""

@@ -336,18 +336,39 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
         raise _bad("mp_policy", f"expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {type(mp_policy).__name__}",
                    "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
     if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2, 3):
-        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor parallel), a 2-D one named ('dp', 'tp') or a "
-                   "3-D one named ('dp_replicate', 'dp_shard', 'tp')",
+        raise _bad("mesh", "mesh must be a 1-D DeviceMesh (tensor or context parallel), a 2-D one named ('dp', 'tp') "
+                   "or a 3-D one named ('dp_replicate', 'dp_shard', 'tp'), 'cp' for 'tp' under the context layout",
                    f"got {f'a {mesh.ndim}-D DeviceMesh' if isinstance(mesh, DeviceMesh) else type(mesh).__name__}")
-    if mesh.ndim > 1 and mesh.mesh_dim_names != (*DATA_AXES[mesh.ndim], "tp"):
-        names = ", ".join(f"'{a}'" for a in (*DATA_AXES[mesh.ndim], "tp"))
-        sizes = ", ".join(a for a in (*DATA_AXES[mesh.ndim], "tp"))
-        raise _bad("mesh", f"a {mesh.ndim}-D mesh must name its axes ({names}), not {mesh.mesh_dim_names}",
-                   f"init_device_mesh(device, ({sizes}), mesh_dim_names=({names}))")
+    _check_axis(mesh, layout)
     if mp_policy is not None and mesh.ndim == 1:
         raise _bad("mp_policy", "mixed precision is FSDP2's: a 1-D mesh has no data-parallel axis to shard over",
                    "give a ('dp', 'tp') mesh, or leave mp_policy out")
     return program
+
+
+def _check_axis(mesh: DeviceMesh, layout: str) -> None:
+    """The mesh's names: data-parallel axes first (``DATA_AXES``), then the axis the plan runs over, ``cp`` under
+    the context layout and ``tp`` under the others; a 1-D mesh may leave its axis unnamed."""
+    names = mesh.mesh_dim_names
+    axis = parallel_axis(layout)
+    if names is not None and names[-1] in ("tp", "cp") and names[-1] != axis:
+        what = "splits the sequence's rows over a context-parallel axis" if layout == "context" else \
+            "splits heads and hidden units over a tensor-parallel axis"
+        other = "the context layout's" if axis == "tp" else "the other layouts'"
+        raise _bad("mesh", f"the {layout} layout {what} named '{axis}', but the mesh's last axis is "
+                   f"'{names[-1]}', {other}",
+                   f"name it '{axis}' (mesh_dim_names={(*names[:-1], axis)!r}), or pass " +
+                   ("layout='context'" if names[-1] == "cp" else "a tensor-parallel layout (replicated, sequence, hidden)"))
+    if mesh.ndim > 1 and names != (*DATA_AXES[mesh.ndim], axis):
+        wanted = ", ".join(f"'{a}'" for a in (*DATA_AXES[mesh.ndim], axis))
+        sizes = ", ".join(a for a in (*DATA_AXES[mesh.ndim], axis))
+        raise _bad("mesh", f"a {mesh.ndim}-D mesh must name its axes ({wanted}), not {names}",
+                   f"init_device_mesh(device, ({sizes}), mesh_dim_names=({wanted}))")
+
+
+def parallel_axis(layout: str) -> str:
+    """The name of the mesh axis a layout's plan runs over: ``cp`` for context parallelism, else ``tp``."""
+    return "cp" if layout == "context" else "tp"
 
 
 @public("parallelize")
@@ -356,8 +377,10 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
                 mp_policy: Any = None) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
-    A 1-D ``mesh`` is the tensor-parallel axis. A 2-D mesh must name its axes ``("dp", "tp")``: the plan
-    runs over ``tp`` and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
+    A 1-D ``mesh`` is the tensor-parallel axis (the context-parallel one under ``layout="context"``). A 2-D
+    mesh must name its axes ``("dp", "tp")`` (``("dp", "cp")`` under the context layout, as the last axis of
+    every mesh that names it: a ``cp`` axis under another layout, or a ``tp`` one under the context layout,
+    is refused): the plan runs over ``tp`` (``cp``) and FSDP2 (``fully_shard``, per stacked layer and at the root) shards the
     parameters over ``dp``; each ``dp`` rank then feeds its own slice of the batch (equal, consecutive slices
     of axis 0, in ``dp`` rank order), gradients are averaged over ``dp``, and dropout masks are those of the
     whole batch on one process. A 3-D mesh named ``("dp_replicate", "dp_shard", "tp")`` shards the parameters
@@ -378,7 +401,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     """
     program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab)
     block = program.block(name)
-    dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh["tp"]) if mesh.ndim > 1 else (None, mesh)
+    dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh[parallel_axis(layout)]) if mesh.ndim > 1 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
     stream = _stream(block, program, layout)
     shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)

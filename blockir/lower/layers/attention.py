@@ -299,8 +299,9 @@ class SelfAttention(_Projections):
         masks.key_padding_mask(src_key_padding_mask, "src_key_padding_mask")
         if self.alibi:
             return self.out(rows.stream(attend_alibi(q, k, v, masks, self.core, self.training, attention_mask,
-                                                     groups, self.head_span, self.head_shard)))
-        return self.out(rows.stream(attend(q, k, v, masks, self.core, self.training, groups, scores, self.head_shard)))
+                                                     groups, self.head_span, self.head_shard, rows)))
+        return self.out(rows.stream(attend(q, k, v, masks, self.core, self.training, groups, scores, self.head_shard,
+                                           rows)))
 
     def extra_repr(self) -> str:
         rope = f"rope={self.rope}, rope_theta={self.rope_theta}, rope_style={self.rope_style}, " \

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -14,23 +15,46 @@ from torch import Tensor
 
 from blockir.lower.layers.masks import MaskBuilder
 from blockir.lower.layers.numerics import BatchSlice
+from blockir.lower.layers.query_rows import WHOLE, QueryRows
 from blockir.lower.rng import MASK32, fmix32, keep_block
 
 # a tensor-parallel rank's query heads: (rank, ranks), the rank holding heads [rank·h, (rank + 1)·h) of ranks·h
 ALL_HEADS = (0, 1)
 
 
-def drop_probs(probs: Tensor, p: float, heads: tuple[int, int]) -> Tensor:
+# where the keyed dropout hands its probabilities instead of drawing: set while ``recording_dropout`` runs
+_recorder: Callable[[Tensor, float], None] | None = None
+
+
+@contextmanager
+def recording_dropout(record: Callable[[Tensor, float], None]) -> Iterator[None]:
+    """While inside, ``drop_probs`` draws nothing: it hands each call's (probabilities, p) to ``record`` and
+    returns the probabilities as they are, so a run under it is deterministic and says where it drops (the
+    lift reads a compiled attention's dropout so)."""
+    global _recorder
+    outer, _recorder = _recorder, record
+    try:
+        yield
+    finally:
+        _recorder = outer
+
+
+def drop_probs(probs: Tensor, p: float, heads: tuple[int, int], rows: QueryRows = WHOLE) -> Tensor:
     """Inverted dropout of attention probabilities ``[B, H, Sq, Sk]`` keyed by their logical coordinates.
 
     One seed per call comes from torch's generator (every rank and the one-process run draw the same); each
-    keep decision is a hash of (seed, global batch row, global query head, query, key), so a rank holding
-    some heads (``heads``, set by ``parallelize``) or a data-parallel slice of the batch (``BatchSlice``)
+    keep decision is a hash of (seed, global batch row, global query head, global query, key), so a rank
+    holding some heads (``heads``, set by ``parallelize``), a data-parallel slice of the batch
+    (``BatchSlice``) or a context-parallel slice of the queries (``rows``: their keys are all the keys)
     draws exactly the decisions the unsharded run draws there, and a recomputed forward replays them."""
+    if _recorder is not None:
+        _recorder(probs, p)
+        return probs
     key = fmix32(torch.randint(0, MASK32 + 1, (), dtype=torch.int64))
     (rank, ranks), (index, count) = heads, BatchSlice.current
     b, h, sq, sk = probs.shape
-    keep = keep_block(key, p, (b * count, h * ranks, sq, sk), (index * b, rank * h, 0, 0), (b, h, sq, sk),
+    first, queries = rows.queries(sq)
+    keep = keep_block(key, p, (b * count, h * ranks, queries, sk), (index * b, rank * h, first, 0), (b, h, sq, sk),
                       device=probs.device)
     return torch.where(keep, probs * (1.0 / (1.0 - p)), 0.0)
 
@@ -56,7 +80,8 @@ def _scaled_query(q: Tensor, core: "AttentionCore") -> tuple[Tensor, float | Non
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
-            groups: int, prev: Tensor | None = None, heads: tuple[int, int] = ALL_HEADS) -> Any:
+            groups: int, prev: Tensor | None = None, heads: tuple[int, int] = ALL_HEADS,
+            rows: QueryRows = WHOLE) -> Any:
     """Attention over heads ``[B, H, S, hd]`` -> ``[B, S, H, hd]``, obeying the masks, causality and window.
 
     The fast path is one ``scaled_dot_product_attention``; the eager path (and any soft-capped
@@ -64,7 +89,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
     (query heads per key/value head) comes from the module, not from shapes, so tracing meets no test.
     With ``core.score_residual`` (RealFormer) the previous scores ``prev`` join the pre-softmax scores
     before the mask, and the result is ``(output, scores)``: the running sum (or mean) the next layer reads.
-    Dropout on the probabilities (``drop_probs``) takes the eager path, which holds them.
+    Dropout on the probabilities (``drop_probs``) takes the eager path, which holds them; ``rows`` places
+    the queries among the sequence's for its keys.
     """
     if core.impl == "eager" and core.kv_cache:  # a KV cache hands the eager op contiguous keys and values, and
         # matmuls round by layout
@@ -100,7 +126,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Attention
     else:
         probs = F.softmax(scores, dim=-1).type(v.dtype)
     if p:
-        probs = drop_probs(probs, p, heads)
+        probs = drop_probs(probs, p, heads, rows)
     out = torch.matmul(probs, v).transpose(1, 2).contiguous()
     return out if carried is None else (out, carried)
 
@@ -138,10 +164,10 @@ def alibi_bias(keep: object, batch: int, heads: int, keys: int, dtype: torch.dty
 
 def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "AttentionCore", training: bool,
                   keep: object, groups: int, head_span: tuple[int, int] | None = None,
-                  heads: tuple[int, int] = ALL_HEADS) -> Tensor:
+                  heads: tuple[int, int] = ALL_HEADS, rows: QueryRows = WHOLE) -> Tensor:
     """Attention with ALiBi biases: the fast path adds them to the SDPA mask; the eager path is BLOOM's
     ``baddbmm``/``bmm`` over folded heads, op for op, so it is bit-exact against it. ``head_span`` places the
-    heads present among all (see ``alibi_bias``)."""
+    heads present among all (see ``alibi_bias``), ``rows`` the queries among the sequence's (``drop_probs``)."""
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     if core.window is not None:
         masks.window(core.window, q.device)
@@ -163,7 +189,7 @@ def attend_alibi(q: Tensor, k: Tensor, v: Tensor, masks: MaskBuilder, core: "Att
         scores = scores + mask
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if p:
-        probs = drop_probs(probs, p, heads)
+        probs = drop_probs(probs, p, heads, rows)
     context = torch.bmm(probs.view(b * h, s, keys), v.reshape(b * h, keys, hd))
     return context.view(b, h, s, hd).transpose(1, 2).contiguous()
 

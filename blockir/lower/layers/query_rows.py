@@ -1,8 +1,9 @@
 """Which rows of the sequence an attention call holds, and where it finds the keys of the others.
 
-A self-attention asks its ``query_rows`` at four seams: its projections as tensors of its own rows
+A self-attention asks its ``query_rows`` at five seams: its projections as tensors of its own rows
 (``local``), the keys and values of the whole sequence (``keys``), how many queries it holds and the
-position of the first (``span``, for the masks), and its output in the stream's form (``stream``). On one
+position of the first (``span``, for the masks), where its queries lie among all (``queries``, for the
+dropout keyed by the global query) and its output in the stream's form (``stream``). On one
 process it holds every row and each seam is the identity (``WHOLE``); context parallelism
 (``blockir.lower.distributed.context``) gives each rank a slice of the rows and gathers the keys.
 """
@@ -25,6 +26,11 @@ class QueryRows:
     def span(self, seq: Any) -> tuple[Any, int | None]:
         """(queries held, position of the first among the keys); None: the queries are the last keys."""
         return seq, None
+
+    def queries(self, held: int) -> tuple[int, int]:
+        """(index of the first query held, queries of the whole sequence): where the ``held`` queries lie among
+        all, for the attention-probability dropout keyed by the global query (``attention_core.drop_probs``)."""
+        return 0, held
 
     def stream(self, y: Any) -> Any:
         return y
