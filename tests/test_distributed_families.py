@@ -9,7 +9,8 @@ stacked gate/up, OLMo-2's q/k norms over the whole width. Each config drops out 
 equals the HF model it was imported from, and three SGD steps in training mode, dropout on, give one
 process's losses and parameters. At tp=2 each stacked layer must also issue exactly the plan's forward
 collectives and, counted while its backward runs, exactly the plan's backward ones. The context layout runs
-over four ranks (LLaMA, GPT-2) and under FSDP2 on a 2×2 mesh (GPT-2), trained with dropout as the others.
+over four ranks (LLaMA, GPT-2) and under FSDP2 on a 2×2 mesh (GPT-2), trained with dropout as the others, and
+load-balanced (LLaMA over four ranks, GPT-2 under FSDP2).
 LLaMA (untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained
 through ``run``'s loss under ``loss_parallel``. The cases of each world size share one spawned world.
 """
@@ -43,12 +44,14 @@ VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
 # on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families; and the context layout, its
-# sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2 mesh, 2 of 4 (GPT-2)
+# sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2 mesh, 2 of 4 (GPT-2), and
+# load-balanced ("balanced": rank r holds rows r and 7 - r of 8)
 HSDP = ((2, 2), (2, 1))
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
     [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)] + \
-    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2)]
+    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2), ("llama", "context", 1, "balanced"),
+     ("gpt2", "context", 2, "balanced")]
 
 
 def config(model: str, world: int) -> dict[str, Any]:
@@ -80,7 +83,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     for model in MODELS:
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
     cases = [(str(folder / f"{model}.block"), MODELS[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
-              (2 * data_ranks(dp), 8), "steps", dp) for model, layout, dp in WORLD4]
+              (2 * data_ranks(dp), 8), "steps", dp, False, "fx", bool(balanced)) for model, layout, dp, *balanced in WORLD4]
     return dict(zip(WORLD4, compare(cases, world=4)))
 
 
