@@ -59,7 +59,7 @@ def _mesh(dp: int | tuple[int, ...], layout: str) -> tuple[Any, Any, dict[str, A
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
          mode: str, dp: int | tuple[int, ...] = 1, vocab: bool = False,
-         backend: str = "fx") -> dict[str, Any]:
+         backend: str = "fx", load_balance: bool = False) -> dict[str, Any]:
     import blockir
     from blockir.lifecycle.lm import Layout
     from blockir.lifecycle.token_lm import TokenLM
@@ -88,7 +88,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         if mode.endswith("bf16"):  # FSDP2 mixed precision: bf16 compute, fp32 gradient reduction
             from torch.distributed.fsdp import MixedPrecisionPolicy
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab, **options)
+        parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab, load_balance=load_balance,
+                    **options)
     x = x.clone().requires_grad_(not tokens)
     seen: dict[str, str] = {}
 
@@ -196,8 +197,8 @@ def _train(m: Any, x: torch.Tensor, grad_out: torch.Tensor, group: Any) -> dict[
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
 # program, block, dims, layout, shape, mode (eval, train, or eval-bf16: FSDP2 mixed precision), dp (a number of
-# data-parallel ranks, or (replicate, shard) for HSDP), and optionally vocab (embedding and head split by vocabulary)
-# and the compile backend (fx when absent)
+# data-parallel ranks, or (replicate, shard) for HSDP), and optionally vocab (embedding and head split by vocabulary),
+# the compile backend (fx when absent) and load_balance (the context layout's zig-zag rows)
 Case = tuple[Any, ...]
 
 
@@ -243,7 +244,8 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
     is a pair, else on one ``tp`` axis of all ranks (``cp`` for the context layout); a
     ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream; a ninth entry
-    compiles both modules with that backend instead of fx. Each
+    compiles both modules with that backend instead of fx, and a tenth, True, load-balances the context
+    layout's rows (``parallelize(..., load_balance=True)``). Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued

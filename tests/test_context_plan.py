@@ -127,6 +127,20 @@ def test_a_sequence_the_ranks_cannot_split_evenly_is_refused() -> None:
     assert "= hint: choose a sequence length that is a multiple of 2 (pad it), or fewer ranks" in err
 
 
+def test_a_load_balanced_sequence_splits_into_two_chunks_per_rank() -> None:
+    """Zig-zag: 2P equal chunks, rank r holding r and 2P - 1 - r; the gathers are the unbalanced plan's."""
+    program = blockir.load(LLAMA)
+    block, sizes = program.block("LlamaModel"), Sizes.of(program, {"B": 2, "S": 8})
+    plan = derive_plan(program, block, sizes, "context", 2, balanced=True)
+    assert plan.balanced and plan.collectives == derive_plan(program, block, sizes, "context", 2).collectives
+    with pytest.raises(blockir.BlockError) as info:
+        derive_plan(program, block, Sizes.of(program, {"B": 2, "S": 6}), "context", 2, balanced=True)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message, d.hint) == (
+        "E0630", "the sequence axis S = 6 of model 'LlamaModel' does not split into 4 equal slices of rows",
+        "choose a sequence length that is a multiple of 4 (pad it), or fewer ranks")
+
+
 def test_cross_attention_and_score_residuals_are_refused_at_the_branch() -> None:
     program = blockir.load(ROOT / "examples" / "realformer.block")
     with pytest.raises(blockir.BlockError) as info:

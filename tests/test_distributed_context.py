@@ -1,6 +1,7 @@
 """The context layout on two gloo ranks against one process: each rank holds every weight and half the rows,
 attention gathers the keys and values of both halves; logits (or outputs) and every gradient must match, and
-each layer must issue exactly the plan's gathers forward and reduce-scatters backward. One spawned world."""
+each layer must issue exactly the plan's gathers forward and reduce-scatters backward. Some cases run again
+load-balanced, each rank holding two zig-zag chunks of the rows. One spawned world."""
 from __future__ import annotations
 
 from typing import Any
@@ -30,6 +31,8 @@ IMPORTED = {"hf-llama": ("llama", "LlamaForCausalLM", {}, "eval"), "hf-qwen2": (
             "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {}, "eval"),
             "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", DROPOUT, "train"),
             "hf-gpt2-steps": ("gpt2", "GPT2LMHeadModel", DROPOUT, "steps")}
+# run again load-balanced (parallelize(..., load_balance=True))
+BALANCED = ("llama", "gpt2-train", "hf-mistral", "hf-gpt2-steps")
 
 
 def _kv_cache_refusal(program: str) -> str:
@@ -46,12 +49,54 @@ def _kv_cache_refusal(program: str) -> str:
     return "no error"
 
 
-def _world(cases: list[tuple[Any, ...]], program: str) -> tuple[list[dict[str, Any]], str]:
-    return _run_cases(cases), _kv_cache_refusal(program)
+# an extern that reads other rows than its own: under the context layout it gets full rows, which the
+# load-balanced stream must hand it in the sequence's order and take back in its own
+EXTERN = """dim B: batch
+dim S: seq
+dim D: model = 16
+block E(x: [B, S, D]) -> [B, S, D] {
+  n: rmsnorm(D)
+  n2: rmsnorm(D)
+  attn: self_attention(heads=2, causal=true)
+  mix: extern(x: [B, S, D]) -> [B, S, D]
+  h = x + attn(n(x))
+  y = h + mix(n2(h))
+  return y
+}
+"""
+
+
+class PrefixSum(torch.nn.Module):
+    """Each row's sum with every earlier row of the sequence."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, 1)
+
+
+def _extern_runs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The extern block's output and input gradient on one process, context-parallel, and load-balanced."""
+    import blockir
+    from torch.distributed.device_mesh import init_device_mesh
+    program, dims = blockir.parse(EXTERN, "extern.block"), {"B": 2, "S": 8}
+    out = {}
+    for run in ("one", "context", "balanced"):
+        m = blockir.compile(program, "E", dims=dims, seed=0, bind={"mix": PrefixSum()})
+        if run != "one":
+            mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("cp",))
+            blockir.parallelize(m, mesh, program, "E", layout="context", dims=dims, load_balance=run == "balanced")
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        y = m(x)
+        y.backward(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2)))
+        out[run] = (y.detach(), x.grad)
+    return out
+
+
+def _world(cases: list[tuple[Any, ...]], program: str) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+    return _run_cases(cases), _kv_cache_refusal(program), _extern_runs()
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, tuple[Any, Any]], str]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, tuple[Any, Any]], str, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("context")
     cases = {model: (program, name, STREAM, "context", (2, 8, 64), mode, 1)
              for model, (program, name, mode) in BLOCKS.items()}
@@ -61,11 +106,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, tuple[Any
         path = folder / f"{model}.block"
         path.write_text(hf_block_text(dict(configs[config], **extra)))
         cases[model] = (str(path), name, {"B": 2, "S": 8}, "context", (2, 8), mode, 1)
+    # load-balanced (zig-zag: rank r holds chunks r and 3 - r of 4): LLaMA, GPT-2 training with dropout and
+    # drop_path, imported Mistral (its window over the reordered rows) and GPT-2 taking three SGD steps
+    for model in BALANCED:
+        cases[f"{model}-balanced"] = (*cases[model][:7], False, "fx", True)
     listed = list(cases.values())
     refs = [_run(program, name, dims, None, shape, mode, 1, *extra)
             for program, name, dims, _, shape, mode, _, *extra in listed]
-    pars, refusal = run_world(_world, 2, listed, BLOCKS["llama"][0])
-    return dict(zip(cases, zip(refs, pars))), refusal
+    pars, refusal, extern = run_world(_world, 2, listed, BLOCKS["llama"][0])
+    return dict(zip(cases, zip(refs, pars))), refusal, extern
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -73,11 +122,11 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
 
 
-CASES = [*BLOCKS, "gpt2-fused", *IMPORTED]
+CASES = [*BLOCKS, "gpt2-fused", *IMPORTED, *(f"{model}-balanced" for model in BALANCED)]
 
 
 @pytest.mark.parametrize("model", CASES)
-def test_context_parallel_matches_one_process(world: tuple[dict, str], model: str) -> None:
+def test_context_parallel_matches_one_process(world: tuple[dict, str, dict], model: str) -> None:
     ref, par = world[0][model]
     assert _close(par["y"], ref["y"])
     if ref["dx"] is not None:
@@ -97,7 +146,7 @@ def test_context_parallel_matches_one_process(world: tuple[dict, str], model: st
     assert par["comms_backward"] == par["planned_backward"]
 
 
-def test_each_layer_gathers_its_keys_and_values_and_reduce_scatters_their_gradients(world: tuple[dict, str]) -> None:
+def test_each_layer_gathers_its_keys_and_values_and_reduce_scatters_their_gradients(world: tuple[dict, str, dict]) -> None:
     # LLaMA: 2 key/value heads of 16 features over B·S = 16 rows; GPT-2: 4 heads of 16; Mistral: 1 of 16
     for model, elements in (("llama", 512), ("gpt2-train", 1024), ("hf-mistral", 256)):
         _, par = world[0][model]
@@ -106,15 +155,17 @@ def test_each_layer_gathers_its_keys_and_values_and_reduce_scatters_their_gradie
         assert par["comms_backward"][layer] == {("reduce-scatter", elements): 2}
 
 
-def test_training_really_drops(world: tuple[dict, str]) -> None:
+def test_training_really_drops(world: tuple[dict, str, dict]) -> None:
     train, evaluated = world[0]["gpt2-train"][0], world[0]["gpt2-eval"][0]
     assert ((train["y"] - evaluated["y"]).norm() / evaluated["y"].norm()).item() > 1e-2
 
 
-def test_attention_dropout_trains_as_one_process(world: tuple[dict, str]) -> None:
-    """GPT-2 with its probabilities dropped: each rank keys its queries' decisions by their global index, so
-    three SGD steps give one process's losses and parameters; and the steps really dropped and moved."""
-    ref, par = world[0]["hf-gpt2-steps"]
+@pytest.mark.parametrize("model", ["hf-gpt2-steps", "hf-gpt2-steps-balanced"])
+def test_attention_dropout_trains_as_one_process(world: tuple[dict, str, dict], model: str) -> None:
+    """GPT-2 with its probabilities dropped: each rank keys its queries' decisions by their global index (in
+    the zig-zag order too), so three SGD steps give one process's losses and parameters; and the steps really
+    dropped and moved."""
+    ref, par = world[0][model]
     assert _close(par["losses"], ref["losses"]), (par["losses"], ref["losses"])
     assert set(par["trained"]) == set(ref["trained"])
     for key, p in ref["trained"].items():
@@ -126,7 +177,15 @@ def test_attention_dropout_trains_as_one_process(world: tuple[dict, str]) -> Non
     assert ((train - evaluated).norm() / evaluated.norm()).item() > 1e-2
 
 
-def test_a_kv_cache_is_refused_at_the_attention(world: tuple[dict, str]) -> None:
+def test_an_extern_gets_full_rows_in_the_sequences_order(world: tuple[dict, str, dict]) -> None:
+    """A bound extern reading every earlier row (a prefix sum) matches one process, load-balanced too."""
+    one = world[2]["one"]
+    for run in ("context", "balanced"):
+        y, dx = world[2][run]
+        assert _close(y, one[0]) and _close(dx, one[1]), run
+
+
+def test_a_kv_cache_is_refused_at_the_attention(world: tuple[dict, str, dict]) -> None:
     program = BLOCKS["llama"][0]
     assert world[1] == (
         f"{program}:26:3: error[E0633]: self_attention 'self_attn' runs context-parallel: each rank holds a slice "

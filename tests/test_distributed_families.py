@@ -1,20 +1,20 @@
 """Imported causal LMs (tiny HF configs, token ids in, logits out) parallelised on real gloo ranks.
 
-The families cover what the importer writes: grouped key/value heads and an untied head with biases (LLaMA),
-grouped heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix and a
-tied head, GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked
-gate/up, OLMo-2's q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated key/value heads),
-CodeGen's q, v, k in 4 row groups (whole groups per rank at 2 and 4 ranks) with a partial interleaved rotary.
-Each config drops out whatever its family drops (attention probabilities, branch updates). Under every layout, at
-tp=2 and at tp=4, and at four ranks on a 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal
-the single-process module, which equals the HF model it was imported from, and three SGD steps in training mode,
-dropout on, give one process's losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly
-the plan's forward collectives and, counted while its backward runs, exactly the plan's backward ones. LLaMA
-(untied head) and GPT-2 (tied) also run with the embedding and head split by vocabulary, trained through ``run``'s
-loss under ``loss_parallel``. Mixtral and Qwen2-MoE (a gated shared expert), split by hidden units inside
-every expert, run at four ranks under FSDP2 and HSDP, compared with one process and HF alike. The context layout runs over
-four ranks (LLaMA, GPT-2) and under FSDP2 on a 2×2 mesh (GPT-2), trained with dropout as the others. The cases
-of each world size share one spawned world.
+The families cover what the importer writes: grouped key/value heads and an untied head with biases (LLaMA), grouped
+heads and a tied head (Qwen2), GPT-2's transposed Conv1D weights with q, k, v stacked in one matrix and a tied head,
+GPT-NeoX's per-head interleaved q, k, v, Phi-3's stacked q, k, v with grouped heads and stacked gate/up, OLMo-2's
+q/k norms over the whole width (at tp=4 the key norm's over its 2 replicated key/value heads), CodeGen's q, v, k in
+4 row groups (whole groups per rank at 2 and 4 ranks) with a partial interleaved rotary. Each config drops out
+whatever its family drops (attention probabilities, branch updates). Under every layout, at tp=2 and at tp=4, and at
+four ranks on a 2×2 FSDP2 mesh and an HSDP one: logits and every parameter gradient equal the single-process module,
+which equals the HF model it was imported from, and three SGD steps in training mode, dropout on, give one process's
+losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exactly the plan's forward collectives
+and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and GPT-2 (tied) also
+run with the embedding and head split by vocabulary, trained through ``run``'s loss under ``loss_parallel``. Mixtral
+and Qwen2-MoE (a gated shared expert), split by hidden units inside every expert, run at four ranks under FSDP2 and
+HSDP, compared with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
+on a 2×2 mesh (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
+FSDP2). The cases of each world size share one spawned world.
 """
 from __future__ import annotations
 
@@ -55,13 +55,14 @@ VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in 
 # on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families (CodeGen's placements are plain
 # shards at tp=4, which FSDP2 wraps as it wraps GPT-NeoX's: it runs the plan over tp alone)
 # and the context layout, its sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2
-# mesh, 2 of 4 (GPT-2)
+# mesh, 2 of 4 (GPT-2), and load-balanced ("balanced": rank r holds rows r and 7 - r of 8)
 HSDP = ((2, 2), (2, 1))
 MESHES = [model for model in MODELS if model != "codegen"]
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
     [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MESHES)] + \
     [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MESHES)] + \
-    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2)]
+    [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2), ("llama", "context", 1, "balanced"),
+     ("gpt2", "context", 2, "balanced")]
 # mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
 # FSDP2 shards by expert): Qwen2-MoE's gated shared expert on a (2, 1, 2) mesh, with tp=2 inside every expert
 MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
@@ -103,7 +104,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     for model in ARCHITECTURES:
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
     cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
-              (2 * data_ranks(dp), 8), "steps", dp) for model, layout, dp in WORLD4]
+              (2 * data_ranks(dp), 8), "steps", dp, False, "fx", bool(balanced)) for model, layout, dp, *balanced in WORLD4]
     return dict(zip(WORLD4, compare(cases, world=4)))
 
 

@@ -191,3 +191,22 @@ def test_unreadable_key_padding_is_e0723() -> None:
     assert d.message == ("self_attention: src_key_padding_mask of shape [2, 5] and dtype torch.int64 "
                          "is not a mask it reads")
     assert d.hint == "accepted: [B, K] bool (True = padded key, torch's convention) or float added to the scores"
+
+
+def test_queries_at_given_positions_get_those_rows_of_the_whole_mask() -> None:
+    """A load-balanced context-parallel rank holds queries at two runs of positions (zig-zag chunks): its causal
+    triangle, window and padding are the rows of the whole sequence's masks at those positions."""
+    from blockir.diagnostics import UNKNOWN_SPAN
+    from blockir.lower.layers.masks import MaskBuilder
+    keep = torch.tensor([[1] * 8, [0, 0] + [1] * 6])
+    whole = MaskBuilder("attn", UNKNOWN_SPAN, (2, 1, 8, 8))
+    whole.window(3, torch.device("cpu"))
+    whole.attention_mask(keep, "attention_mask")
+    positions = torch.tensor([2, 3, 4, 5])  # rank 1 of 2 over 4 chunks of 2: chunks 1 and 2
+    part = MaskBuilder("attn", UNKNOWN_SPAN, (2, 1, 4, 8), positions)
+    part.window(3, torch.device("cpu"))
+    part.attention_mask(keep, "attention_mask")
+    full, _ = whole.build(True, torch.float32, torch.device("cpu"))
+    rows, _ = part.build(True, torch.float32, torch.device("cpu"))
+    assert torch.equal(rows, full.expand(2, 1, 8, 8)[:, :, positions])
+    assert rows[0, 0, 0].tolist() == [True, True, True, False, False, False, False, False]

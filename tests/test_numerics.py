@@ -23,6 +23,7 @@ from blockir.norms.rmsnorm import rms_norm
 from blockir.norms.scalenorm import scale_norm
 from blockir.lower.layers.attention_core import ALL_HEADS, drop_probs, recording_dropout
 from blockir.lower.layers.query_rows import QueryRows
+from blockir.lower.layers.zigzag import zigzag_order, zigzag_runs
 from blockir.lower.rng import dropout_key, keep_block, keep_mask
 
 D = 64
@@ -445,8 +446,8 @@ class _Rows(QueryRows):
     def __init__(self, rank: int, ranks: int) -> None:
         self.rank, self.ranks = rank, ranks
 
-    def queries(self, held: int) -> tuple[int, int]:
-        return self.rank * held, self.ranks * held
+    def queries(self, held: int) -> tuple[list[tuple[int, int]], int]:
+        return [(self.rank * held, held)], self.ranks * held
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -473,3 +474,33 @@ def test_a_recorder_sees_the_keyed_attention_dropout_instead_of_it_drawing() -> 
     assert len(seen) == 1 and seen[0][0] is probs and seen[0][1] == 0.25
     torch.manual_seed(0)
     assert (drop_probs(probs, 0.25, ALL_HEADS) == 0).any()  # outside it, the dropout draws again
+
+
+def test_the_zig_zag_order_gives_rank_r_chunks_r_and_2p_minus_1_minus_r() -> None:
+    assert zigzag_order(8, 4).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert zigzag_order(8, 8).tolist() == [0, 7, 1, 6, 2, 5, 3, 4]
+    # a rank's stream rows, as runs of sequence positions: rank 1 of 2 (stream rows 4-7) holds 2-3 and 4-5
+    assert zigzag_runs(4, 4, 8, 4) == [(2, 2), (4, 2)]
+    assert zigzag_runs(3, 3, 8, 4) == [(7, 1), (2, 2)]
+
+
+def test_attention_dropout_of_zig_zag_chunks_is_those_rows_of_the_whole() -> None:
+    probs = torch.rand(2, 4, 8, 8)
+    torch.manual_seed(5)
+    whole = drop_probs(probs, 0.3, ALL_HEADS)
+    order = zigzag_order(8, 4)
+    for rank in range(2):
+        rows = order[4 * rank:4 * rank + 4]
+        torch.manual_seed(5)
+        part = drop_probs(probs[:, :, rows], 0.3, ALL_HEADS, _Zigzag(rank))
+        assert torch.equal(part, whole[:, :, rows])
+
+
+class _Zigzag(QueryRows):
+    """Rank ``rank`` of 2, load-balanced: its 4 queries are chunks r and 3 - r of 4."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def queries(self, held: int) -> tuple[list[tuple[int, int]], int]:
+        return zigzag_runs(self.rank * held, held, 2 * held, 4), 2 * held

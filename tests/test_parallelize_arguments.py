@@ -85,6 +85,18 @@ def test_a_call_parallelize_cannot_honour_is_refused_up_front(llama: nn.Module, 
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("layout, vocab, balance, message, hint", [
+    ("sequence", False, True, "load balancing orders the rows of the context layout, not the sequence layout's",
+     "pass layout='context', or leave load_balance out"),
+    ("context", True, True, "load balancing reorders the rows the head reads, which a vocabulary-parallel head "
+     "leaves split", "leave vocab or load_balance out"),
+    ("context", False, "yes", "load_balance must be True or False, got 'yes'", None)])
+def test_load_balancing_is_the_context_layouts_alone(llama: nn.Module, layout: str, vocab: bool, balance: object,
+                                                     message: str, hint: str | None) -> None:
+    d = _refused(llama, (2, 2), LLAMA, "LlamaModel", layout=layout, vocab=vocab, load_balance=balance)
+    assert (d.code, str(d.span), d.message, d.hint) == ("E0722", "blockir.parallelize(load_balance=…)", message, hint)
+
+
 def test_a_fused_module_passes_the_argument_checks_under_every_layout() -> None:
     """Its add+norm boundaries run on rows split by sequence and, composed with the norm's feature-sharded path,
     on features split over ranks: every layout passes the module on to the next check, the mesh's."""

@@ -126,6 +126,8 @@ class ParallelPlan:
     # with vocab, the cross-entropy of the split logits under loss_parallel: the row maximum, the row sum of
     # exponentials and the target's logit, one all-reduce of B·S values each (its backward sends nothing)
     loss: list[Collective] = field(default_factory=list)
+    # the context layout, load-balanced: rank r of P holds chunks r and 2P - 1 - r of 2P (zig-zag order)
+    balanced: bool = False
 
     def styles(self) -> dict[str, str]:
         return {m.path: m.style for m in self.modules}
@@ -553,7 +555,8 @@ def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
 
 
 def _context_rows(program: Program, block: Block, state: TensorType, known: dict, world: int) -> None:  # type: ignore[type-arg]
-    """The context layout splits the stream's sequence axis into ``world`` equal slices of whole rows."""
+    """The context layout splits the stream's sequence axis into ``world`` equal slices of whole rows (twice
+    as many, two per rank, when load-balanced)."""
     seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
     if seq is None:
         raise BlockError([error(
@@ -569,9 +572,10 @@ def _context_rows(program: Program, block: Block, state: TensorType, known: dict
 
 
 def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world: int,
-                vocab: bool = False) -> ParallelPlan:
+                vocab: bool = False, balanced: bool = False) -> ParallelPlan:
     """The plan for ``block`` with its stream ``layout`` over ``world`` ranks; with ``vocab``, its token
-    embeddings and heads split by vocabulary rows.
+    embeddings and heads split by vocabulary rows; with ``balanced`` (the context layout only), the
+    sequence in 2·world chunks, two per rank (zig-zag).
 
     ``sizes`` must know the stream's batch and sequence sizes for the collective counts."""
     if layout not in LAYOUTS:
@@ -583,7 +587,7 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
     for a in state.names:
         elements *= 1 if a in state.rows and per_token else sizes.dim(a)
     if layout == "context":
-        _context_rows(program, block, state, known, world)
+        _context_rows(program, block, state, known, 2 * world if balanced else world)
     if layout == "sequence":
         seq = next((a for a in state.names if program.dim_map[a].role.value == "seq"), None)
         if seq is None or (known[seq] is not None and int(known[seq]) % world):
@@ -597,7 +601,7 @@ def derive_plan(program: Program, block: Block, sizes: Sizes, layout: str, world
             hint="vocab-parallelism applies to a language model that takes token ids or returns logits; "
                  "parallelise this block without it")])
     planner = _Planner(program, sizes, layout, world, elements, state.names[-1], vocab)
-    planner.plan.per_token = per_token
+    planner.plan.per_token, planner.plan.balanced = per_token, balanced
     planner.block(block, "", "")
     planner.ends(*stream_ends(program, block))
     _check_placed(program, block, sizes, planner.plan)

@@ -23,14 +23,20 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from blockir.diagnostics import BlockError, error
+from blockir.lower.layers.numerics import sequence_order
 from blockir.lower.layers.query_rows import QueryRows
+from blockir.lower.layers.zigzag import zigzag_order, zigzag_runs
 
 
 class ContextRows(QueryRows):
-    """A rank's slice of the rows: q, k and v of its tokens ``[B, H, S/P, hd]``, the keys of all of them."""
+    """A rank's slice of the rows: q, k and v of its tokens ``[B, H, S/P, hd]``, the keys of all of them.
 
-    def __init__(self, mesh: DeviceMesh) -> None:
+    ``balanced``: the stream is in zig-zag order (``blockir.lower.layers.zigzag``), the rank's rows being
+    chunks r and 2P - 1 - r of 2P; the gathered keys are put back in the sequence's order."""
+
+    def __init__(self, mesh: DeviceMesh, balanced: bool = False) -> None:
         self.mesh, self.rank, self.world = mesh, mesh.get_local_rank(), mesh.size()
+        self.chunks = 2 * self.world if balanced else self.world
 
     def local(self, t: Tensor) -> Tensor:
         # the projections of the rank's rows: the gradient of each is its own rows' (the default Shard)
@@ -41,16 +47,37 @@ class ContextRows(QueryRows):
         gradient reaching the gathered keys is a pending sum, reduce-scattered back onto the owners' rows."""
         def gather(t: Tensor) -> Tensor:
             whole = DTensor.from_local(t, self.mesh, [Shard(2)], run_check=False).redistribute(self.mesh, [Replicate()])
-            return whole.to_local(grad_placements=[Partial()])
+            whole = whole.to_local(grad_placements=[Partial()])
+            if self.chunks == self.world:
+                return whole
+            # zig-zag order back to the sequence's: stream position j holds sequence position order[j]
+            order = zigzag_order(whole.shape[2], self.chunks, whole.device)
+            return whole.index_select(2, torch.argsort(order))
         return gather(k), gather(v)
 
-    def span(self, seq: Any) -> tuple[Any, int | None]:
-        rows = seq // self.world
-        return rows, self.rank * rows
+    def runs(self, held: int) -> list[tuple[int, int]]:
+        """The rank's ``held`` rows as runs of the sequence's positions (first, count), in the order held."""
+        if self.chunks == self.world:
+            return [(self.rank * held, held)]
+        return zigzag_runs(self.rank * held, held, self.world * held, self.chunks)
 
-    def queries(self, held: int) -> tuple[int, int]:
-        # rank r holds queries r·S/P … (r+1)·S/P - 1 of S: its dropout draws the one-process decisions there
-        return self.rank * held, self.world * held
+    def span(self, seq: Any) -> tuple[Any, int | Tensor | None]:
+        rows = seq // self.world
+        if self.chunks == self.world:
+            return rows, self.rank * rows
+        return rows, self.held(seq, torch.device("cpu"))
+
+    def held(self, seq: int, device: torch.device) -> slice | Tensor:
+        """The rank's rows of a sequence of ``seq``: one slice, or (load-balanced) each row's position."""
+        runs = self.runs(seq // self.world)
+        if len(runs) == 1:
+            return slice(runs[0][0], runs[0][0] + runs[0][1])
+        return torch.cat([torch.arange(first, first + n, device=device) for first, n in runs])
+
+    def queries(self, held: int) -> tuple[list[tuple[int, int]], int]:
+        # rank r holds queries r·S/P … (r+1)·S/P - 1 of S (or its two chunks): its dropout draws the one-process
+        # decisions there
+        return self.runs(held), self.world * held
 
     def stream(self, y: Any) -> Any:
         """The attended rows ``[B, S/P, H, hd]`` back in the stream's form, so the output projection's
@@ -60,7 +87,12 @@ class ContextRows(QueryRows):
 
 class ContextAttention(ParallelStyle):
     """A self-attention run on the rank's rows: its weights replicated, its caller's positions and 4-D masks
-    cut to those rows (position ids created when none are given), a KV cache refused."""
+    cut to those rows (position ids created when none are given), a KV cache refused. ``balanced``: the rows
+    are the rank's two zig-zag chunks."""
+
+    def __init__(self, balanced: bool = False) -> None:
+        super().__init__()
+        self.balanced = balanced
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         for owner in module.modules():
@@ -68,7 +100,7 @@ class ContextAttention(ParallelStyle):
                 if not isinstance(p.data, DTensor):
                     owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [Replicate()]),
                                                                 requires_grad=p.requires_grad))
-        rows = ContextRows(device_mesh)
+        rows = ContextRows(device_mesh, self.balanced)
         vars(module)["query_rows"] = rows
 
         def prepare(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -79,11 +111,9 @@ class ContextAttention(ParallelStyle):
                     vars(m)["span"], hint="generate with the module on one process (blockir.compile), or "
                     "parallelise it with another layout")])
             seq = args[0].shape[1]
-            count, first = rows.span(seq)
-            own = slice(first, first + count)
+            own = rows.held(seq, args[0].device)
             ids = kwargs.get("position_ids")
-            kwargs["position_ids"] = torch.arange(first, first + count, device=args[0].device)[None] \
-                if ids is None else ids[:, own]
+            kwargs["position_ids"] = torch.arange(seq, device=args[0].device)[None, own] if ids is None else ids[:, own]
             tables = kwargs.get("position_embeddings")
             if tables is not None:
                 kwargs["position_embeddings"] = tuple(t[:, own] for t in tables)
@@ -94,3 +124,37 @@ class ContextAttention(ParallelStyle):
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
         return module
+
+
+def balance_rows(module: nn.Module, paths: dict[str, list[str]], axis: int, chunks: int) -> None:
+    """Load balancing: the stream holds the sequence's rows in zig-zag order between the places where full
+    rows become the stream's (a stream-typed input, an embedding's output, an extern's output) and where the
+    stream is gathered into full rows (the output, a head's input, an extern's input). Each place reorders
+    the full tensor on its own side of the split or the gather, a local index on every rank: the collectives
+    are the unbalanced layout's. ``paths``: "into" (outputs put in stream order), "back" (inputs put back in
+    the sequence's order) and "root" ("input", "output": the module's own boundary, when stream-typed).
+    While the module runs, dropout of the stream keys each row by its sequence position (``sequence_order``)."""
+    def order(t: Tensor) -> Tensor:
+        return zigzag_order(t.shape[axis], chunks, t.device)
+
+    def into(t: Tensor) -> Tensor:
+        return t.index_select(axis, order(t))
+
+    def back(t: Tensor) -> Tensor:
+        return t.index_select(axis, torch.argsort(order(t)))
+
+    for path in paths["into"]:  # before the style's own hook splits the output into the stream
+        module.get_submodule(path).register_forward_hook(lambda m, args, out: into(out), prepend=True)
+    for path in paths["back"]:  # after the style's own hook gathers the input into full rows
+        module.get_submodule(path).register_forward_pre_hook(lambda m, args: (back(args[0]), *args[1:]))
+    if "input" in paths["root"]:
+        module.register_forward_pre_hook(lambda m, args: (into(args[0]), *args[1:]), prepend=True)
+    if "output" in paths["root"]:
+        module.register_forward_hook(lambda m, args, out: back(out))
+    forward = module.forward
+
+    def ordered(*args: object, **kwargs: object) -> object:
+        with sequence_order(axis, chunks):
+            return forward(*args, **kwargs)
+
+    module.forward = ordered  # type: ignore[method-assign]

@@ -19,7 +19,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
 from blockir.lower.distributed.experts import ExpertColumns
-from blockir.lower.distributed.context import ContextAttention
+from blockir.lower.distributed.context import ContextAttention, balance_rows
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
@@ -192,7 +192,7 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
         elif m.style == "moe":
             out[m.path] = ExpertColumns(stream, use_local_output=not sharded)
         elif m.style == "context_attention":
-            out[m.path] = ContextAttention()
+            out[m.path] = ContextAttention(plan.balanced)
         elif m.style == "vocab_embedding":
             out[m.path] = VocabRows(stream)
         elif m.style == "vocab_head":
@@ -307,7 +307,7 @@ def _batch_slice(module: nn.Module, index: int, count: int) -> None:
 
 
 def _check_arguments(module: object, mesh: object, program: object, name: object, layout: object,
-                     mp_policy: object, vocab: object) -> Program:
+                     mp_policy: object, vocab: object, load_balance: object = False) -> Program:
     """Refuse, before anything is changed, a call that cannot parallelise ``module``; the program, loaded."""
     if not isinstance(module, BlockModule) or CONTRACT_ATTR not in vars(module):
         raise _bad("module", f"parallelize expects a module returned by blockir.compile, got {type(module).__name__}",
@@ -331,6 +331,14 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
         raise _bad("layout", f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     if not isinstance(vocab, bool):
         raise _bad("vocab", f"vocab must be True or False, got {vocab!r}")
+    if not isinstance(load_balance, bool):
+        raise _bad("load_balance", f"load_balance must be True or False, got {load_balance!r}")
+    if load_balance and layout != "context":
+        raise _bad("load_balance", f"load balancing orders the rows of the context layout, not the {layout} layout's",
+                   "pass layout='context', or leave load_balance out")
+    if load_balance and vocab:
+        raise _bad("load_balance", "load balancing reorders the rows the head reads, which a vocabulary-parallel "
+                   "head leaves split", "leave vocab or load_balance out")
     from torch.distributed.fsdp import MixedPrecisionPolicy
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise _bad("mp_policy", f"expected a torch.distributed.fsdp.MixedPrecisionPolicy, got {type(mp_policy).__name__}",
@@ -344,6 +352,17 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
         raise _bad("mp_policy", "mixed precision is FSDP2's: a 1-D mesh has no data-parallel axis to shard over",
                    "give a ('dp', 'tp') mesh, or leave mp_policy out")
     return program
+
+
+def _balance(module: nn.Module, plan: ParallelPlan, program: Program, block: Block, axis: int, chunks: int) -> None:
+    """The zig-zag order's reorderings at the places ``_styles`` and ``_boundary`` split full rows into the
+    stream or gather them (``context.balance_rows``)."""
+    state = stream_type(program, block)
+    paths = {"into": [m.path for m in plan.modules if m.style in ("embedding", "extern")],
+             "back": [m.path for m in plan.modules if m.style in ("head", "extern")],
+             "root": [side for side, t in (("input", block.params[0].type if block.params else None),
+                                           ("output", block.result)) if t is not None and t.names == state.names]}
+    balance_rows(module, paths, axis, chunks)
 
 
 def _check_axis(mesh: DeviceMesh, layout: str) -> None:
@@ -374,7 +393,7 @@ def parallel_axis(layout: str) -> str:
 @public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
                 layout: str = "sequence", dims: Mapping[str, int] | None = None, vocab: bool = False,
-                mp_policy: Any = None) -> nn.Module:
+                mp_policy: Any = None, load_balance: bool = False) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis (the context-parallel one under ``layout="context"``). A 2-D
@@ -395,14 +414,20 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     layout and its output gathered, so it is a drop-in replacement for the single-device module.
     ``dims`` must give the sizes the module was compiled with and the input's batch and sequence.
 
+    ``load_balance=True`` (the context layout only) cuts the sequence into 2P equal chunks and gives rank r
+    of P chunks r and 2P - 1 - r (zig-zag), so under a causal mask every rank's queries reach as many keys;
+    the stream holds the rows in that order between the module's boundaries, and the masks, positions and
+    dropout are the one-process ones.
+
     ``vocab=True`` splits the token embedding and the head by vocabulary rows (a tied table once): the
     module then returns its logits as a ``Shard(-1)`` DTensor, never gathered, for a cross-entropy under
     ``loss_parallel`` (``blockir.lower.distributed.loss.cross_entropy``); ``.full_tensor()`` gathers them.
     """
-    program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab)
+    program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab, load_balance)
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh[parallel_axis(layout)]) if mesh.ndim > 1 else (None, mesh)
-    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab)
+    plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab,
+                       balanced=load_balance)
     stream = _stream(block, program, layout)
     shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
     styles = _styles(plan, stream, module, mesh)
@@ -422,5 +447,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
         _batch_slice(module, *data_rank(dp))
         # FSDP2 may compute in another dtype than it stores (mixed precision) and casts the inputs itself
         vars(module)[CONTRACT_ATTR] = vars(module)[CONTRACT_ATTR]._replace(dtype=None, probe=None)
+    if plan.balanced:
+        _balance(module, plan, program, block, stream.dim, 2 * mesh.size())  # type: ignore[attr-defined]
     module.blockir_plan = plan
     return module

@@ -45,17 +45,17 @@ def drop_probs(probs: Tensor, p: float, heads: tuple[int, int], rows: QueryRows 
     One seed per call comes from torch's generator (every rank and the one-process run draw the same); each
     keep decision is a hash of (seed, global batch row, global query head, global query, key), so a rank
     holding some heads (``heads``, set by ``parallelize``), a data-parallel slice of the batch
-    (``BatchSlice``) or a context-parallel slice of the queries (``rows``: their keys are all the keys)
-    draws exactly the decisions the unsharded run draws there, and a recomputed forward replays them."""
+    (``BatchSlice``) or a context-parallel slice of the queries (``rows``, one run of them or, load-balanced,
+    two; their keys are all the keys) draws exactly the decisions the unsharded run draws there, and a recomputed forward replays them."""
     if _recorder is not None:
         _recorder(probs, p)
         return probs
     key = fmix32(torch.randint(0, MASK32 + 1, (), dtype=torch.int64))
     (rank, ranks), (index, count) = heads, BatchSlice.current
     b, h, sq, sk = probs.shape
-    first, queries = rows.queries(sq)
-    keep = keep_block(key, p, (b * count, h * ranks, queries, sk), (index * b, rank * h, first, 0), (b, h, sq, sk),
-                      device=probs.device)
+    runs, queries = rows.queries(sq)
+    keep = torch.cat([keep_block(key, p, (b * count, h * ranks, queries, sk), (index * b, rank * h, first, 0),
+                                 (b, h, n, sk), device=probs.device) for first, n in runs], dim=2)
     return torch.where(keep, probs * (1.0 / (1.0 - p)), 0.0)
 
 

@@ -31,10 +31,12 @@ def _fits(shape: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
 class MaskBuilder:
     """Collects the constraints of one attention call: ``allowed`` (bool, True = attend) and ``bias`` (added)."""
 
-    def __init__(self, label: str, span: Span, sizes: tuple[int, int, int, int], first: int | None = None) -> None:
+    def __init__(self, label: str, span: Span, sizes: tuple[int, int, int, int],
+                 first: int | Tensor | None = None) -> None:
         self.label, self.span, self.sizes = label, span, sizes  # sizes: batch, heads, queries, keys
         # the first query's position among the keys; None: the queries are the last keys (after a cache).
-        # A context-parallel rank holds rows first … first + queries - 1 of the sequence and all its keys
+        # A context-parallel rank holds rows first … first + queries - 1 of the sequence and all its keys;
+        # a load-balanced one two runs of rows: then every query's position (a [queries] tensor)
         self.first = first
         self.allowed: Tensor | None = None
         self.bias: Tensor | None = None
@@ -86,10 +88,16 @@ class MaskBuilder:
 
     def window(self, size: int, device: torch.device) -> None:
         """Sliding window: query ``i`` sees key ``j`` only while ``i - j < size`` (HF's convention)."""
+        keys = self.sizes[3]
+        self._allow(self._rows(device) - torch.arange(keys, device=device)[None, :] < size)
+
+    def _rows(self, device: torch.device) -> Tensor:
+        """Each query's position among the keys, as a ``[queries, 1]`` column."""
+        if isinstance(self.first, Tensor):
+            return self.first.to(device)[:, None]
         _, _, queries, keys = self.sizes
         first = keys - queries if self.first is None else self.first
-        rows = torch.arange(first, first + queries, device=device)[:, None]
-        self._allow(rows - torch.arange(keys, device=device)[None, :] < size)
+        return torch.arange(first, first + queries, device=device)[:, None]
 
     def build(self, causal: bool, dtype: torch.dtype, device: torch.device,
               additive: bool = False) -> tuple[Tensor | None, bool]:
@@ -104,9 +112,8 @@ class MaskBuilder:
             return None, causal  # the kernels' own causal path; it aligns the triangle top-left, so not after a cache
         if self.allowed is None and self.bias is None and not additive and queries == 1 and self.first is None:
             return None, False  # one query after the cached keys sees all of them
-        if causal:
-            first = keys - queries if self.first is None else self.first
-            self._allow(torch.ones(queries, keys, dtype=torch.bool, device=device).tril(first))
+        if causal:  # query i sees the keys up to its own position
+            self._allow(self._rows(device) >= torch.arange(keys, device=device)[None, :])
         if additive and self.bias is None:
             self.bias = torch.zeros((), dtype=dtype, device=device)
         if self.bias is None:

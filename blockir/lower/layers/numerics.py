@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blockir.lower.rng import keep_block, keep_mask, layer_keep
+from blockir.lower.layers.zigzag import zigzag_runs
 from blockir.norms.base import is_dtensor, offset_weight  # noqa: F401  (the learned scales' gain, as a norm's)
 
 DROPOUT_BROADCASTS = ("element", "row", "channel", "sample")
@@ -96,6 +97,26 @@ def batch_slice(index: int, count: int) -> Iterator[None]:
         BatchSlice.current = outer
 
 
+class SequenceOrder:
+    """Where a load-balanced context-parallel stream holds its rows in zig-zag order
+    (``blockir.lower.layers.zigzag``): ``(axis, chunks)``, the stream's sequence axis and its 2P chunks; None
+    otherwise. Set only inside :func:`sequence_order`, for the duration of one forward, so that dropout on a
+    distributed stream keys each row by its position in the sequence, not in the stream."""
+
+    current: tuple[int, int] | None = None
+
+
+@contextmanager
+def sequence_order(axis: int, chunks: int) -> Iterator[None]:
+    """Key dropout of distributed tensors by the zig-zag order's sequence positions while the block runs."""
+    outer = SequenceOrder.current
+    SequenceOrder.current = (axis, chunks)
+    try:
+        yield
+    finally:
+        SequenceOrder.current = outer
+
+
 def _global_batch(shape: tuple[int, ...], count: int) -> tuple[int, ...]:
     return (shape[0] * count,) + shape[1:]
 
@@ -129,7 +150,15 @@ def _sharded_dropout(x: Tensor, p: float, mask_shape: tuple[int, ...], key: int 
     start = (start[0] + index * mask_shape[0],) + start[1:]
     size = tuple(1 if m == 1 else n for m, n in zip(mask_shape, local_shape))
     local = x.to_local()
-    keep = keep_block(key, p, _global_batch(mask_shape, count), start, size, device=local.device)  # type: ignore[arg-type]
+    whole = _global_batch(mask_shape, count)
+    order = SequenceOrder.current
+    if order is None or mask_shape[order[0]] == 1:
+        keep = keep_block(key, p, whole, start, size, device=local.device)  # type: ignore[arg-type]
+    else:  # the rows held, in zig-zag order: each run of sequence positions is a block of the whole mask
+        axis, chunks = order
+        keep = torch.cat([keep_block(key, p, whole, start[:axis] + (first,) + start[axis + 1:],  # type: ignore[arg-type]
+                                     size[:axis] + (n,) + size[axis + 1:], device=local.device)
+                          for first, n in zigzag_runs(start[axis], size[axis], mask_shape[axis], chunks)], dim=axis)
     out = torch.where(keep, local * (1.0 / (1.0 - p)), 0.0)
     return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
 

@@ -23,14 +23,16 @@ class QueryRows:
     def keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return k, v
 
-    def span(self, seq: Any) -> tuple[Any, int | None]:
-        """(queries held, position of the first among the keys); None: the queries are the last keys."""
+    def span(self, seq: Any) -> tuple[Any, int | Tensor | None]:
+        """(queries held, position of the first among the keys, or of each: a tensor); None: the queries are
+        the last keys."""
         return seq, None
 
-    def queries(self, held: int) -> tuple[int, int]:
-        """(index of the first query held, queries of the whole sequence): where the ``held`` queries lie among
-        all, for the attention-probability dropout keyed by the global query (``attention_core.drop_probs``)."""
-        return 0, held
+    def queries(self, held: int) -> tuple[list[tuple[int, int]], int]:
+        """(runs, queries of the whole sequence): where the ``held`` queries lie among all, as runs (first
+        query, count) in the order held, for the attention-probability dropout keyed by the global query
+        (``attention_core.drop_probs``)."""
+        return [(0, held)], held
 
     def stream(self, y: Any) -> Any:
         return y
