@@ -52,15 +52,13 @@ STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)", "context"
 VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
-# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families (CodeGen's placements are plain
-# shards at tp=4, which FSDP2 wraps as it wraps GPT-NeoX's: it runs the plan over tp alone)
+# on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families
 # and the context layout, its sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2
 # mesh, 2 of 4 (GPT-2), and load-balanced ("balanced": rank r holds rows r and 7 - r of 8)
 HSDP = ((2, 2), (2, 1))
-MESHES = [model for model in MODELS if model != "codegen"]
 WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
-    [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MESHES)] + \
-    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MESHES)] + \
+    [(model, LAYOUTS[i % 3], 2) for i, model in enumerate(MODELS)] + \
+    [(model, LAYOUTS[(i + 1) % 3], HSDP[i % 2]) for i, model in enumerate(MODELS)] + \
     [("llama", "context", 1), ("gpt2", "context", 1), ("gpt2", "context", 2), ("llama", "context", 1, "balanced"),
      ("gpt2", "context", 2, "balanced")]
 # mixtures of experts under FSDP2 and HSDP (tensor parallelism inside the experts, whose stacked [E, ...] tensors
