@@ -164,6 +164,23 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     return out
 
 
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal within 1e-5 relative in fp32; the floor is for gradients that are zero in exact arithmetic (a key
+    bias: softmax ignores a shift shared by all keys)."""
+    return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
+
+
+def trains_as_one_process(ref: dict[str, Any], par: dict[str, Any]) -> None:
+    """Three SGD steps with dropout on: every step's loss and the parameters after the last."""
+    assert close(par["losses"], ref["losses"]), (par["losses"], ref["losses"])
+    assert set(par["trained"]) == set(ref["trained"])
+    for key, p in ref["trained"].items():
+        assert close(par["trained"][key], p), key
+    # the steps really dropped (the first one's loss is not the evaluation's) and really moved the weights
+    assert abs(ref["losses"][0] - ref["eval_loss"]) > 1e-2 * abs(ref["eval_loss"])
+    assert abs(ref["losses"][2] - ref["losses"][0]) > 1e-1 * abs(ref["losses"][0])
+
+
 def output_gradient(shape: tuple[int, ...]) -> torch.Tensor:
     """The fixed gradient every non-vocab case back-propagates from its whole batch's output."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(2))

@@ -89,12 +89,8 @@ class BatchSlice:
 def batch_slice(index: int, count: int) -> Iterator[None]:
     """Key dropout by slice ``index`` of ``count`` of the global batch while the block runs; the previous
     slice is restored however the block ends (a forward that raises leaves no slice behind)."""
-    outer = BatchSlice.current
-    BatchSlice.current = (index, count)
-    try:
+    with _setting(BatchSlice, (index, count)):
         yield
-    finally:
-        BatchSlice.current = outer
 
 
 class SequenceOrder:
@@ -109,12 +105,19 @@ class SequenceOrder:
 @contextmanager
 def sequence_order(axis: int, chunks: int) -> Iterator[None]:
     """Key dropout of distributed tensors by the zig-zag order's sequence positions while the block runs."""
-    outer = SequenceOrder.current
-    SequenceOrder.current = (axis, chunks)
+    with _setting(SequenceOrder, (axis, chunks)):
+        yield
+
+
+@contextmanager
+def _setting(holder: type, value: object) -> Iterator[None]:
+    """``holder.current`` set to ``value`` for the block, the previous one restored however the block ends."""
+    outer = holder.current  # type: ignore[attr-defined]
+    holder.current = value  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        SequenceOrder.current = outer
+        holder.current = outer  # type: ignore[attr-defined]
 
 
 def _global_batch(shape: tuple[int, ...], count: int) -> tuple[int, ...]:
