@@ -91,6 +91,9 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab, load_balance=load_balance,
                     **options)
     x = x.clone().requires_grad_(not tokens)
+    # an encoder's further token inputs (BERT's token_type_ids), all type 0
+    further = blockir.parse(Path(program).read_text(), program).block(name).params[1:] if tokens else ()
+    extra = tuple(torch.zeros_like(x) for _ in further)
     seen: dict[str, str] = {}
 
     def record(path: str) -> Any:
@@ -105,7 +108,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output and, for a vocab case, the training loss of ``run`` (the logits caught on their way)."""
         if lm is None:
-            return m(x), None
+            return m(x, *extra), None
         caught = []
         hook = m.register_forward_hook(lambda module, args, out: caught.append(out))
         loss = lm(window)
@@ -124,8 +127,10 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         # and the root "" (the model's own boundary, the loss) counts whatever runs outside every other site
         # A row-parallel linear outside the layers (OPT's project_out) reduces its output in a forward hook, which
         # runs after torch's module tracker has left the module: the counter sees that at the root.
+        # A row-parallel linear inside another site (GPT-Neo's out_proj in its attention) is counted there.
         outer = {m.path for m in plan.modules if m.style == "rowwise"}
-        site = {c.site: "" if c.site in outer else c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])}
+        listed = {c.site for c in plan.collectives.get("", []) + plan.backward.get("", [])}
+        site = {s: s if s not in outer else _enclosing(s, listed - outer) for s in listed}
         tables = list(dict.fromkeys([""] + list(site.values())))
         counter = LayerCollectives(m, plan.layers + tables, dist.get_world_size())
         for got, listed in ((planned, plan.collectives), (planned_backward, plan.backward)):
@@ -160,8 +165,18 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
                 comms_backward=comms_backward, planned_backward=planned_backward, totals=totals)
     if mode == "steps":  # with the evaluation's loss, which the first training step's differs from where it drops
-        out |= dict(_train(m, x, grad_out[index * rows:(index + 1) * rows] * n, group), eval_loss=(y * grad_out).sum())
+        out |= dict(_train(m, (x, *extra), grad_out[index * rows:(index + 1) * rows] * n, group),
+                    eval_loss=(y * grad_out).sum())
     return out
+
+
+def _enclosing(path: str, sites: set[str]) -> str:
+    """The nearest site above ``path``, or the root."""
+    while "." in path:
+        path = path.rsplit(".", 1)[0]
+        if path in sites:
+            return path
+    return ""
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -170,14 +185,16 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
 
 
-def trains_as_one_process(ref: dict[str, Any], par: dict[str, Any]) -> None:
-    """Three SGD steps with dropout on: every step's loss and the parameters after the last."""
+def trains_as_one_process(ref: dict[str, Any], par: dict[str, Any], dropped: bool = True) -> None:
+    """Three SGD steps with dropout on: every step's loss and the parameters after the last (``dropped``: the
+    model has dropout, so training differs from evaluation)."""
     assert close(par["losses"], ref["losses"]), (par["losses"], ref["losses"])
     assert set(par["trained"]) == set(ref["trained"])
     for key, p in ref["trained"].items():
         assert close(par["trained"][key], p), key
-    # the steps really dropped (the first one's loss is not the evaluation's) and really moved the weights
-    assert abs(ref["losses"][0] - ref["eval_loss"]) > 1e-2 * abs(ref["eval_loss"])
+    # the steps really dropped (the first one's loss is not the evaluation's, by far more than fp32's rounding:
+    # Nemotron's attention dropout moves it by 0.4%) and really moved the weights
+    assert (abs(ref["losses"][0] - ref["eval_loss"]) > 1e-3 * abs(ref["eval_loss"])) == dropped
     assert abs(ref["losses"][2] - ref["losses"][0]) > 1e-1 * abs(ref["losses"][0])
 
 
@@ -189,7 +206,7 @@ def output_gradient(shape: tuple[int, ...]) -> torch.Tensor:
 STEPS, LR = 3, 1e-3  # the steps mode: optimizer steps of plain SGD, whose update is linear in the gradient
 
 
-def _train(m: Any, x: torch.Tensor, grad_out: torch.Tensor, group: Any) -> dict[str, Any]:
+def _train(m: Any, x: tuple[torch.Tensor, ...], grad_out: torch.Tensor, group: Any) -> dict[str, Any]:
     """``STEPS`` steps of SGD in training mode (dropout on) on the loss ``Σ y · grad_out``: each step's loss
     (summed over the data-parallel ranks, as the whole batch's) and the parameters after the last step.
 
@@ -201,7 +218,7 @@ def _train(m: Any, x: torch.Tensor, grad_out: torch.Tensor, group: Any) -> dict[
     for step in range(STEPS):
         optimizer.zero_grad()
         torch.manual_seed(10 + step)
-        loss = (m(x).float() * grad_out).sum()
+        loss = (m(*x).float() * grad_out).sum()
         loss.backward()
         optimizer.step()
         losses.append(loss.detach() / (1 if group is None else dist.get_world_size(group)))

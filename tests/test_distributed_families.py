@@ -14,7 +14,9 @@ run with the embedding and head split by vocabulary, trained through ``run``'s l
 and Qwen2-MoE (a gated shared expert), split by hidden units inside every expert, run at four ranks under FSDP2 and
 HSDP, compared with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
 on a 2×2 mesh (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
-FSDP2). The cases of each world size share one spawned world.
+FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
+layer deep under every layout, two at tp=2 and the third at tp=4, held to the same checks. The cases of each world
+size share one spawned world.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from typing import Any
 import pytest
 import torch
 
+import blockir
 from blockir.api import hf_block_text as block_text
+from blockir.analyses.summaries import called_blocks
 from dist_harness import close, compare, data_ranks, output_gradient, trains_as_one_process
 from hf_configs import CONFIGS, MORE_CONFIGS
 
@@ -67,13 +71,34 @@ MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM
 WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "hidden", (2, 2)),
            ("qwen2_moe", "sequence", (2, 1))]
 ARCHITECTURES = MODELS | MOE_MODELS
+# every other config the importer is tested with, one layer deep, under every layout: two at tp=2 and the third at
+# tp=4, taken in turn across the families: logits and every gradient equal one process and HF,
+# each layer sends exactly the plan's collectives, forward and backward, and three training steps with dropout on
+# (whichever of these keys the family reads, on attention probabilities and branch updates) equal one process
+BREADTH = sorted(set(CONFIGS | MORE_CONFIGS) - set(ARCHITECTURES) - set(PROJECTED))
+BREADTH_DROPOUT = dict(attention_dropout=0.1, attn_pdrop=0.1, resid_pdrop=0.1, resid_dropout=0.1, hidden_dropout=0.1,
+                       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, dropout=0.1)
+UNDROPPED = {"ernie4_5"}  # its HF layer has no dropout to ask for: training equals evaluation
+BREADTH_CASES = [(model, LAYOUTS[(i + j) % 3], 2) for i, model in enumerate(BREADTH) for j in (0, 2)]
+BREADTH4 = [(model, LAYOUTS[(i + 1) % 3], 4) for i, model in enumerate(BREADTH)]
+# a layer's heads split over four ranks: BLOOM's six would not (refused with E0730); GPT-Neo's
+# one layer is the local (windowed) attention of its global/local pair
+SPLITTABLE = {"bloom": dict(n_head=4), "gpt_neo": dict(attention_types=[[["local"], 1]])}
+LAYER_COUNTS = ("n_layer", "n_layers", "num_layers", "num_hidden_layers")
+# an encoder's top block is the HF base model, compared on its last hidden state (BERT-style ones without the
+# pooler, which the import does not write)
+POOLED = {"bert", "roberta", "camembert", "xlm-roberta"}
+ENCODER_TOPS = {"bert": "BertModel", "roberta": "RobertaModel", "camembert": "CamembertModel",
+                "xlm-roberta": "XLMRobertaModel", "electra": "ElectraModel", "distilbert": "DistilBertModel"}
 
 
 def config(model: str, world: int) -> dict[str, Any]:
-    """The tiny HF config of a family as the tests of ``world`` ranks import it."""
-    cfg = dict((CONFIGS | MORE_CONFIGS)[model], **DROPOUT[model])
-    layers = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
-    return cfg if world == 2 else dict(cfg, **{layers: 1})
+    """The tiny HF config of a family as the tests of ``world`` ranks import it: the breadth set's always one layer
+    deep, the others at four ranks."""
+    deep = model in ARCHITECTURES or model in PROJECTED
+    dropout = DROPOUT[model] if deep else BREADTH_DROPOUT
+    cfg = dict((CONFIGS | MORE_CONFIGS)[model], **dropout, **SPLITTABLE.get(model, {}))
+    return cfg if world == 2 and deep else dict(cfg, **{k: 1 for k in LAYER_COUNTS if k in cfg})
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +118,25 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
         path = folder / f"{model}.block"
         path.write_text(block_text(config(model, 2)))
         cases.append((str(path), PROJECTED[model], {"B": 2, "S": 8}, layout, (2, 8), "steps", 1))
-    return dict(zip(CASES + VOCAB_CASES + PROJECTED_CASES, compare(cases, world=2)))
+    cases += _breadth(folder, BREADTH_CASES)
+    return dict(zip(CASES + VOCAB_CASES + PROJECTED_CASES + BREADTH_CASES, compare(cases, world=2)))
+
+
+def _breadth(folder: Any, cases: list[tuple[str, str, int]]) -> list[tuple[Any, ...]]:
+    """The harness's cases of the breadth set: each config's one-layer import under its layout, trained."""
+    out = []
+    for model, layout, _ in cases:
+        path = folder / f"{model}-breadth.block"
+        text = block_text(config(model, 4))
+        path.write_text(text)
+        out.append((str(path), _top(text), {"B": 2, "S": 8}, layout, (2, 8), "steps", 1))
+    return out
+
+
+def _top(text: str) -> str:
+    """The model block's name: the one no other block instantiates."""
+    program = blockir.parse(text, "<import>")
+    return [b.name for b in program.blocks if b.name not in called_blocks(program)][-1]
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +146,19 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
     cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
               (2 * data_ranks(dp), 8), "steps", dp, False, "fx", bool(balanced)) for model, layout, dp, *balanced in WORLD4]
-    return dict(zip(WORLD4, compare(cases, world=4)))
+    cases += _breadth(folder, BREADTH4)
+    return dict(zip(WORLD4 + BREADTH4, compare(cases, world=4)))
 
 
 @cache
 def _hf(model: str, world: int) -> torch.nn.Module:
     """The HF model of the family's config, built once; ``_matches_hf`` loads the one-process module's weights."""
     import transformers
-    real = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config(model, world)))
-    return real.eval()
+    cfg = transformers.AutoConfig.for_model(**config(model, world))
+    if model not in ENCODER_TOPS:
+        return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    pooler = {"add_pooling_layer": False} if model in POOLED else {}
+    return getattr(transformers, ENCODER_TOPS[model])(cfg, **pooler).eval()
 
 
 def _matches_hf(ref: dict[str, Any], model: str, world: int) -> None:
@@ -120,7 +167,7 @@ def _matches_hf(ref: dict[str, Any], model: str, world: int) -> None:
     real.zero_grad(set_to_none=True)
     real.load_state_dict(ref["state"], strict=True)
     tokens = torch.randint(0, 50, ref["y"].shape[:2], generator=torch.Generator().manual_seed(1))
-    logits = real(tokens).logits
+    logits = real(tokens)[0]  # a causal LM's logits, an encoder's last hidden state (its token types all 0)
     logits.backward(output_gradient(tuple(logits.shape)))
     assert close(logits.detach(), ref["y"])
     grads = {k: p.grad for k, p in real.named_parameters()}
@@ -129,12 +176,12 @@ def _matches_hf(ref: dict[str, Any], model: str, world: int) -> None:
         assert close(ref["grads"][key], g), key
 
 
-def _matches(ref: dict[str, Any], par: dict[str, Any]) -> None:
+def _matches(ref: dict[str, Any], par: dict[str, Any], dropped: bool = True) -> None:
     assert close(par["y"], ref["y"])
     assert set(par["grads"]) == set(ref["grads"])
     for key, g in ref["grads"].items():
         assert close(par["grads"][key], g), key
-    trains_as_one_process(ref, par)
+    trains_as_one_process(ref, par, dropped)
 
 
 @pytest.mark.parametrize("case", CASES, ids="-".join)
@@ -186,6 +233,25 @@ def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: d
     else:  # FSDP2 shards every parameter over dp (HSDP: replicated over dp_replicate first)
         lead = ("S(0)", "_S(0,") if dp == 2 else ("R,S(0)", "R,_S(0,")
         assert all(p.startswith(lead) for p in params.values()), params
+
+
+@pytest.mark.parametrize("case", BREADTH_CASES + BREADTH4, ids=lambda c: f"{c[0]}-{c[1]}-tp{c[2]}")
+def test_every_imported_config_matches_one_process_and_hf(request: pytest.FixtureRequest,
+                                                          case: tuple[str, str, int]) -> None:
+    ref, par = request.getfixturevalue("world" if case[2] == 2 else "world4")[case]
+    _matches(ref, par, dropped=case[0] not in UNDROPPED)
+    _matches_hf(ref, case[0], 4)
+    assert par["comms"] == par["planned"]
+    assert par["comms_backward"] == par["planned_backward"]
+
+
+def test_a_post_ln_norm_inside_a_branchs_module_is_replicated_under_hidden_sharding(world4: dict) -> None:
+    """BERT's attention module holds its Post-LN norm (``attention.output.LayerNorm``): the branch's input style
+    places no parameter, so the norm's gain and shift become replicated DTensors that meet the sharded stream."""
+    params = world4[("bert", "hidden", 4)][1]["params"]
+    assert params["encoder.layer.0.attention.output.LayerNorm.weight"] == "R"
+    assert params["encoder.layer.0.attention.output.LayerNorm.bias"] == "R"
+    assert params["encoder.layer.0.attention.self.query.weight"] == "S(0)"
 
 
 def _placements(world: dict, model: str, layout: str = "sequence") -> dict[str, str]:

@@ -15,8 +15,8 @@ import pytest
 import blockir
 from blockir.analyses.parallel import derive_plan
 from blockir.analyses.sizes import Sizes
+from blockir.analyses.summaries import called_blocks
 from blockir.api import hf_block_text
-from blockir.ir.decls import InstanceDecl
 from conftest import ROOT
 from hf_configs import CONFIGS, MORE_CONFIGS
 
@@ -41,8 +41,7 @@ def _config(name: str) -> dict:
 
 def _top(program: blockir.ir.program.Program) -> blockir.ir.program.Block:
     """The model block: the one no other block instantiates (the importer writes it last)."""
-    used = {d.block for b in program.blocks for d in b.decls if isinstance(d, InstanceDecl)}
-    return [b for b in program.blocks if b.name not in used][-1]
+    return [b for b in program.blocks if b.name not in called_blocks(program)][-1]
 
 
 def _outcome(program, block, world: int, layout: str, vocab: bool) -> str | None:
@@ -99,6 +98,18 @@ def test_a_head_after_a_narrower_projection_gathers_its_own_width() -> None:
         assert [(c.op, c.elements) for c in plan.collectives[""] if c.site == "lm_head"] == [("all-gather", 2 * 8 * 32)]
         table = [(c.op, c.elements) for c in plan.collectives[""] if c.site == "model.decoder.embed_tokens"]
         assert table == ([("reduce-scatter", 2 * 8 * 32)] if vocab else [])
+
+
+def test_a_norm_on_a_narrower_stream_sums_over_the_streams_rows() -> None:
+    """ELECTRA's embedding LayerNorm over 32 features before its projection to the 64-wide stream, feature-sharded:
+    one all-reduce of Σx and Σx² per row, 2·B·S elements, forward and backward, and its gain's and shift's slices
+    gathered (32 features each)."""
+    program = blockir.parse(hf_block_text(_config("electra")), "electra.block")
+    plan = derive_plan(program, _top(program), Sizes.of(program, DIMS), "hidden", 2)
+    rows = 2 * 2 * 8
+    assert [(c.op, c.elements) for c in plan.collectives[""] if c.site == "embeddings.LayerNorm"] == [("all-reduce", rows)]
+    assert [(c.op, c.elements) for c in plan.backward[""] if c.site == "embeddings.LayerNorm"] == \
+        [("all-reduce", rows), ("all-gather", 32), ("all-gather", 32)]
 
 
 def _docs_table() -> dict[str, tuple[str, ...]]:

@@ -280,9 +280,10 @@ class _Planner:
             for name, _ in family(d).buffers(d, ()):
                 self._param(f"{path}.{name}", "replicate")
             if self.layout == "hidden":
-                # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²)
-                width = sizes.dim(d.arg("axes")[-1])
-                self._sharded_norm(layer, path, family(d), d, self.elements // width, width, len(_norm_params(d)))
+                # one all-reduce carries the row's partial sums, one per reduction the norm takes (Σx², or Σx and Σx²);
+                # its rows are the stream's, over a width a projection may make narrower (ELECTRA's embeddings)
+                rows = self.elements // sizes.dim(self.stream_axis)
+                self._sharded_norm(layer, path, family(d), d, rows, sizes.dim(d.arg("axes")[-1]), len(_norm_params(d)))
             return
         if d.kind in BRANCH_PLANS and self.layout == "context":
             raise BlockError([error(

@@ -116,7 +116,10 @@ class BranchInput(ParallelStyle):
     placed ``stream``, is all-gathered if sharded and handed on replicated, not as a plain tensor. Every
     column-parallel projection of the branch leaves its input gradient there as a pending sum; they add up
     without communication and are reduced once, onto ``stream``, instead of once per projection. Only the
-    first input is the stream: a second one (RealFormer's scores) passes as it is."""
+    first input is the stream: a second one (RealFormer's scores) passes as it is. It places no parameter: a
+    Post-LN norm inside the branch's module (BERT's ``attention.output.LayerNorm``) is replicated as any other."""
+
+    owns_parameters = False
 
     def __init__(self, stream: Placement) -> None:
         super().__init__()

@@ -440,7 +440,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     if plan.layout != "context":  # under it every rank holds all heads, their parameters replicated
         _head_params(module, mesh, plan)
     if not isinstance(stream, Replicate):
-        _replicate_rest(module, mesh, plan, set(styles))
+        _replicate_rest(module, mesh, plan, {p for p, s in styles.items() if getattr(s, "owns_parameters", True)})
         _boundary(module, mesh, program, block, stream)
     if dp is not None:
         _fully_shard(module, dp, plan, mp_policy)
