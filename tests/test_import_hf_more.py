@@ -87,6 +87,20 @@ def test_exact_mode_is_bit_exact(model_type: str, dtype: torch.dtype) -> None:
         assert torch.equal(got_g[n], g), (n, (got_g[n].float() - g.float()).abs().max())
 
 
+@pytest.mark.parametrize("installed", [(5, 24, 0), (5, 25, 0), None])
+def test_falcons_exact_attention_follows_the_installed_transformers(installed, monkeypatch) -> None:
+    """Before 5.25 Falcon's own op divided the scores, took the softmax in the input's dtype, broadcast the one
+    key/value head before rotating and dropped nothing; from 5.25 (and with none installed) it is the shared
+    eager op, the config's attention dropout included."""
+    from blockir.importers.hf import versions
+    monkeypatch.setattr(versions, "_installed", lambda: installed)
+    text = block_text(dict(CONFIGS["falcon-new-mqa"], attention_dropout=0.1), exact=True)
+    (attn,) = [line for line in text.splitlines() if ": self_attention(" in line]
+    old = installed == (5, 24, 0)
+    assert [flag in attn for flag in ("divide_scores=true", "softmax_f32=false", "kv_broadcast=true")] == [old] * 3
+    assert ("dropout=0.1" in attn) != old
+
+
 def test_roberta_positions_start_after_the_pad_row() -> None:
     text = block_text(CONFIGS["roberta"])
     assert "embeddings.position_embeddings: embedding(P, D, positions=true, position_offset=2)" in text

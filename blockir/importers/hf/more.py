@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blockir.importers.hf.text import Config, Norm, attn_opts, decl, exact_impl, fail, num
+from blockir.importers.hf.versions import transformers_at_least
 from blockir.importers.hf.writer import writes
+
+SHARED_ATTENTION = (5, 25)  # the transformers release that moved Falcon onto the shared attention functions
 
 ENCODERS = {"bert": ("BertModel", "BertLayer", "bert"), "roberta": ("RobertaModel", "RobertaLayer", "roberta"),
             "xlm-roberta": ("XLMRobertaModel", "XLMRobertaLayer", "roberta"),
@@ -328,13 +331,17 @@ def _falcon(c: Config, model_type: str, exact: bool) -> str:
     if kv not in (1, heads):
         raise fail(f"Falcon with {kv} key/value groups of {heads} heads is not supported",
                     "supported: one key/value head, or one per query head", at=("num_kv_heads",))
-    c.raw.update(num_key_value_heads=kv, attention_dropout=0.0)  # the rotary path applies no attention dropout
+    # transformers 5.25 runs Falcon's attention through the shared attention functions: scores times the scale,
+    # softmax in fp32, key/value heads repeated after the rotation, the attention dropout applied. Before it, the
+    # class's own op divided the scores by sqrt(head_dim), took the softmax in the input's dtype, broadcast the
+    # new architecture's one key/value head before rotating, and dropped nothing on the rotary path.
+    shared = transformers_at_least(*SHARED_ATTENTION)
+    c.raw.update(num_key_value_heads=kv, **({} if shared else {"attention_dropout": 0.0}))
     bias = ["bias=true", "out_bias=true"] if c.get("bias", False) else []
     attn = attn_opts(c, exact) + ["fused=" + ("stacked" if kv == 1 else "heads"), "qkv=query_key_value", "o=dense",
-                                   "softmax_f32=false", *bias]
-    if exact and new and kv == 1:  # the new architecture broadcasts its one key/value head before rotating
-        attn.append("kv_broadcast=true")
-    if exact:  # the eager op divides its scores by sqrt(head_dim)
+                                   *([] if shared else ["softmax_f32=false"]), *bias]
+    if exact and not shared:
+        attn += ["kv_broadcast=true"] if new and kv == 1 else []
         attn.append("divide_scores=true")
     p = num(c.get("hidden_dropout", 0.0))
     norm = c.norm()
