@@ -80,12 +80,11 @@ def test_grouped_and_broadcast_key_heads_size_the_gathers() -> None:
 
 
 def test_every_example_is_placed_or_refused_at_its_branch() -> None:
-    """Every block of every example places each of its keys under the context layout, but for the two whose
-    attention reads other rows than a rank's: cross-attention (the encoder's memory) and RealFormer's scores."""
+    """Every block of every example places each of its keys under the context layout (a mixture of experts
+    included: each rank routes its own rows), but for the two whose attention reads other rows than a rank's:
+    cross-attention (the encoder's memory) and RealFormer's scores."""
     refused = {}
     for path in sorted((ROOT / "examples").glob("*.block")):
-        if path.stem == "moe":  # no plan under any layout (E0821)
-            continue
         program = blockir.load(path)
         for block in program.blocks:
             sizes = Sizes.of(program, {"B": 2, "S": 8})

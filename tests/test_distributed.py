@@ -20,13 +20,15 @@ LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
 MODELS = {"llama": (LLAMA, "LlamaModel"), "gpt2": (FAMILIES, "GPT2Model"),
           "neox": (FAMILIES, "GPTNeoXModel"), "bert": (FAMILIES, "BertEncoder"), "heads": (FAMILIES, "HeadParamsModel"),
-          "qvk": (FAMILIES, "QVKGroupsModel")}
+          "qvk": (FAMILIES, "QVKGroupsModel"),
+          "stated": (str(ROOT / "tests" / "distributed" / "stated_attention_dropout.block"), "StatedModel")}
 LAYOUTS = ("replicated", "sequence", "hidden")
 # where the residual stream reaches each layer
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)"}
 # (model, layout, mode, dp) run over two ranks; LLaMA and the per-head model have no dropout, so training would repeat eval
 WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout in LAYOUTS] + \
-    [(model, layout, mode, 1) for model in ("gpt2", "neox", "bert") for layout in LAYOUTS for mode in ("eval", "train")]
+    [(model, layout, mode, 1) for model in ("gpt2", "neox", "bert") for layout in LAYOUTS for mode in ("eval", "train")] + \
+    [("stated", "sequence", mode, 1) for mode in ("eval", "train")]  # its file's own layout, attention dropout on
 # over four ranks: FSDP2 over dp with the plan over tp on a 2×2 mesh, and LLaMA's 2 key/value heads over tp=4
 # GPT-2 trains with dropout there too: each dp rank keys its masks by its rows of the global batch
 # the fused backend (add+norm boundaries as custom ops, with DTensor rules where whole rows are split; composed
@@ -34,7 +36,7 @@ WORLD2 = [(model, layout, "eval", 1) for model in ("llama", "heads") for layout 
 FUSED = [(model, layout, mode, 1, "fused") for model in ("llama", "gpt2") for layout in LAYOUTS
          for mode in ("eval",) + (("train",) if model == "gpt2" else ())]
 # an imported GPT-2 causal LM (token ids in, logits out) under hidden sharding, fused and fx, in eval and training
-# with dropout on every residual branch (no attention-probability dropout, which no sharded run can match)
+# with dropout on every residual branch and on the attention probabilities
 IMPORTED = [("gpt2-lm", "hidden", mode, 1, backend) for mode in ("eval", "train") for backend in ("fused", "fx")]
 WORLD4 = [("llama", layout, "eval", 2) for layout in LAYOUTS] + [("gpt2", "hidden", mode, 2) for mode in ("eval", "train")] + \
     [("llama", layout, "eval", 1) for layout in ("sequence", "hidden")]
@@ -66,7 +68,7 @@ def world2(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     from blockir.api import hf_block_text
     from hf_configs import CONFIGS
     lm = tmp_path_factory.mktemp("fused") / "gpt2.block"
-    lm.write_text(hf_block_text(dict(CONFIGS["gpt2"], attn_pdrop=0.0)))
+    lm.write_text(hf_block_text(CONFIGS["gpt2"]))
     cases = [_case(*c) for c in WORLD2 + FUSED] + [_imported(str(lm), *c[1:]) for c in IMPORTED]
     return dict(zip(WORLD2 + FUSED + IMPORTED, compare(cases, world=2)))
 
@@ -174,10 +176,10 @@ def test_an_imported_gpt2_runs_fused_under_hidden_sharding(world2: dict, case: t
         assert _rel(ref["y"], world2[IMPORTED[0]][0]["y"]) > 1e-2
 
 
-@pytest.mark.parametrize("model", ["gpt2", "neox", "bert"])
+@pytest.mark.parametrize("model", ["gpt2", "neox", "bert", "stated"])
 def test_training_runs_really_drop(world2: dict, model: str) -> None:
     """The training reference differs from evaluation, so the masks above are compared, not skipped."""
-    for layout in LAYOUTS:
+    for layout in LAYOUTS if model != "stated" else ("sequence",):
         train, _ = world2[(model, layout, "train", 1)]
         evaluated, _ = world2[(model, layout, "eval", 1)]
         assert _rel(train["y"], evaluated["y"]) > 1e-2

@@ -12,7 +12,8 @@ losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exact
 and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and GPT-2 (tied) also
 run with the embedding and head split by vocabulary, trained through ``run``'s loss under ``loss_parallel``. Mixtral
 and Qwen2-MoE (a gated shared expert), split by hidden units inside every expert, run at four ranks under FSDP2 and
-HSDP, compared with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
+HSDP, and whole under the context layout (over four ranks, and Qwen2-MoE under FSDP2), compared with one process and
+HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
 on a 2×2 mesh (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
 FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
 layer deep under every layout, two at tp=2 and the third at tp=4, held to the same checks. The cases of each world
@@ -70,6 +71,9 @@ WORLD4 = [(model, layout, 1) for model in MODELS for layout in LAYOUTS] + \
 MOE_MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "hidden", (2, 2)),
            ("qwen2_moe", "sequence", (2, 1))]
+# and under the context layout, every expert whole on every rank routing its own rows: over four ranks, and
+# Qwen2-MoE under FSDP2 on a 2×2 ("dp", "cp") mesh
+WORLD4 += [("mixtral", "context", 1), ("qwen2_moe", "context", 1), ("qwen2_moe", "context", 2)]
 ARCHITECTURES = MODELS | MOE_MODELS
 # every other config the importer is tested with, one layer deep, under every layout: two at tp=2 and the third at
 # tp=4, taken in turn across the families: logits and every gradient equal one process and HF,
@@ -355,3 +359,13 @@ def test_fsdp2_shards_the_stacked_experts_by_expert_over_their_tensor_parallel_s
         assert params[mlp + "experts.gate_up_proj"] == params[mlp + "gate.weight"] == f"{lead},R"
         assert params[mlp + "experts.down_proj"] == f"{lead},S(2)"
         assert params[mlp + "shared_expert_gate.weight"] == f"{lead},R"
+
+
+def test_a_mixture_of_experts_under_the_context_layout_routes_each_ranks_rows_through_whole_experts(world4: dict) -> None:
+    """Every expert, the router and the shared expert replicated; a layer sends only its attention's key and value
+    gathers (B·S·kv_heads·head_dim = 2·8·2·8 each), as the experts read each row alone."""
+    for model in ("mixtral", "qwen2_moe"):
+        par = world4[(model, "context", 1)][1]
+        mlp = {k: v for k, v in par["params"].items() if ".mlp." in k}
+        assert mlp and set(mlp.values()) == {"R"}, mlp
+        assert par["planned"]["model.layers.0"] == {("all-gather", 2 * 8 * 2 * 8): 2}

@@ -171,7 +171,7 @@ def test_keyed_dropout_and_recompute_facts_hold() -> None:
 
 
 def test_runtime_parallel_layout_and_backend(tmp_path) -> None:
-    path = LAB / "60_attention_dropout_per_rank.block"
+    path = ROOT / "tests" / "distributed" / "stated_attention_dropout.block"
     sharded = blockir.parse(path.read_text(), str(path))
     assert run_manifest(sharded)["runtime"]["parallel"] == {"mesh": ["tp"], "placements": "parallel_layout"}
     assert run_manifest(blockir.load(ROOT / "examples" / "llama.block"))["runtime"]["parallel"]["mesh"] == []

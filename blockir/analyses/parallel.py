@@ -285,10 +285,6 @@ class _Planner:
                 rows = self.elements // sizes.dim(self.stream_axis)
                 self._sharded_norm(layer, path, family(d), d, rows, sizes.dim(d.arg("axes")[-1]), len(_norm_params(d)))
             return
-        if d.kind in BRANCH_PLANS and self.layout == "context":
-            raise BlockError([error(
-                "E0634", f"{d.kind} '{d.name}' routes each row to experts, which the context layout does not plan",
-                d.span, hint="parallelise this block with the sequence, hidden or replicated layout")])
         if d.kind in BRANCH_PLANS:
             BRANCH_PLANS[d.kind](self, d, path, layer, sizes)
             return

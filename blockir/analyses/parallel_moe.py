@@ -11,6 +11,10 @@ rank and reduced once per branch, and the branch input is gathered once.
 
 Every gradient of a replicated parameter here is a pending sum over ranks: the router's logits receive
 the gradient of the routing weights, which multiply each rank's partial expert outputs.
+
+Under the context layout every rank holds every expert whole and routes its own rows: each row's experts and
+weights depend on that row alone, so the branch sends nothing, as an MLP there, and each weight's gradient is
+the sum of the ranks' rows' contributions.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import layer_names
 
-STYLE = "moe"
+STYLE, CONTEXT_STYLE = "moe", "context_moe"
 ROWS_READ = "replicate (each rank computes the gate and up rows of its own units; gradient summed over tp)"
 SUMMED = "replicate (gradient summed over tp)"
 
@@ -35,22 +39,29 @@ def _units(d: KindDecl, what: str, units: int, world: int) -> None:
 
 def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
     """Place ``d``'s keys (``planner`` is the plan's ``_Planner``) and count its collectives: one gather of
-    the branch input, one reduction of the output, as an MLP branch has."""
+    the branch input, one reduction of the output, as an MLP branch has; none under the context layout."""
     names = layer_names(d.kind, dict(d.args))
-    _units(d, "hidden units per expert", sizes.dim(d.arg("hidden")), planner.world)
+    context = planner.layout == "context"
     shared = d.arg("shared")
-    if shared is not None:
-        _units(d, "hidden units in its shared expert", sizes.dim(shared), planner.world)
-    planner.styled(path, STYLE, d.kind)
-    planner._param(f"{path}.{names['router']}.weight", SUMMED)
+    if not context:
+        _units(d, "hidden units per expert", sizes.dim(d.arg("hidden")), planner.world)
+        if shared is not None:
+            _units(d, "hidden units in its shared expert", sizes.dim(shared), planner.world)
+    planner.styled(path, CONTEXT_STYLE if context else STYLE, d.kind)
+
+    def place(key: str, placement: str) -> None:
+        planner._param(key, SUMMED if context else placement)
+
+    place(f"{path}.{names['router']}.weight", SUMMED)
     experts = f"{path}.{names['experts_name']}"
-    planner._param(f"{experts}.gate_up_proj", ROWS_READ)
-    planner._param(f"{experts}.down_proj", "shard(2)")
+    place(f"{experts}.gate_up_proj", ROWS_READ)
+    place(f"{experts}.down_proj", "shard(2)")
     if shared is not None:
         sub = f"{path}.{names['shared_expert']}"
         for name, placement in (("gate_proj", "shard(0)"), ("up_proj", "shard(0)"), ("down_proj", "shard(1)")):
-            planner._param(f"{sub}.{name}.weight", placement)
+            place(f"{sub}.{name}.weight", placement)
         if d.arg("shared_gate"):
-            planner._param(f"{path}.{names['shared_expert_gate']}.weight", SUMMED)
-    planner._gathered(layer, path, partial=True)
-    planner._reduced(layer, path)
+            place(f"{path}.{names['shared_expert_gate']}.weight", SUMMED)
+    if not context:
+        planner._gathered(layer, path, partial=True)
+        planner._reduced(layer, path)

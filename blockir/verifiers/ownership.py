@@ -10,11 +10,10 @@ row: per-shard moments use a different denominator on every rank. A norm
 over rows split across ranks (sequence parallelism, Korthikanti et al.,
 2022) computes complete rows, but each rank's affine gradient covers only
 its rows and must be summed. A value passed to a block or extern that
-declares another placement needs the collective that moves it. Dropout
-masks must not depend on how a value is split: the block's own dropout sites
-are keyed by logical coordinates, but an attention declaration's
-probability dropout is drawn per rank from a stateful generator over the
-heads that rank holds.
+declares another placement needs the collective that moves it. Dropout needs
+no rule here: every site, an attention declaration's probabilities included,
+keys its decisions by logical coordinates, so a rank draws the unsharded run's
+masks for the slice it holds (docs/distributed.md, "Dropout under sharding").
 """
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ from blockir.analyses.layouts import (
 from blockir.norms import family
 from blockir.analyses.structure import describe
 from blockir.diagnostics import Diagnostic, Note, error
-from blockir.ir.consts import Num
 from blockir.ir.decls import KindDecl
 from blockir.ir.program import Program
 from blockir.verifiers.registry import verifier
@@ -123,29 +121,12 @@ def _boundaries(ctx: BlockLayouts) -> list[Diagnostic]:
     return out
 
 
-def _attention_dropout(ctx: BlockLayouts) -> list[Diagnostic]:
-    out = []
-    for d in ctx.block.decls:
-        if not isinstance(d, KindDecl) or not d.kind.endswith("attention"):
-            continue
-        p = d.arg("dropout")
-        if p is None or (isinstance(p, Num) and p.value == 0):
-            continue
-        out.append(error(
-            "E0606", f"{d.kind} '{d.name}' drops attention probabilities with a per-rank generator: the tensor-parallel "
-            "plan gives each rank its own heads, and each rank draws their masks from its own generator state, so "
-            "a sharded run draws other masks than the unsharded one", d.span,
-            hint="drop the branch update instead (dropout(…) around the call), whose mask is keyed by logical "
-                 "coordinates, or set dropout=0.0"))
-    return out
-
-
 @verifier("ownership")
 def verify_ownership(program: Program) -> list[Diagnostic]:
     seen: set[tuple[str, str, int, int, str]] = set()
     out: list[Diagnostic] = []
     for ctx in all_contexts(program):
-        for d in _adds(ctx) + _norms(ctx) + _boundaries(ctx) + _attention_dropout(ctx):
+        for d in _adds(ctx) + _norms(ctx) + _boundaries(ctx):
             key = (d.code, d.span.filename, d.span.line, d.span.column, d.message)
             if key not in seen:
                 seen.add(key)

@@ -1,11 +1,14 @@
 """Tensor parallelism inside a mixture of experts (``blockir.lower.layers.moe.MoE``), as the plan's
 ``parallel_moe.py`` derives it.
 
-The branch runs on plain local tensors between one gather of its input and one reduction of its output:
+Under tensor parallelism the branch runs on plain local tensors between one gather of its input and one
+reduction of its output:
 the router and a shared expert's gate on replicated weights, each expert's gate/up rows and down columns
 of this rank's hidden units, a shared expert split as a gated MLP. A replicated weight is read through
 ``to_local`` with a pending-sum gradient, as ``Columns`` reads a stacked matrix: each rank's gradient is
-its summand (the router's too, since the routing weights multiply this rank's partial outputs).
+its summand (the router's too, since the routing weights multiply this rank's partial outputs). Under the
+context layout (``ExpertRows``) every weight is whole and replicated, read the same way, and the branch runs
+on the rank's own rows of the sequence: nothing is gathered or reduced.
 """
 from __future__ import annotations
 
@@ -78,4 +81,39 @@ class ExpertColumns(ParallelStyle):
             return y.to_local() if self.use_local_output else y
 
         module.forward = parallel  # type: ignore[method-assign]
+        return module
+
+
+class ExpertRows(ParallelStyle):
+    """Context parallelism: an ``MoE`` whose every weight is replicated, routing this rank's rows of the
+    sequence-sharded stream on plain tensors and handing its output back as a sequence shard. Routing is
+    row by row, so the rows a rank holds pick the experts one process picks for them."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        mesh, names = device_mesh, module.names
+        linears = [getattr(module, names["router"])]
+        if module.has_shared:
+            shared = getattr(module, names["shared"])
+            linears += [getattr(shared, shared.names[role]) for role in ("gate", "up", "down")]
+            if module.has_gate:
+                linears.append(getattr(module, names["shared_gate"]))
+        for linear in linears:
+            _local_linear(linear, mesh, Replicate())
+        experts = getattr(module, names["experts"])
+        for name in ("gate_up_proj", "down_proj"):
+            _place(experts, name, mesh, Replicate())
+
+        def matrices() -> tuple[torch.Tensor, torch.Tensor]:
+            return (experts.gate_up_proj.to_local(grad_placements=[Partial()]),
+                    experts.down_proj.to_local(grad_placements=[Partial()]))
+
+        experts.matrices = matrices  # type: ignore[method-assign]
+        forward = module.forward
+
+        def rows(x: torch.Tensor, **ctx: object) -> torch.Tensor:
+            stream = x.placements if isinstance(x, DTensor) else [Shard(1)]
+            y = forward(x.to_local() if isinstance(x, DTensor) else x, **ctx)
+            return DTensor.from_local(y, mesh, stream, run_check=False)
+
+        module.forward = rows  # type: ignore[method-assign]
         return module

@@ -18,7 +18,7 @@ from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
-from blockir.lower.distributed.experts import ExpertColumns
+from blockir.lower.distributed.experts import ExpertColumns, ExpertRows
 from blockir.lower.distributed.context import ContextAttention, balance_rows
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
@@ -191,6 +191,8 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = BranchInput(stream)
         elif m.style == "moe":
             out[m.path] = ExpertColumns(stream, use_local_output=not sharded)
+        elif m.style == "context_moe":
+            out[m.path] = ExpertRows()
         elif m.style == "context_attention":
             out[m.path] = ContextAttention(plan.balanced)
         elif m.style == "vocab_embedding":
