@@ -11,6 +11,7 @@ import blockir
 from blockir.importers.hf.entry import import_text as block_text
 from blockir.importers.hf.config import read_fields
 from blockir.importers.hf.schema import FAMILIES
+from blockir.importers.hf.versions import transformers_at_least
 from hf_configs import CONFIGS, MORE_CONFIGS
 
 BASES: dict[str, dict[str, Any]] = {}
@@ -39,7 +40,8 @@ NO_EFFECT: dict[str, tuple[str, set[str]]] = {
     "no_rope_layer_interval": ("the tested config's two layers keep RoPE at intervals 4 and 8 alike "
                                "(test_rope_fields_reach_the_file changes it where it acts)", {"smollm3"}),
     "tie_word_embeddings": ("the base model of an encoder has no head to tie", ENCODERS),
-    "attention_dropout": ("Falcon's rotary attention applies no dropout to the attention weights", {"falcon"}),
+    "attention_dropout": ("before transformers 5.25 Falcon's rotary attention applies no dropout to the attention "
+                          "weights", set() if transformers_at_least(5, 25) else {"falcon"}),
     "original_max_position_embeddings": ("read only by longrope scaling, which the tested config does not use "
                                          "(test_rope_fields_reach_the_file changes it where it acts)", {"phi3"}),
     "num_kv_heads": ("read only with new_decoder_architecture or without multi_query", {"falcon"}),
