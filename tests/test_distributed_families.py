@@ -233,7 +233,10 @@ def test_an_imported_family_over_four_ranks_matches_one_process_and_hf(world4: d
             assert params["model.layers.0.self_attn.q_norm.weight"] == "S(0)"
         layers = next(k for k in par["inputs"] if k.endswith("layers") or k.endswith(".h"))
         assert par["inputs"][layers] == STREAM[case[1]]
-        assert params[q] == ("R" if case[0] in ("gpt2", "phi3") or case[1] == "context" else "S(0)")
+        # GPT-2's stacked q, k, v (4 heads each) split within each block; Phi-3's, with 2 key/value heads replicated
+        # over the 4 ranks, read from a whole matrix
+        split = {"gpt2": "_S(1, 3)", "phi3": "R"}.get(case[0], "S(0)")
+        assert params[q] == ("R" if case[1] == "context" else split)
     else:  # FSDP2 shards every parameter over dp (HSDP: replicated over dp_replicate first)
         lead = ("S(0)", "_S(0,") if dp == 2 else ("R,S(0)", "R,_S(0,")
         assert all(p.startswith(lead) for p in params.values()), params
@@ -275,9 +278,12 @@ def test_fused_matrices_are_split_by_their_head_groups(world: dict) -> None:
     # GPT-2's Conv1D stores [in, out]: the MLP's columns are dim 1, the output projection's rows dim 0
     assert gpt2["transformer.h.0.mlp.c_fc.weight"] == "S(1)" and gpt2["transformer.h.0.mlp.c_fc.bias"] == "S(0)"
     assert gpt2["transformer.h.0.mlp.c_proj.weight"] == gpt2["transformer.h.0.attn.c_proj.weight"] == "S(0)"
-    # a stacked q/k/v (or gate/up) stays whole: a rank's columns are three (two) blocks of it
-    assert gpt2["transformer.h.0.attn.c_attn.weight"] == phi3["model.layers.0.self_attn.qkv_proj.weight"] == "R"
-    assert phi3["model.layers.0.mlp.gate_up_proj.weight"] == "R"
+    # a stacked q/k/v of equal blocks (or gate/up) is stored split within each block: a rank's columns are its
+    # slice of each; Phi-3's q, k, v with grouped key/value heads are blocks of different sizes: the matrix stays whole
+    assert gpt2["transformer.h.0.attn.c_attn.weight"] == "_S(1, 3)"
+    assert gpt2["transformer.h.0.attn.c_attn.bias"] == "_S(0, 3)"
+    assert phi3["model.layers.0.self_attn.qkv_proj.weight"] == "R"
+    assert phi3["model.layers.0.mlp.gate_up_proj.weight"] == "_S(0, 2)"
     # per head q, k, v in turn: a rank's heads are one contiguous block
     assert neox["gpt_neox.layers.0.attention.query_key_value.weight"] == "S(0)"
     # q/v/k in 4 row groups over 2 ranks: a rank's heads are 2 whole groups, one contiguous block

@@ -313,8 +313,31 @@ def test_the_manifest_says_where_the_plan_does_not_apply() -> None:
     assert "'h.0.attn.qk_scale'" in entry["plan_refused"]
 
 
-@pytest.mark.parametrize("world, placement", [
-    (2, "shard(0)"), (4, "replicate (each rank computes the columns of its own heads or units)")])
+STACKED = "shard({dim}) within each of its {n} stacked blocks"
+WHOLE = "replicate (each rank computes the columns of its own heads or units)"
+
+
+@pytest.mark.parametrize("fused, conv1d, weight, bias", [
+    ("heads", False, "shard(0)", "shard(0)"), ("heads", True, "shard(1)", "shard(0)"),
+    ("stacked", False, STACKED.format(dim=0, n=3), STACKED.format(dim=0, n=3)),
+    ("stacked", True, STACKED.format(dim=1, n=3), STACKED.format(dim=0, n=3)),
+    ("stacked, kv_heads=2", True, WHOLE, WHOLE)])
+def test_a_fused_matrix_is_stored_split_where_each_ranks_columns_are_a_slice_of_equal_blocks(
+        fused: str, conv1d: bool, weight: str, bias: str) -> None:
+    """Per head q, k, v in turn: one contiguous block of the output features (dim 1 of a transposed Conv1D
+    weight); q, k, v stacked with a key/value head per query head: the rank's slice of each of 3 equal blocks;
+    with 2 key/value heads for 4 query heads the blocks differ in size and the matrix stays whole."""
+    text = (ROOT / "tests" / "distributed" / "families.block").read_text().replace(
+        "attn: self_attention(heads=H, causal=true, bias=true, out_bias=true)",
+        f"attn: self_attention(heads=H, causal=true, fused={fused}, conv1d={str(conv1d).lower()}, bias=true, "
+        "out_bias=true)").replace("mlp: mlp(F, act=gelu_tanh, bias=true)", "mlp: gated_mlp(F, act=silu, fused=true)")
+    prog = blockir.parse(text, "families.block")
+    plan = derive_plan(prog, prog.block("GPT2Model"), Sizes.of(prog, {"B": 2, "S": 8}), "sequence", 2)
+    assert (plan.params["h.0.attn.qkv_proj.weight"], plan.params["h.0.attn.qkv_proj.bias"]) == (weight, bias)
+    assert plan.params["h.0.mlp.gate_up_proj.weight"] == STACKED.format(dim=0, n=2)
+
+
+@pytest.mark.parametrize("world, placement", [(2, "shard(0)"), (4, WHOLE)])
 def test_q_v_k_row_groups_split_by_whole_groups_where_the_degree_divides_them(world: int, placement: str) -> None:
     """CodeGen's fused matrix in 2 row groups of [q; v; k]: over 2 ranks each holds one whole group, a plain
     shard; over 4 each rank's head is half a group, three blocks of rows it reads from the whole matrix."""

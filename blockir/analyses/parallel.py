@@ -161,6 +161,28 @@ def _fail(span, message: str, hint: str | None = None) -> BlockError:
     return BlockError([error("E0730", message, span, hint=hint)])
 
 
+def _stacked_blocks(d: KindDecl, fused: object, sizes: Sizes, world: int) -> int | None:
+    """How many equal blocks of a fused matrix each rank holds a 1/world slice of, or None where its rank columns
+    are no such pattern. Per head q, k, v in turn, a rank's heads are one contiguous block, and so are q/v/k
+    row groups the degree divides (each rank's heads are whole groups); q, k and v stacked with as many
+    key/value heads as query heads are 3 equal blocks, gate and up stacked 2. Stacked q, k, v with grouped
+    key/value heads (blocks of different sizes) and q/v/k groups the degree cuts are read from a whole matrix."""
+    if fused == "heads":
+        return 1
+    if fused == "qvk_groups":
+        return 1 if int(sizes.value(d.arg("qkv_groups"))) % world == 0 else None
+    if fused == "stacked":
+        kv = d.arg("kv_heads")
+        return 3 if kv is None or int(sizes.value(kv)) == int(sizes.value(d.arg("heads"))) else None
+    return 2  # gate and up
+
+
+def _stacked(blocks: int | None, dim: int) -> str:
+    if blocks is None:
+        return "replicate (each rank computes the columns of its own heads or units)"
+    return f"shard({dim})" if blocks == 1 else f"shard({dim}) within each of its {blocks} stacked blocks"
+
+
 def _divisible(d: KindDecl, what: str, n: int, world: int) -> None:
     if n % world:
         raise _fail(d.span, f"{d.kind} '{d.name}' has {n} {what}, which {world} ranks cannot split evenly",
@@ -434,18 +456,12 @@ class _Planner:
             for role in COLUMN[d.kind]:
                 self._columns(f"{path}.{names[role]}", shared_kv and role in KV, conv1d, bias)
         else:
-            # a stacked matrix's rank columns are several blocks of it: it stays whole and each rank reads its
-            # rows; per head q, k, v in turn, a rank's heads are one contiguous block, a plain shard, and so are
-            # q/v/k row groups the degree divides (each rank's heads are whole groups)
             sub = f"{path}.{names['qkv' if attention else 'gate_up']}"
             self.plan.modules.append(ModuleStyle(sub, "columns", "linear"))
-            groups = int(sizes.value(d.arg("qkv_groups"))) if d.arg("qkv_groups") is not None else 1
-            contiguous = fused == "heads" or (fused == "qvk_groups" and groups % self.world == 0)
-            placement = "shard(0)" if contiguous and not conv1d else \
-                "replicate (each rank computes the columns of its own heads or units)"
-            self._param(f"{sub}.weight", placement)
+            blocks = _stacked_blocks(d, fused, sizes, self.world)
+            self._param(f"{sub}.weight", _stacked(blocks, 1 if conv1d else 0))
             if bias:
-                self._param(f"{sub}.bias", placement)
+                self._param(f"{sub}.bias", _stacked(blocks, 0))
         row = f"{path}.{names[ROW[d.kind]]}"
         self.plan.modules.append(ModuleStyle(row, "rowwise", "linear"))
         self._param(f"{row}.weight", "shard(0)" if conv1d else "shard(1)")

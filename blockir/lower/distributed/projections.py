@@ -5,8 +5,11 @@ also store GPT-2's transposed ``Conv1D`` (``[in, out]``) and fused matrices: q, 
 ``c_attn``, Phi-3's ``qkv_proj``, with grouped key/value heads), gate and up stacked (Phi-3's
 ``gate_up_proj``) or per head q, k, v in turn (GPT-NeoX's ``query_key_value``, which a contiguous split
 cuts into whole heads). Each rank computes the output columns of its own heads or units, in the order the
-branch reads them; a stacked matrix, whose rank columns are not one contiguous block of the stored tensor,
-stays replicated and each rank reads its rows of it (its gradient is then a pending sum over the ranks).
+branch reads them. A stacked matrix of equal blocks (q, k and v of as many heads each; gate and up) is stored
+split within every block (``_StridedShard``: each rank holds its slice of each block, and gathering them gives
+the checkpoint's tensor back); one whose rank columns are no such pattern (q, k, v with grouped key/value
+heads, whose blocks differ in size) stays replicated and each rank reads its rows of it (its gradient is then
+a pending sum over the ranks).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
-from torch.distributed.tensor.placement_types import Placement
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from blockir.lower.layers.dense import Conv1D
 
@@ -49,22 +52,41 @@ def _check(module: nn.Module) -> None:
         raise TypeError(f"a tensor-parallel projection must be an nn.Linear or a Conv1D, not {type(module).__name__}")
 
 
+def strided(pieces: Sequence[tuple[int, int]], size: int, rank: int, world: int) -> int | None:
+    """The number of equal blocks ``pieces`` slice alike: n when the rank's ranges are its 1/world of each of
+    n equal blocks of ``size`` rows, in order (n = 1: a plain shard), else None."""
+    n = len(pieces)
+    block, part = size // n, size // n // world
+    if size % (n * world):
+        return None
+    return n if list(pieces) == [(i * block + rank * part, i * block + (rank + 1) * part) for i in range(n)] else None
+
+
+def stored(blocks: int | None, dim: int) -> Placement:
+    """How a column-parallel weight of ``blocks`` equal blocks is stored along ``dim``."""
+    return Replicate() if blocks is None else Shard(dim) if blocks == 1 else _StridedShard(dim, split_factor=blocks)
+
+
 class Columns(ParallelStyle):
     """A column-parallel projection. ``pieces`` are the ``(start, stop)`` ranges of the stored output
-    features this rank computes, in order; one range of size out/P at the rank's offset is a plain shard
-    (the weight is stored split), anything else keeps the weight replicated and reads its rows."""
+    features this rank computes, in order; its 1/P of each of n equal blocks is stored split (a plain shard
+    for one block), anything else keeps the weight replicated and reads its rows. ``within_blocks=False``
+    keeps a matrix of several blocks replicated too: FSDP2 then shards it over the data axes, since it
+    composes its own shard with a strided one as if that were a plain shard (torch 2.13), gathering a wrong
+    tensor."""
 
-    def __init__(self, pieces: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, pieces: Sequence[tuple[int, int]], within_blocks: bool = True) -> None:
         super().__init__()
-        self.pieces = tuple(pieces)
+        self.pieces, self.within_blocks = tuple(pieces), within_blocks
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _check(module)
         dim, rank, world = _out_dim(module), device_mesh.get_local_rank(), device_mesh.size()
-        size = module.weight.shape[dim]
-        sharded = self.pieces == ((rank * size // world, (rank + 1) * size // world),)
-        placements: dict[str, list[Placement]] = {"weight": [Shard(dim) if sharded else Replicate()],
-                                                  "bias": [Shard(0) if sharded else Replicate()]}
+        blocks = strided(self.pieces, module.weight.shape[dim], rank, world)
+        if blocks != 1 and not self.within_blocks:
+            blocks = None
+        sharded = blocks is not None
+        placements: dict[str, list[Placement]] = {"weight": [stored(blocks, dim)], "bias": [stored(blocks, 0)]}
         for name, p in list(module.named_parameters(recurse=False)):
             module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placements[name]),
                                                          requires_grad=p.requires_grad))

@@ -161,7 +161,8 @@ def _head_shards(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -
             vars(module.get_submodule(m.path))["head_shard"] = (rank, world)
 
 
-def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: DeviceMesh) -> dict[str, ParallelStyle]:
+def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: DeviceMesh,
+            data_parallel: bool) -> dict[str, ParallelStyle]:
     sharded = not isinstance(stream, Replicate)
     out: dict[str, ParallelStyle] = {}
     for m in plan.modules:
@@ -169,7 +170,8 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = ColwiseParallel()
         elif m.style == "columns":
             branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
-            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()))
+            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()),
+                                  within_blocks=not data_parallel)
         elif m.style == "pair_columns":
             # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it;
             # its hidden units stay a DTensor split by columns, so a dropout between the pair draws global units
@@ -432,7 +434,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
                        balanced=load_balance)
     stream = _stream(block, program, layout)
     shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
-    styles = _styles(plan, stream, module, mesh)
+    styles = _styles(plan, stream, module, mesh, dp is not None)
     if styles:
         parallelize_module(module, mesh, styles)
     _head_spans(module, plan, mesh.get_local_rank(), mesh.size())
