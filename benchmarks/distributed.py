@@ -200,6 +200,7 @@ def family_worker(rank: int, world: int, store: str, out: str, args: argparse.Na
             for name, m, is_hand in (("derived", derived, False), ("hand-written", hand, True)):
                 mode = lm_traffic(m, ids, target, is_hand)
                 row[name] = (mode.calls, mode.moved, mode.loss)
+                row.setdefault("held", {})[name] = held_bytes(m)
             row["time"] = lm_step_times({"derived": (derived, False), "hand-written": (hand, True)}, ids, target,
                                         args.steps)
     if rank == 0:
@@ -207,6 +208,12 @@ def family_worker(rank: int, world: int, store: str, out: str, args: argparse.Na
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
+
+
+def held_bytes(model: torch.nn.Module) -> int:
+    """The parameter bytes this rank stores: each DTensor's local shard, a tied table once."""
+    from torch.distributed.tensor import DTensor
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters())
 
 
 def build_family(family: str, args: argparse.Namespace,
@@ -220,8 +227,9 @@ def build_family(family: str, args: argparse.Namespace,
 
 def family_table(result: dict) -> None:  # type: ignore[type-arg]
     print("\n| family | layout | plan | forward collectives | backward collectives | forward bytes | backward bytes | "
-          "bytes / hand-written | step ms | step / hand-written | loss − one process |\n"
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "bytes / hand-written | parameter bytes per rank | / hand-written | step ms | step / hand-written | "
+          "loss − one process |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for family, layouts in result.items():
         for layout, row in layouts.items():
             _, hand_moved, _ = row["hand-written"]
@@ -230,8 +238,10 @@ def family_table(result: dict) -> None:  # type: ignore[type-arg]
                 calls, moved, loss = row[name]
                 fwd, bwd = sum(moved["forward"].values()), sum(moved["backward"].values())
                 t, base = row["time"][name], row["time"]["hand-written"]
+                held, held_hand = row["held"][name], row["held"]["hand-written"]
                 print(f"| {family} | {layout} | {name} | {sum(calls['forward'].values())} | "
                       f"{sum(calls['backward'].values())} | {fwd} | {bwd} | {(fwd + bwd) / total:.2f} | "
+                      f"{held} | {held / held_hand:.2f} | "
                       f"{t * 1e3:.1f} | {t / base:.2f} | {loss - row['reference loss']:.1e} |")
     for family, layouts in result.items():
         for layout, row in layouts.items():
