@@ -358,11 +358,12 @@ def test_a_layers_backward_sends_the_duals_of_its_forward(world: dict, case: tup
 
 def test_fsdp2_shards_the_stacked_experts_by_expert_over_their_tensor_parallel_split(world4: dict) -> None:
     """FSDP2 shards each [E, ...] expert tensor along its experts over dp, on top of its tp placement (the
-    gate/up rows read from a replicated tensor, the down columns split by hidden units); HSDP replicates first."""
+    gate/up rows the rank's slice of each block, the down columns split by hidden units); HSDP replicates first."""
     mlp = "model.layers.0.mlp."
     for case, lead in ((("qwen2_moe", "hidden", 2), "S(0)"), (("qwen2_moe", "sequence", (2, 1)), "R,S(0)")):
         params = world4[case][1]["params"]
-        assert params[mlp + "experts.gate_up_proj"] == params[mlp + "gate.weight"] == f"{lead},R"
+        assert params[mlp + "experts.gate_up_proj"] == f"{lead},_S(1, 2)"
+        assert params[mlp + "gate.weight"] == f"{lead},R"
         assert params[mlp + "experts.down_proj"] == f"{lead},S(2)"
         assert params[mlp + "shared_expert_gate.weight"] == f"{lead},R"
 

@@ -66,6 +66,6 @@ def test_experts_are_split_by_hidden_units_and_the_router_replicated(world: dict
     params = world["qwen2_moe", "hidden", "eval"][1]["params"]
     mlp = "model.layers.0.mlp."
     assert {k[len(mlp):]: v for k, v in params.items() if k.startswith(mlp)} == {
-        "gate.weight": "R", "experts.gate_up_proj": "R", "experts.down_proj": "S(2)",
+        "gate.weight": "R", "experts.gate_up_proj": "_S(1, 2)", "experts.down_proj": "S(2)",
         "shared_expert.gate_proj.weight": "S(0)", "shared_expert.up_proj.weight": "S(0)",
         "shared_expert.down_proj.weight": "S(1)", "shared_expert_gate.weight": "R"}

@@ -139,14 +139,13 @@ MOE = ROOT / "examples" / "moe.block"
 
 
 def test_a_mixture_of_experts_is_split_inside_its_experts() -> None:
-    """Each expert's gate/up rows and down columns by hidden units, the router replicated: `blockir plan`
-    lists every expert key with its placement."""
+    """Each expert's gate/up rows (a slice of the gate block and of the up block) and down columns by hidden
+    units, the router replicated: `blockir plan` lists every expert key with its placement."""
     code, out, _ = _run("plan", str(MOE), "--tp", "2", "--layout", "hidden")
     assert code == 0
     for i in range(2):
         assert f"  layers.{i}.mlp.gate.weight                  replicate (gradient summed over tp)\n" in out
-        assert (f"  layers.{i}.mlp.experts.gate_up_proj         replicate (each rank computes the gate and up rows "
-                "of its own units; gradient summed over tp)\n") in out
+        assert f"  layers.{i}.mlp.experts.gate_up_proj         shard(1) within each of its 2 stacked blocks\n" in out
         assert f"  layers.{i}.mlp.experts.down_proj            shard(2)\n" in out
     code, out, _ = _run("plan", str(MOE), "--tp", "2", "--format", "json")
     assert json.loads(out)["modules"]["layers.1.mlp"] == "moe"

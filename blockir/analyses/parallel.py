@@ -52,6 +52,7 @@ from typing import Any
 
 from blockir.analyses.keys import decl_keys, fixup_biases, key_table
 from blockir.analyses.parallel_moe import plan_moe
+from blockir.analyses.parallel_placements import SUMMED, stacked
 from blockir.analyses.linear_pairs import linear_pairs
 from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
@@ -81,7 +82,6 @@ GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", 
 # column-parallel projections is a pending sum, reduced once to the stream's layout)
 REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
 # a parameter whose every rank applies it to its own rows: its gradient is a pending sum over the ranks
-SUMMED = "replicate (gradient summed over tp)"
 # a key norm's gain over key/value heads replicated over more ranks: each rank applies its head's block
 SHARED_HEAD = "replicate (each rank applies its key/value head's slice; gradient summed over tp)"
 # rope scalings whose frequencies depend on the longest position of the call, which a rank's rows do not hold
@@ -175,12 +175,6 @@ def _stacked_blocks(d: KindDecl, fused: object, sizes: Sizes, world: int) -> int
         kv = d.arg("kv_heads")
         return 3 if kv is None or int(sizes.value(kv)) == int(sizes.value(d.arg("heads"))) else None
     return 2  # gate and up
-
-
-def _stacked(blocks: int | None, dim: int) -> str:
-    if blocks is None:
-        return "replicate (each rank computes the columns of its own heads or units)"
-    return f"shard({dim})" if blocks == 1 else f"shard({dim}) within each of its {blocks} stacked blocks"
 
 
 def _divisible(d: KindDecl, what: str, n: int, world: int) -> None:
@@ -459,9 +453,9 @@ class _Planner:
             sub = f"{path}.{names['qkv' if attention else 'gate_up']}"
             self.plan.modules.append(ModuleStyle(sub, "columns", "linear"))
             blocks = _stacked_blocks(d, fused, sizes, self.world)
-            self._param(f"{sub}.weight", _stacked(blocks, 1 if conv1d else 0))
+            self._param(f"{sub}.weight", stacked(blocks, 1 if conv1d else 0))
             if bias:
-                self._param(f"{sub}.bias", _stacked(blocks, 0))
+                self._param(f"{sub}.bias", stacked(blocks, 0))
         row = f"{path}.{names[ROW[d.kind]]}"
         self.plan.modules.append(ModuleStyle(row, "rowwise", "linear"))
         self._param(f"{row}.weight", "shard(0)" if conv1d else "shard(1)")

@@ -1,8 +1,8 @@
 """The tensor-parallel plan of a mixture of experts: tensor parallelism inside every expert, no expert parallelism.
 
 Each expert is a gated MLP, split as one: its gate and up rows by hidden units (the stored ``gate_up_proj``
-[E, 2H, D] holds a rank's gate rows and up rows as two blocks, so it stays whole and each rank reads its
-rows), its ``down_proj`` [E, D, H] by the same units (a plain shard of dim 2). The router is replicated
+[E, 2H, D] holds a rank's gate rows and up rows as its slice of each of two equal blocks of dim 1, which is
+how it is stored), its ``down_proj`` [E, D, H] by the same units (a plain shard of dim 2). The router is replicated
 and computed on the full rows, so every rank picks the same experts with the same weights; the weighted
 sum of the experts' outputs is then a sum over ranks of their units' products, a pending sum like an MLP's
 output. A shared expert splits the same way and its gate (one logit per row) is replicated: scaling a
@@ -21,13 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 from blockir.analyses.sizes import Sizes
+from blockir.analyses.parallel_placements import SUMMED, stacked
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import KindDecl
 from blockir.ir.kinds import layer_names
 
 STYLE, CONTEXT_STYLE = "moe", "context_moe"
-ROWS_READ = "replicate (each rank computes the gate and up rows of its own units; gradient summed over tp)"
-SUMMED = "replicate (gradient summed over tp)"
 
 
 def _units(d: KindDecl, what: str, units: int, world: int) -> None:
@@ -54,7 +53,7 @@ def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes) -> 
 
     place(f"{path}.{names['router']}.weight", SUMMED)
     experts = f"{path}.{names['experts_name']}"
-    place(f"{experts}.gate_up_proj", ROWS_READ)
+    place(f"{experts}.gate_up_proj", stacked(2, 1))  # each expert's [2H, D]: gate rows, then up rows
     place(f"{experts}.down_proj", "shard(2)")
     if shared is not None:
         sub = f"{path}.{names['shared_expert']}"

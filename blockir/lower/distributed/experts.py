@@ -2,11 +2,11 @@
 ``parallel_moe.py`` derives it.
 
 Under tensor parallelism the branch runs on plain local tensors between one gather of its input and one
-reduction of its output:
-the router and a shared expert's gate on replicated weights, each expert's gate/up rows and down columns
-of this rank's hidden units, a shared expert split as a gated MLP. A replicated weight is read through
-``to_local`` with a pending-sum gradient, as ``Columns`` reads a stacked matrix: each rank's gradient is
-its summand (the router's too, since the routing weights multiply this rank's partial outputs). Under the
+reduction of its output: the router and a shared expert's gate on replicated weights, each expert's gate/up
+rows (stored as the rank's slice of the gate block and of the up block) and down columns of this rank's
+hidden units, a shared expert split as a gated MLP. A replicated weight is read through ``to_local`` with a
+pending-sum gradient: each rank's gradient is its summand (the router's too, since the routing weights
+multiply this rank's partial outputs). Under the
 context layout (``ExpertRows``) every weight is whole and replicated, read the same way, and the branch runs
 on the rank's own rows of the sequence: nothing is gathered or reduced.
 """
@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
-from torch.distributed.tensor.placement_types import Placement
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from blockir.lower.distributed.projections import BranchInput, branch_input
 
@@ -51,19 +51,16 @@ class ExpertColumns(ParallelStyle):
         self.stream, self.use_local_output = stream, use_local_output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        mesh, rank, world = device_mesh, device_mesh.get_local_rank(), device_mesh.size()
+        mesh = device_mesh
         names = module.names
         _local_linear(getattr(module, names["router"]), mesh, Replicate())
         experts = getattr(module, names["experts"])
-        hidden = experts.down_proj.shape[2]
-        a, b = rank * hidden // world, (rank + 1) * hidden // world
-        rows = torch.cat([torch.arange(a, b), torch.arange(hidden + a, hidden + b)])  # its gate rows, its up rows
-        _place(experts, "gate_up_proj", mesh, Replicate())
+        # its gate rows and its up rows: its slice of each of the two blocks of dim 1
+        _place(experts, "gate_up_proj", mesh, _StridedShard(1, split_factor=2))
         _place(experts, "down_proj", mesh, Shard(2))
 
         def matrices() -> tuple[torch.Tensor, torch.Tensor]:
-            gate_up = experts.gate_up_proj.to_local(grad_placements=[Partial()])
-            return gate_up.index_select(1, rows.to(gate_up.device)), experts.down_proj.to_local()
+            return experts.gate_up_proj.to_local(), experts.down_proj.to_local()
 
         experts.matrices = matrices  # type: ignore[method-assign]
         if module.has_shared:
