@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockir.analyses.keys import decl_keys, fixup_biases, key_table
+from blockir.analyses.parallel_linear import plan_linear
 from blockir.analyses.parallel_moe import plan_moe
 from blockir.analyses.parallel_placements import SUMMED, stacked
 from blockir.analyses.linear_pairs import linear_pairs
@@ -68,8 +69,9 @@ COLUMN = {"self_attention": ("q", "k", "v"), "cross_attention": ("q", "k", "v"),
           "gated_mlp": ("gate", "up")}
 KV = ("k", "v")
 ROW = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp": "down"}
-# branches planned in a file of their own: kind → (planner, declaration, path, layer, sizes) → None
-BRANCH_PLANS = {"moe": plan_moe}
+# kinds planned in a file of their own: kind → (planner, declaration, path, layer, sizes, block) → whether it placed
+# the declaration (a lone linear outside the hidden layout is left to the defaults below)
+KIND_PLANS = {"moe": plan_moe, "linear": plan_linear}
 # where the stream lives, as a placement of a [B, S, D] tensor
 STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)", "context": "shard(S)"}
 # collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
@@ -281,6 +283,15 @@ class _Planner:
         else:
             self._backward(layer, Collective(path, "reduce-scatter", rows * width))
 
+    def pairs(self, block: Block) -> dict[str, str]:
+        """``block``'s linears written out as an MLP (``linear_pairs.py``), found once per block."""
+        if block.name not in self._pairs:
+            self._pairs[block.name] = linear_pairs(block, self.stream_axis)
+        return self._pairs[block.name]
+
+    def divisible(self, d: KindDecl, what: str, n: int) -> None:
+        _divisible(d, what, n, self.world)
+
     def _param(self, path: str, placement: str) -> None:
         self.plan.params[path] = placement
 
@@ -301,22 +312,13 @@ class _Planner:
                 rows = self.elements // sizes.dim(self.stream_axis)
                 self._sharded_norm(layer, path, family(d), d, rows, sizes.dim(d.arg("axes")[-1]), len(_norm_params(d)))
             return
-        if d.kind in BRANCH_PLANS:
-            BRANCH_PLANS[d.kind](self, d, path, layer, sizes)
+        if d.kind in KIND_PLANS and KIND_PLANS[d.kind](self, d, path, layer, sizes, block):
             return
         if d.kind in COLUMN and self.layout == "context":
             self.context_branch(d, path, layer, sizes, block)
             return
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
-            return
-        if d.kind == "linear":
-            pairs = self._pairs.setdefault(block.name, linear_pairs(block, self.stream_axis))
-            if d.name in pairs:
-                self.linear_pair(d, pairs[d.name], path, layer, sizes)
-                return
-        if d.kind == "linear" and self.layout == "hidden":
-            self.lone_rows(d, path, layer, sizes)
             return
         if self.plan.vocab and _by_vocab(d, block):
             self.vocab_rows(d, path, layer, sizes, self._table_elements(d, block, sizes))
@@ -374,36 +376,6 @@ class _Planner:
         for _ in ("k", "v"):
             self._collective(layer, Collective(path, "all-gather", keys))
             self._backward(layer, Collective(path, "reduce-scatter", keys))
-
-    def linear_pair(self, d: KindDecl, role: str, path: str, layer: str, sizes: Sizes) -> None:
-        """One linear of a written-out MLP: the widening one split by output columns, reading full rows of the
-        stream (a branch input's gather, and its gradient's reduction), the narrowing one by input rows, its
-        pending sum reduced to the stream's layout."""
-        if role == "columns":
-            _divisible(d, "output features", sizes.dim(d.arg("out_dim")), self.world)
-            self.plan.modules.append(ModuleStyle(path, "pair_columns", d.kind))
-            self._param(f"{path}.weight", "shard(0)")
-            if d.arg("bias"):
-                self._param(f"{path}.bias", "shard(0)")
-            self._gathered(layer, path, partial=True)
-        else:
-            self.plan.modules.append(ModuleStyle(path, "rowwise", d.kind))
-            self._param(f"{path}.weight", "shard(1)")
-            if d.arg("bias"):
-                self._param(f"{path}.bias", "replicate")
-            self._reduced(layer, path)
-
-    def lone_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
-        """A linear of its own under hidden sharding (OPT's project_in and project_out): its input is the
-        stream's feature shard, so it is split by input rows as a row-parallel projection is, each rank holding
-        its columns of the weight, and its pending sum reduced onto the stream's layout."""
-        _divisible(d, "input features", sizes.dim(d.arg("in_dim")), self.world)
-        _divisible(d, "output features", sizes.dim(d.arg("out_dim")), self.world)
-        self.plan.modules.append(ModuleStyle(path, "rowwise", d.kind))
-        self._param(f"{path}.weight", "shard(1)")
-        if d.arg("bias"):
-            self._param(f"{path}.bias", "replicate")
-        self._reduced(layer, path, self.elements // sizes.dim(self.stream_axis) * sizes.dim(d.arg("out_dim")))
 
     def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes, elements: int) -> None:
         """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank

@@ -24,6 +24,7 @@ from blockir.analyses.sizes import Sizes
 from blockir.analyses.parallel_placements import SUMMED, stacked
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import KindDecl
+from blockir.ir.program import Block
 from blockir.ir.kinds import layer_names
 
 STYLE, CONTEXT_STYLE = "moe", "context_moe"
@@ -36,7 +37,7 @@ def _units(d: KindDecl, what: str, units: int, world: int) -> None:
             hint=f"tensor parallelism splits each expert by hidden units: choose a degree that divides {units}")])
 
 
-def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
+def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes, block: Block) -> bool:
     """Place ``d``'s keys (``planner`` is the plan's ``_Planner``) and count its collectives: one gather of
     the branch input, one reduction of the output, as an MLP branch has; none under the context layout."""
     names = layer_names(d.kind, dict(d.args))
@@ -64,3 +65,4 @@ def plan_moe(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes) -> 
     if not context:
         planner._gathered(layer, path, partial=True)
         planner._reduced(layer, path)
+    return True
