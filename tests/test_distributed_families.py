@@ -16,8 +16,8 @@ HSDP, and whole under the context layout (over four ranks, and Qwen2-MoE under F
 HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
 on a 2×2 mesh (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
 FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
-layer deep under every layout, two at tp=2 and the third at tp=4, held to the same checks. The cases of each world
-size share one spawned world.
+layer deep under every layout, two at tp=2 and the third at tp=4, and on a data-parallel mesh (FSDP2 or HSDP in
+turn), held to the same checks. The cases of each world size share one spawned world.
 """
 from __future__ import annotations
 
@@ -85,6 +85,9 @@ BREADTH_DROPOUT = dict(attention_dropout=0.1, attn_pdrop=0.1, resid_pdrop=0.1, r
 UNDROPPED = {"ernie4_5"}  # its HF layer has no dropout to ask for: training equals evaluation
 BREADTH_CASES = [(model, LAYOUTS[(i + j) % 3], 2) for i, model in enumerate(BREADTH) for j in (0, 2)]
 BREADTH4 = [(model, LAYOUTS[(i + 1) % 3], 4) for i, model in enumerate(BREADTH)]
+# and in the same four-rank world each on a data-parallel mesh, in turn FSDP2 on 2×2 and HSDP on (2, 2, 1) or
+# (2, 1, 2), under the layout it takes at tp=4
+BREADTH_DP = [(model, LAYOUTS[(i + 1) % 3], "dp", HSDP[i // 2 % 2] if i % 2 else 2) for i, model in enumerate(BREADTH)]
 # a layer's heads split over four ranks: BLOOM's six would not (refused with E0730); GPT-Neo's
 # one layer is the local (windowed) attention of its global/local pair
 SPLITTABLE = {"bloom": dict(n_head=4), "gpt_neo": dict(attention_types=[[["local"], 1]])}
@@ -126,14 +129,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
     return dict(zip(CASES + VOCAB_CASES + PROJECTED_CASES + BREADTH_CASES, compare(cases, world=2)))
 
 
-def _breadth(folder: Any, cases: list[tuple[str, str, int]]) -> list[tuple[Any, ...]]:
-    """The harness's cases of the breadth set: each config's one-layer import under its layout, trained."""
+def _breadth(folder: Any, cases: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The harness's cases of the breadth set: each config's one-layer import under its layout, trained, on a
+    data-parallel mesh where the case names one (its last entry after "dp")."""
     out = []
-    for model, layout, _ in cases:
+    for model, layout, *tag in cases:
+        dp = tag[-1] if tag[0] == "dp" else 1
         path = folder / f"{model}-breadth.block"
         text = block_text(config(model, 4))
         path.write_text(text)
-        out.append((str(path), _top(text), {"B": 2, "S": 8}, layout, (2, 8), "steps", 1))
+        batch = 2 * data_ranks(dp)
+        out.append((str(path), _top(text), {"B": batch, "S": 8}, layout, (batch, 8), "steps", dp))
     return out
 
 
@@ -150,8 +156,8 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
     cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
               (2 * data_ranks(dp), 8), "steps", dp, False, "fx", bool(balanced)) for model, layout, dp, *balanced in WORLD4]
-    cases += _breadth(folder, BREADTH4)
-    return dict(zip(WORLD4 + BREADTH4, compare(cases, world=4)))
+    cases += _breadth(folder, BREADTH4 + BREADTH_DP)
+    return dict(zip(WORLD4 + BREADTH4 + BREADTH_DP, compare(cases, world=4)))
 
 
 @cache
@@ -250,6 +256,17 @@ def test_every_imported_config_matches_one_process_and_hf(request: pytest.Fixtur
     _matches_hf(ref, case[0], 4)
     assert par["comms"] == par["planned"]
     assert par["comms_backward"] == par["planned_backward"]
+
+
+@pytest.mark.parametrize("case", BREADTH_DP, ids=lambda c: f"{c[0]}-{c[1]}-dp{c[3]}")
+def test_every_imported_config_trains_under_fsdp2_or_hsdp(world4: dict, case: tuple[Any, ...]) -> None:
+    """FSDP2 over dp with tp=2, or HSDP: logits and every gradient equal one process and HF, three training steps
+    with dropout equal one process's, and every parameter is sharded over the data axes (replicated first)."""
+    ref, par = world4[case]
+    _matches(ref, par, dropped=case[0] not in UNDROPPED)
+    _matches_hf(ref, case[0], 4)
+    lead = ("S(0)", "_S(0,") if case[3] == 2 else ("R,S(0)", "R,_S(0,")
+    assert all(p.startswith(lead) for p in par["params"].values()), par["params"]
 
 
 def test_a_post_ln_norm_inside_a_branchs_module_is_replicated_under_hidden_sharding(world4: dict) -> None:
