@@ -12,9 +12,9 @@ losses and parameters. At tp=2 and tp=4 each stacked layer must also issue exact
 and, counted while its backward runs, exactly the plan's backward ones. LLaMA (untied head) and GPT-2 (tied) also
 run with the embedding and head split by vocabulary, trained through ``run``'s loss under ``loss_parallel``. Mixtral
 and Qwen2-MoE (a gated shared expert), split by hidden units inside every expert, run at four ranks under FSDP2 and
-HSDP, and whole under the context layout (over four ranks, and Qwen2-MoE under FSDP2), compared with one process and
-HF alike. The context layout runs over four ranks (LLaMA, GPT-2) and under FSDP2
-on a 2×2 mesh (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
+HSDP, and whole under the context layout (over four ranks, Qwen2-MoE under FSDP2 and Mixtral under HSDP), compared
+with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2), under FSDP2 on a 2×2 mesh
+(GPT-2) and under HSDP on (2, 1, 2) (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
 FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
 layer deep under every layout, two at tp=2 and the third at tp=4, and on a data-parallel mesh (FSDP2 or HSDP in
 turn), held to the same checks. The cases of each world size share one spawned world.
@@ -74,6 +74,8 @@ WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "
 # and under the context layout, every expert whole on every rank routing its own rows: over four ranks, and
 # Qwen2-MoE under FSDP2 on a 2×2 ("dp", "cp") mesh
 WORLD4 += [("mixtral", "context", 1), ("qwen2_moe", "context", 1), ("qwen2_moe", "context", 2)]
+# HSDP over a context-parallel axis: two replicas of two ranks' slices of the sequence, dense and MoE
+WORLD4 += [("gpt2", "context", (2, 1)), ("mixtral", "context", (2, 1))]
 ARCHITECTURES = MODELS | MOE_MODELS
 # every other config the importer is tested with, one layer deep, under every layout: two at tp=2 and the third at
 # tp=4, taken in turn across the families: logits and every gradient equal one process and HF,
