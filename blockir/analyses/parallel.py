@@ -96,10 +96,13 @@ class ModuleStyle:
     """How one submodule is parallelised; ``path`` is its name in the compiled module."""
 
     path: str
-    style: str  # colwise | pair_columns | kv_replicated | rowwise | branch | head_norm | width_norm | kv_width_norm
-    # | norm | replicate | extern | embedding | head
-    # | vocab_embedding | vocab_head | moe
+    style: str  # colwise | columns | pair_columns | kv_replicated | rowwise | branch | head_norm | width_norm
+    # | kv_width_norm | norm | replicate | extern | embedding | head | vocab_embedding | vocab_head | moe
+    # | context_attention | context_moe | rows
     kind: str
+    # a "columns" projection: how many equal blocks of its output features each rank stores its 1/P slice of
+    # (1: a plain shard), or None where its rank's columns are no such pattern and it is stored whole
+    blocks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -423,8 +426,8 @@ class _Planner:
                 self._columns(f"{path}.{names[role]}", shared_kv and role in KV, conv1d, bias)
         else:
             sub = f"{path}.{names['qkv' if attention else 'gate_up']}"
-            self.plan.modules.append(ModuleStyle(sub, "columns", "linear"))
             blocks = _stacked_blocks(d, fused, sizes, self.world)
+            self.plan.modules.append(ModuleStyle(sub, "columns", "linear", blocks))
             self._param(f"{sub}.weight", stacked(blocks, 1 if conv1d else 0))
             if bias:
                 self._param(f"{sub}.bias", stacked(blocks, 0))
@@ -446,7 +449,8 @@ class _Planner:
             self.plan.modules.append(ModuleStyle(sub, "kv_replicated", "linear"))
             weight = bias_at = "replicate (each rank computes the key/value head of its query heads)"
         else:
-            self.plan.modules.append(ModuleStyle(sub, "columns" if conv1d else "colwise", "linear"))
+            self.plan.modules.append(ModuleStyle(sub, "columns", "linear", 1) if conv1d else
+                                     ModuleStyle(sub, "colwise", "linear"))
             weight, bias_at = ("shard(1)" if conv1d else "shard(0)"), "shard(0)"
         self._param(f"{sub}.weight", weight)
         if bias:

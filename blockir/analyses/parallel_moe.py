@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockir.analyses.sizes import Sizes
 from blockir.analyses.parallel_placements import SUMMED, stacked
+from blockir.analyses.sizes import Sizes
 from blockir.diagnostics import BlockError, error
 from blockir.ir.decls import KindDecl
-from blockir.ir.program import Block
 from blockir.ir.kinds import layer_names
+from blockir.ir.program import Block
 
 STYLE, CONTEXT_STYLE = "moe", "context_moe"
 

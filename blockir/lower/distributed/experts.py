@@ -6,9 +6,9 @@ reduction of its output: the router and a shared expert's gate on replicated wei
 rows (stored as the rank's slice of the gate block and of the up block) and down columns of this rank's
 hidden units, a shared expert split as a gated MLP. A replicated weight is read through ``to_local`` with a
 pending-sum gradient: each rank's gradient is its summand (the router's too, since the routing weights
-multiply this rank's partial outputs). Under the
-context layout (``ExpertRows``) every weight is whole and replicated, read the same way, and the branch runs
-on the rank's own rows of the sequence: nothing is gathered or reduced.
+multiply this rank's partial outputs). Under the context layout (``ExpertRows``) every weight is whole and
+replicated, read the same way, and the branch runs on the rank's own rows of the sequence: nothing is
+gathered or reduced.
 """
 from __future__ import annotations
 

@@ -52,16 +52,6 @@ def _check(module: nn.Module) -> None:
         raise TypeError(f"a tensor-parallel projection must be an nn.Linear or a Conv1D, not {type(module).__name__}")
 
 
-def strided(pieces: Sequence[tuple[int, int]], size: int, rank: int, world: int) -> int | None:
-    """The number of equal blocks ``pieces`` slice alike: n when the rank's ranges are its 1/world of each of
-    n equal blocks of ``size`` rows, in order (n = 1: a plain shard), else None."""
-    n = len(pieces)
-    block, part = size // n, size // n // world
-    if size % (n * world):
-        return None
-    return n if list(pieces) == [(i * block + rank * part, i * block + (rank + 1) * part) for i in range(n)] else None
-
-
 def stored(blocks: int | None, dim: int) -> Placement:
     """How a column-parallel weight of ``blocks`` equal blocks is stored along ``dim``."""
     return Replicate() if blocks is None else Shard(dim) if blocks == 1 else _StridedShard(dim, split_factor=blocks)
@@ -69,22 +59,20 @@ def stored(blocks: int | None, dim: int) -> Placement:
 
 class Columns(ParallelStyle):
     """A column-parallel projection. ``pieces`` are the ``(start, stop)`` ranges of the stored output
-    features this rank computes, in order; its 1/P of each of n equal blocks is stored split (a plain shard
-    for one block), anything else keeps the weight replicated and reads its rows. ``within_blocks=False``
-    keeps a matrix of several blocks replicated too: FSDP2 then shards it over the data axes, since it
-    composes its own shard with a strided one as if that were a plain shard (torch 2.13), gathering a wrong
-    tensor."""
+    features this rank computes, in order. Where they are its 1/P of each of ``blocks`` equal blocks (the
+    plan's ``ModuleStyle.blocks``) the weight is stored split (a plain shard for one block); with ``blocks``
+    None it stays replicated and each rank reads its rows. ``within_blocks=False`` keeps a matrix of several
+    blocks replicated too: FSDP2 then shards it over the data axes, since it composes its own shard with a
+    strided one as if that were a plain shard (torch 2.13), gathering a wrong tensor."""
 
-    def __init__(self, pieces: Sequence[tuple[int, int]], within_blocks: bool = True) -> None:
+    def __init__(self, pieces: Sequence[tuple[int, int]], blocks: int | None, within_blocks: bool = True) -> None:
         super().__init__()
-        self.pieces, self.within_blocks = tuple(pieces), within_blocks
+        self.pieces = tuple(pieces)
+        self.blocks = blocks if blocks == 1 or within_blocks else None
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _check(module)
-        dim, rank, world = _out_dim(module), device_mesh.get_local_rank(), device_mesh.size()
-        blocks = strided(self.pieces, module.weight.shape[dim], rank, world)
-        if blocks != 1 and not self.within_blocks:
-            blocks = None
+        dim, blocks = _out_dim(module), self.blocks
         sharded = blocks is not None
         placements: dict[str, list[Placement]] = {"weight": [stored(blocks, dim)], "bias": [stored(blocks, 0)]}
         for name, p in list(module.named_parameters(recurse=False)):

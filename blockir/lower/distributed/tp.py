@@ -170,7 +170,7 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
             out[m.path] = ColwiseParallel()
         elif m.style == "columns":
             branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
-            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()),
+            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()), m.blocks,
                                   within_blocks=not data_parallel)
         elif m.style == "pair_columns":
             # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it;
