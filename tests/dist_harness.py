@@ -59,7 +59,7 @@ def _mesh(dp: int | tuple[int, ...], layout: str) -> tuple[Any, Any, dict[str, A
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
          mode: str, dp: int | tuple[int, ...] = 1, vocab: bool = False,
-         backend: str = "fx", load_balance: bool = False) -> dict[str, Any]:
+         backend: str = "fx", load_balance: bool = False, source: int | None = 0) -> dict[str, Any]:
     import blockir
     from blockir.lifecycle.lm import Layout
     from blockir.lifecycle.token_lm import TokenLM
@@ -89,7 +89,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
             from torch.distributed.fsdp import MixedPrecisionPolicy
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         parallelize(m, mesh, program, name, layout=layout, dims=dims, vocab=vocab, load_balance=load_balance,
-                    **options)
+                    src_data_rank=source, **options)
     x = x.clone().requires_grad_(not tokens)
     # an encoder's further token inputs (BERT's token_type_ids), all type 0
     further = blockir.parse(Path(program).read_text(), program).block(name).params[1:] if tokens else ()
@@ -232,7 +232,8 @@ TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its test
 VOCAB = 50  # token ids are drawn below this: every vocabulary of the tests' models is larger
 # program, block, dims, layout, shape, mode (eval, train, or eval-bf16: FSDP2 mixed precision), dp (a number of
 # data-parallel ranks, or (replicate, shard) for HSDP), and optionally vocab (embedding and head split by vocabulary),
-# the compile backend (fx when absent) and load_balance (the context layout's zig-zag rows)
+# the compile backend (fx when absent), load_balance (the context layout's zig-zag rows) and the parameters' source
+# rank (``src_data_rank``; None: each rank's own values, which every rank compiled with the same seed)
 Case = tuple[Any, ...]
 
 
@@ -278,8 +279,8 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
     is a pair, else on one ``tp`` axis of all ranks (``cp`` for the context layout); a
     ``[B, S]`` shape feeds token ids (``dx`` is then None), a ``[B, S, D]`` one a random stream; a ninth entry
-    compiles both modules with that backend instead of fx, and a tenth, True, load-balances the context
-    layout's rows (``parallelize(..., load_balance=True)``). Each
+    compiles both modules with that backend instead of fx, a tenth, True, load-balances the context
+    layout's rows (``parallelize(..., load_balance=True)``), and an eleventh is ``src_data_rank``. Each
     result holds the output ``y``, input gradient ``dx`` (both gathered over dp), parameter gradients
     ``grads`` (gathered), the placement of each parameter (``params``) and of the first input of each
     top-level submodule (``inputs``); on a 1-D mesh also the forward collectives each stacked layer issued

@@ -205,7 +205,8 @@ def test_a_position_table_looks_up_the_position_ids_it_is_given() -> None:
                                                                         "blockir.load takes: path"),
     (lambda: blockir.parallelize(nn.Linear(2, 2), None, "x.block", "M", layuot="hidden"),
      "blockir.parallelize(layuot=…)", "blockir.parallelize takes no argument 'layuot'",
-     "did you mean 'layout'? blockir.parallelize takes: module, mesh, program, name, layout, dims, vocab, mp_policy, load_balance"),
+     "did you mean 'layout'? blockir.parallelize takes: module, mesh, program, name, layout, dims, vocab, mp_policy, load_balance, "
+     "src_data_rank"),
     (lambda: blockir.reconcile(blockir.parse("dim D: model = 4"), "M", {}, dim={}), "blockir.reconcile(dim=…)",
      "blockir.reconcile takes no argument 'dim'", None),
 ])

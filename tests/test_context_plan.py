@@ -156,16 +156,3 @@ def test_cross_attention_and_score_residuals_are_refused_at_the_branch() -> None
         "E0631", 30, "cross_attention 'src_attn' attends to another sequence's keys, which the context layout does "
         "not split by the stream's rows", "parallelise this block with the sequence layout (the branch then sees "
         "full rows)")
-
-
-@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
-def test_rope_scalings_read_from_the_longest_position_are_refused(scaling: str) -> None:
-    factors = ", rope_short_factor=[1, 1, 1, 1, 1, 1, 1, 1], rope_long_factor=[2, 2, 2, 2, 2, 2, 2, 2]" \
-        if scaling == "longrope" else ""
-    text = HEADER + "block L(x: [B, S, D]) -> [B, S, D] {\n" \
-        f"  attn: self_attention(heads=4, rope=true, rope_scaling={scaling}, rope_factor=2, rope_original_max=16" \
-        f"{factors})\n  h = x + attn(x)\n  return h\n}}\n"
-    assert _refusal(text, "L", {"B": 2, "S": 8}) == (
-        "E0632", 5, "self_attention 'attn' scales its rotary frequencies by the longest position of the call "
-        f"(rope_scaling={scaling}), which a rank holding a slice of the rows does not see",
-        "parallelise this block with the sequence layout, or use a fixed scaling (linear, llama3, yarn)")

@@ -30,7 +30,11 @@ IMPORTED = {"hf-llama": ("llama", "LlamaForCausalLM", {}, "eval"), "hf-qwen2": (
             "hf-bloom": ("bloom", "BloomForCausalLM", {}, "eval"),
             "hf-gpt2": ("gpt2", "GPT2LMHeadModel", {}, "eval"),
             "hf-gpt2-train": ("gpt2", "GPT2LMHeadModel", DROPOUT, "train"),
-            "hf-gpt2-steps": ("gpt2", "GPT2LMHeadModel", DROPOUT, "steps")}
+            "hf-gpt2-steps": ("gpt2", "GPT2LMHeadModel", DROPOUT, "steps"),
+            "hf-llama-dynamic": ("llama-dynamic", "LlamaForCausalLM", {}, "eval"),
+            "hf-phi3-longrope": ("phi3-longrope", "Phi3ForCausalLM", {}, "eval")}
+# scalings read from the longest position (dynamic NTK, LongRoPE) past an original context of 4: rank 0's own
+# rows (positions 0…3) are within it, the call's 8 past it, and every rank rotates by the call's frequencies
 # run again load-balanced (parallelize(..., load_balance=True))
 BALANCED = ("llama", "gpt2-train", "hf-mistral", "hf-gpt2-steps")
 

@@ -16,8 +16,8 @@ HSDP, and whole under the context layout (over four ranks, Qwen2-MoE under FSDP2
 with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2), under FSDP2 on a 2×2 mesh
 (GPT-2) and under HSDP on (2, 1, 2) (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
 FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
-layer deep under every layout, two at tp=2 and the third at tp=4, and on a data-parallel mesh (FSDP2 or HSDP in
-turn), held to the same checks. The cases of each world size share one spawned world.
+layer deep under every layout, two at tp=2 and the third at tp=4, the context layout over two or four ranks in turn,
+and on a data-parallel mesh (FSDP2 or HSDP in turn), held to the same checks. The cases of each world size share one spawned world.
 """
 from __future__ import annotations
 
@@ -47,15 +47,15 @@ DROPOUT = {"llama": dict(attention_dropout=0.1), "qwen2": dict(attention_dropout
 # linears outside a branch under hidden sharding, trained: OPT's narrower embedding projected in and out
 # (row-parallel, each reducing onto the stream's shards) and BioGPT's fc1/fc2 with an activation dropout between
 PROJECTED = {"opt-post-ln": "OPTForCausalLM", "biogpt": "BioGptForCausalLM"}
-PROJECTED_CASES = [(model, "hidden", "projected") for model in PROJECTED]
+PROJECTED_CASES = [(model, layout, "projected") for model in PROJECTED for layout in ("hidden", "context")]
 # four ranks, one layer: tp=4 replicates 2 key/value heads (LLaMA, Qwen2, Phi-3, OLMo-2, whose key norm over the
 # whole key width then takes its moments from the ranks' partial sums over the heads they compute)
 LAYOUTS = ("replicated", "sequence", "hidden")
-CASES = [(model, layout) for model in MODELS for layout in LAYOUTS]
+CASES = [(model, layout) for model in MODELS for layout in (*LAYOUTS, "context")]
 STREAM = {"replicated": "local", "sequence": "S(1)", "hidden": "S(2)", "context": "S(1)"}
 # vocab-parallel cases: a vocabulary of 64 splits over two ranks, and the token ids (below 50) hit both halves
 VOCAB_MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
-VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in LAYOUTS]
+VOCAB_CASES = [(model, layout, "vocab") for model in VOCAB_MODELS for layout in (*LAYOUTS, "context")]
 # (model, layout, dp) on four ranks: the plan over tp=4 in every layout; FSDP2 on a 2×2 (dp, tp) mesh and HSDP
 # on (2, 2, 1) or (2, 1, 2), with the layouts taken in turn across the families
 # and the context layout, its sequence of 8 split into 4 slices of 2 rows (LLaMA, GPT-2) or, FSDP2 on a 2×2
@@ -78,7 +78,7 @@ WORLD4 += [("mixtral", "context", 1), ("qwen2_moe", "context", 1), ("qwen2_moe",
 WORLD4 += [("gpt2", "context", (2, 1)), ("mixtral", "context", (2, 1))]
 ARCHITECTURES = MODELS | MOE_MODELS
 # every other config the importer is tested with, one layer deep, under every layout: two at tp=2 and the third at
-# tp=4, taken in turn across the families: logits and every gradient equal one process and HF,
+# tp=4, taken in turn across the families, and the context layout over two or four ranks in turn: logits and every gradient equal one process and HF,
 # each layer sends exactly the plan's collectives, forward and backward, and three training steps with dropout on
 # (whichever of these keys the family reads, on attention probabilities and branch updates) equal one process
 BREADTH = sorted(set(CONFIGS | MORE_CONFIGS) - set(ARCHITECTURES) - set(PROJECTED))
@@ -87,6 +87,9 @@ BREADTH_DROPOUT = dict(attention_dropout=0.1, attn_pdrop=0.1, resid_pdrop=0.1, r
 UNDROPPED = {"ernie4_5"}  # its HF layer has no dropout to ask for: training equals evaluation
 BREADTH_CASES = [(model, LAYOUTS[(i + j) % 3], 2) for i, model in enumerate(BREADTH) for j in (0, 2)]
 BREADTH4 = [(model, LAYOUTS[(i + 1) % 3], 4) for i, model in enumerate(BREADTH)]
+# and under the context layout, over two ranks and over four in turn
+BREADTH_CASES += [(model, "context", 2) for i, model in enumerate(BREADTH) if i % 2 == 0]
+BREADTH4 += [(model, "context", 4) for i, model in enumerate(BREADTH) if i % 2]
 # and in the same four-rank world each on a data-parallel mesh, in turn FSDP2 on 2×2 and HSDP on (2, 2, 1) or
 # (2, 1, 2), under the layout it takes at tp=4
 BREADTH_DP = [(model, LAYOUTS[(i + 1) % 3], "dp", HSDP[i // 2 % 2] if i % 2 else 2) for i, model in enumerate(BREADTH)]
@@ -141,7 +144,9 @@ def _breadth(folder: Any, cases: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]
         text = block_text(config(model, 4))
         path.write_text(text)
         batch = 2 * data_ranks(dp)
-        out.append((str(path), _top(text), {"B": batch, "S": 8}, layout, (batch, 8), "steps", dp))
+        # every rank compiles the same weights (seed 0): each keeps its own, with no broadcast
+        out.append((str(path), _top(text), {"B": batch, "S": 8}, layout, (batch, 8), "steps", dp, False, "fx", False,
+                    None))
     return out
 
 
@@ -210,14 +215,17 @@ def test_an_imported_family_matches_one_process_and_hf(world: dict, case: tuple[
 @pytest.mark.parametrize("case", PROJECTED_CASES, ids="-".join)
 def test_linears_outside_a_branch_split_by_rows_under_hidden_sharding(world: dict, case: tuple[str, str, str]) -> None:
     """Logits, every gradient and three training steps with dropout equal one process and HF, and the whole step,
-    the model's boundary and the projections included, sends exactly the plan's collectives."""
+    the model's boundary and the projections included, sends exactly the plan's collectives; under the context
+    layout every linear is whole on every rank."""
     ref, par = world[case]
     _matches(ref, par)
     _matches_hf(ref, case[0], 2)
     assert par["comms"] == par["planned"]
     assert par["comms_backward"] == par["planned_backward"]
     params = par["params"]
-    if case[0] == "opt-post-ln":  # 64 → 32 → 64 features: each rank holds its input columns of the weight
+    if case[1] == "context":  # each rank applies every linear whole to its rows
+        assert set(params.values()) <= {"R", "local"}, params
+    elif case[0] == "opt-post-ln":  # 64 → 32 → 64 features: each rank holds its input columns of the weight
         assert params["model.decoder.project_in.weight"] == params["model.decoder.project_out.weight"] == "S(1)"
     else:  # the pair splits as an MLP does, its activation dropout drawn on each rank's global hidden units
         assert params["biogpt.layers.0.fc1.weight"] == "S(0)" and params["biogpt.layers.0.fc2.weight"] == "S(1)"
@@ -258,6 +266,8 @@ def test_every_imported_config_matches_one_process_and_hf(request: pytest.Fixtur
     _matches_hf(ref, case[0], 4)
     assert par["comms"] == par["planned"]
     assert par["comms_backward"] == par["planned_backward"]
+    if case[1] == "context":  # every weight whole on every rank: replicated, or a plain table
+        assert set(par["params"].values()) <= {"R", "local"}, {k: v for k, v in par["params"].items() if v not in ("R", "local")}
 
 
 @pytest.mark.parametrize("case", BREADTH_DP, ids=lambda c: f"{c[0]}-{c[1]}-dp{c[3]}")
@@ -320,6 +330,7 @@ def test_a_q_k_norm_over_the_whole_width_is_split_with_the_heads(world: dict) ->
 # the embedding's pending sum reduced onto the stream, the head's input gathered to full rows; B·S·D = 2·8·64
 TABLES = {"replicated": ([("all-reduce", 1024)], []),
           "sequence": ([("reduce-scatter", 1024)], [("all-gather", 1024)]),
+          "context": ([("reduce-scatter", 1024)], [("all-gather", 1024)]),
           "hidden": ([("reduce-scatter", 1024)], [("all-gather", 1024)])}
 
 

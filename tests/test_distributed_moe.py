@@ -1,7 +1,8 @@
 """Mixtures of experts imported from tiny HF configs (Mixtral; Qwen2-MoE with its gated shared expert),
 parallelised at tp=2 on real gloo ranks with tensor parallelism inside the experts.
 
-Every layout runs in eval, and one training case besides: logits and every parameter gradient (the
+Every layout runs in eval (the context layout with every expert whole on each rank, routing its own rows), and
+one training case besides: logits and every parameter gradient (the
 replicated router's and shared-expert gate's included, whose gradients are pending sums over the ranks)
 equal the single-process module, and each stacked layer issues exactly the plan's forward and backward
 collectives — one gather of the branch input and one reduction of the experts' sum per branch. All cases
@@ -19,7 +20,7 @@ from dist_harness import compare
 from hf_configs import CONFIGS
 
 MODELS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
-LAYOUTS = ("replicated", "sequence", "hidden")
+LAYOUTS = ("replicated", "sequence", "hidden", "context")
 CASES = [(model, layout, "eval") for model in MODELS for layout in LAYOUTS] + [("qwen2_moe", "sequence", "train")]
 
 

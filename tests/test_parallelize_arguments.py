@@ -200,7 +200,37 @@ def _body() -> dict[str, Any]:
     blockir.parallelize(fused, mesh, LLAMA, "LlamaModel", layout="sequence", dims={"B": 2, "S": 4})
     results["fused units"] = [path for path, sub in fused.named_modules() if isinstance(sub, FSDPModule)]
     results["axis names"] = _axis_names()
+    results["sources"] = _sources()
     return results
+
+
+def _sources() -> dict[str, Any]:
+    """Each rank compiles LLaMA with its own seed and parallelises it under the sequence layout, taking the
+    values from rank 0 (the default), from rank 1, or from each rank itself (None): whether each rank's
+    replicated norm gain and its shard of a column-parallel weight equal the slices of rank 0's, rank 1's and
+    its own compiled weights; then the refusals of a source outside the axis."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh, rank = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), dist.get_rank()
+    keys = ("layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight")
+    weights = [blockir.compile(LLAMA, "LlamaModel", seed=seed).state_dict() for seed in (0, 1)]
+    out: dict[str, Any] = {}
+    for source in (0, 1, None):
+        m = blockir.compile(LLAMA, "LlamaModel", seed=rank)
+        blockir.parallelize(m, mesh, LLAMA, "LlamaModel", dims={"B": 2, "S": 4}, src_data_rank=source)
+        local = [m.get_parameter(k).to_local() for k in keys]
+        expected = [weights[rank if source is None else source][k] for k in keys]
+        expected[1] = expected[1].chunk(2)[rank]
+        same = torch.tensor([all(torch.equal(a, b) for a, b in zip(local, expected))], dtype=torch.int64)
+        dist.all_reduce(same)  # on both ranks
+        out[str(source)] = int(same)
+    for source in (2, "0", True):
+        m = blockir.compile(LLAMA, "LlamaModel", seed=0)
+        try:
+            blockir.parallelize(m, mesh, LLAMA, "LlamaModel", dims={"B": 2, "S": 4}, src_data_rank=source)
+        except blockir.BlockError as exc:
+            (d,) = exc.diagnostics
+            out[repr(source)] = (d.code, str(d.span), d.message, d.hint)
+    return out
 
 
 # (mesh shape, axis names, layout): a context-parallel axis is named cp, a tensor-parallel one tp
@@ -234,7 +264,7 @@ def dp_world() -> dict[str, Any]:
 
 def test_on_a_real_dp_tp_mesh_a_failed_forward_leaves_no_slice_and_a_second_parallelize_is_refused(
         dp_world: dict[str, Any]) -> None:
-    results = {k: v for k, v in dp_world.items() if k not in ("fused rules", "axis names")}
+    results = {k: v for k, v in dp_world.items() if k not in ("fused rules", "axis names", "sources")}
     assert results == {
         "failed": "input 'x' of LlamaModel: axis D has size 32, but the module was compiled with D = 64",
         "slice": (0, 1), "same masks": True,
@@ -271,3 +301,14 @@ def test_the_fused_ops_split_rows_over_ranks_and_sum_parameter_gradients(dp_worl
         params = ["P(sum)"] * (2 if key.startswith("layer") else 1)
         assert placements == [f"S({axis})"] * 4 + params, key
         assert error <= 1e-6, (key, error)
+
+
+def test_the_parameters_values_come_from_the_source_rank_or_from_each_rank(dp_world: dict[str, Any]) -> None:
+    """Ranks holding different weights end with rank 0's by default, rank 1's from rank 1, their own with
+    None (on both ranks: 2), and a source that is not a rank of the axis is refused before anything changes."""
+    sources = dp_world["sources"]
+    assert {k: sources[k] for k in ("0", "1", "None")} == {"0": 2, "1": 2, "None": 2}
+    hint = "0 (the default) sends rank 0's values; None keeps each rank's own"
+    for source in ("2", "'0'", "True"):
+        assert sources[source] == ("E0722", "blockir.parallelize(src_data_rank=…)", "src_data_rank must be a rank of "
+                                   f"the 2-rank axis the plan runs over, or None, got {source}", hint)

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import blockir  # noqa: E402
 from blockir.api import hf_block_text  # noqa: E402
 from blockir.ir.printer import format_program  # noqa: E402
-from blockir.lower.layers.rotary import DynamicFrequencies, RopeScaling, inv_freq, rope_cos_sin  # noqa: E402
+from blockir.lower.layers.rotary import DynamicFrequencies, RopeScaling, call_length, inv_freq, rope_cos_sin  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 HEAD_DIM = 16
@@ -25,7 +25,8 @@ def _hf(rope: dict, **config) -> LlamaRotaryEmbedding:
 
 
 def _ours(scaling: RopeScaling, positions: torch.Tensor, state: DynamicFrequencies | None):
-    grown = state.update(HEAD_DIM, 10000.0, positions.device, positions, positions.shape[1]) if state else None
+    grown = state.update(HEAD_DIM, 10000.0, positions.device, call_length(positions, positions.shape[1])) \
+        if state else None
     return rope_cos_sin(positions.shape[1], HEAD_DIM, 10000.0, positions.device, torch.float32, scaling=scaling,
                         positions=positions, frequencies=grown)
 

@@ -86,8 +86,6 @@ REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-
 # a parameter whose every rank applies it to its own rows: its gradient is a pending sum over the ranks
 # a key norm's gain over key/value heads replicated over more ranks: each rank applies its head's block
 SHARED_HEAD = "replicate (each rank applies its key/value head's slice; gradient summed over tp)"
-# rope scalings whose frequencies depend on the longest position of the call, which a rank's rows do not hold
-LONGEST_POSITION = ("dynamic", "longrope")
 GATHER_BACKWARD = REDUCE
 
 
@@ -362,12 +360,6 @@ class _Planner:
             raise BlockError([error(
                 "E0631", f"{d.kind} '{d.name}' {what}, which the context layout does not split by the stream's rows",
                 d.span, hint="parallelise this block with the sequence layout (the branch then sees full rows)")])
-        if d.arg("rope") and d.arg("rope_scaling") in LONGEST_POSITION:
-            raise BlockError([error(
-                "E0632", f"self_attention '{d.name}' scales its rotary frequencies by the longest position of the "
-                f"call (rope_scaling={d.arg('rope_scaling')}), which a rank holding a slice of the rows does not see",
-                d.span, hint="parallelise this block with the sequence layout, or use a fixed scaling "
-                             "(linear, llama3, yarn)")])
         if d.kind != "self_attention":
             return
         heads = int(sizes.value(d.arg("heads")))

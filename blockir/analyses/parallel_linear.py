@@ -6,7 +6,8 @@ narrowing one by input rows, its pending sum reduced to the stream's layout (Sho
 hidden layout any other linear reads the stream's feature shard (OPT's ``project_in`` and ``project_out``), so
 it is split by input rows as a row-parallel projection is, each rank holding its columns of the weight, and
 its pending sum is reduced onto the stream's layout. Elsewhere a lone linear is left to the plan's defaults
-(replicated, computing on the rows each rank holds).
+(replicated, computing on the rows each rank holds), and so is every linear under the context layout, whose
+ranks split the rows, never the features: a pair there reads each row alone and sends nothing.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from blockir.ir.program import Block
 
 def plan_linear(planner: Any, d: KindDecl, path: str, layer: str, sizes: Sizes, block: Block) -> bool:
     """Place ``d`` (``planner`` is the plan's ``_Planner``) where a rule above applies; False where none does."""
+    if planner.layout == "context":
+        return False
     role = planner.pairs(block).get(d.name)
     if role == "columns":
         planner.divisible(d, "output features", sizes.dim(d.arg("out_dim")))

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from blockir.diagnostics import BlockError, error
+from blockir.lower.distributed.placing import place, source_of
 from blockir.lower.layers.numerics import sequence_order
 from blockir.lower.layers.query_rows import QueryRows
 from blockir.lower.layers.zigzag import zigzag_order, zigzag_runs
@@ -55,6 +56,9 @@ class ContextRows(QueryRows):
             return whole.index_select(2, torch.argsort(order))
         return gather(k), gather(v)
 
+    def positions(self, ids: Tensor | None) -> Tensor | None:
+        return None if ids is None else ids[:, self.held(ids.shape[1], ids.device)]
+
     def runs(self, held: int) -> list[tuple[int, int]]:
         """The rank's ``held`` rows as runs of the sequence's positions (first, count), in the order held."""
         if self.chunks == self.world:
@@ -86,8 +90,9 @@ class ContextRows(QueryRows):
 
 
 class ContextAttention(ParallelStyle):
-    """A self-attention run on the rank's rows: its weights replicated, its caller's positions and 4-D masks
-    cut to those rows (position ids created when none are given), a KV cache refused. ``balanced``: the rows
+    """A self-attention run on the rank's rows: its weights replicated, its caller's rotary tables and 4-D
+    masks cut to those rows, the call's position ids (created when none are given) passed whole, so that a
+    scaling read from the longest position (dynamic, LongRoPE) sees the whole call's, a KV cache refused. ``balanced``: the rows
     are the rank's two zig-zag chunks."""
 
     def __init__(self, balanced: bool = False) -> None:
@@ -98,8 +103,7 @@ class ContextAttention(ParallelStyle):
         for owner in module.modules():
             for name, p in list(owner.named_parameters(recurse=False)):
                 if not isinstance(p.data, DTensor):
-                    owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [Replicate()]),
-                                                                requires_grad=p.requires_grad))
+                    place(owner, name, device_mesh, [Replicate()], source_of(self))
         rows = ContextRows(device_mesh, self.balanced)
         vars(module)["query_rows"] = rows
 
@@ -112,8 +116,8 @@ class ContextAttention(ParallelStyle):
                     "parallelise it with another layout")])
             seq = args[0].shape[1]
             own = rows.held(seq, args[0].device)
-            ids = kwargs.get("position_ids")
-            kwargs["position_ids"] = torch.arange(seq, device=args[0].device)[None, own] if ids is None else ids[:, own]
+            if kwargs.get("position_ids") is None:  # the call's, which the attention cuts to its rows (positions)
+                kwargs["position_ids"] = torch.arange(seq, device=args[0].device)[None]
             tables = kwargs.get("position_embeddings")
             if tables is not None:
                 kwargs["position_embeddings"] = tuple(t[:, own] for t in tables)

@@ -16,29 +16,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from blockir.lower.distributed.placing import Source, place, source_of
 from blockir.lower.distributed.projections import BranchInput, branch_input
 
 
-def _place(owner: nn.Module, name: str, mesh: DeviceMesh, placement: Placement) -> None:
-    p = owner.get_parameter(name)
-    owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [placement]),
-                                                requires_grad=p.requires_grad))
-
-
-def _local_linear(linear: nn.Module, mesh: DeviceMesh, placement: Placement) -> None:
+def _local_linear(linear: nn.Module, mesh: DeviceMesh, placement: Placement, source: Source) -> None:
     """A bias-free ``nn.Linear`` whose weight is stored ``placement`` and multiplied as this rank's local
     tensor; a replicated one's gradient is this rank's summand."""
-    _place(linear, "weight", mesh, placement)
+    place(linear, "weight", mesh, [placement], source)
     grad = [Partial()] if isinstance(placement, Replicate) else None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, linear.weight.to_local(grad_placements=grad))
 
     linear.forward = forward  # type: ignore[method-assign]
+
+
+def _linears(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The branch's linears outside its experts, by role: the router, and the shared expert's gate, up and
+    down and the gate on its output where it has them."""
+    names = module.names
+    found = [("router", getattr(module, names["router"]))]
+    if module.has_shared:
+        shared = getattr(module, names["shared"])
+        found += [(role, getattr(shared, shared.names[role])) for role in ("gate", "up", "down")]
+        if module.has_gate:
+            found.append(("shared_gate", getattr(module, names["shared_gate"])))
+    return found
+
+
+# the shared expert split as an MLP is; the router and the shared expert's gate replicated
+SHARED_SPLIT = {"gate": Shard(0), "up": Shard(0), "down": Shard(1)}
 
 
 class ExpertColumns(ParallelStyle):
@@ -51,24 +63,18 @@ class ExpertColumns(ParallelStyle):
         self.stream, self.use_local_output = stream, use_local_output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        mesh = device_mesh
-        names = module.names
-        _local_linear(getattr(module, names["router"]), mesh, Replicate())
-        experts = getattr(module, names["experts"])
+        mesh, source = device_mesh, source_of(self)
+        for role, linear in _linears(module):
+            _local_linear(linear, mesh, SHARED_SPLIT.get(role, Replicate()), source)
+        experts = getattr(module, module.names["experts"])
         # its gate rows and its up rows: its slice of each of the two blocks of dim 1
-        _place(experts, "gate_up_proj", mesh, _StridedShard(1, split_factor=2))
-        _place(experts, "down_proj", mesh, Shard(2))
+        place(experts, "gate_up_proj", mesh, [_StridedShard(1, split_factor=2)], source)
+        place(experts, "down_proj", mesh, [Shard(2)], source)
 
         def matrices() -> tuple[torch.Tensor, torch.Tensor]:
             return experts.gate_up_proj.to_local(), experts.down_proj.to_local()
 
         experts.matrices = matrices  # type: ignore[method-assign]
-        if module.has_shared:
-            shared = getattr(module, names["shared"])
-            for role, placement in (("gate", Shard(0)), ("up", Shard(0)), ("down", Shard(1))):
-                _local_linear(getattr(shared, shared.names[role]), mesh, placement)
-            if module.has_gate:
-                _local_linear(getattr(module, names["shared_gate"]), mesh, Replicate())
         BranchInput(self.stream)._apply(module, mesh)
         forward = module.forward
 
@@ -87,18 +93,12 @@ class ExpertRows(ParallelStyle):
     row by row, so the rows a rank holds pick the experts one process picks for them."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        mesh, names = device_mesh, module.names
-        linears = [getattr(module, names["router"])]
-        if module.has_shared:
-            shared = getattr(module, names["shared"])
-            linears += [getattr(shared, shared.names[role]) for role in ("gate", "up", "down")]
-            if module.has_gate:
-                linears.append(getattr(module, names["shared_gate"]))
-        for linear in linears:
-            _local_linear(linear, mesh, Replicate())
-        experts = getattr(module, names["experts"])
+        mesh, source = device_mesh, source_of(self)
+        for _, linear in _linears(module):
+            _local_linear(linear, mesh, Replicate(), source)
+        experts = getattr(module, module.names["experts"])
         for name in ("gate_up_proj", "down_proj"):
-            _place(experts, name, mesh, Replicate())
+            place(experts, name, mesh, [Replicate()], source)
 
         def matrices() -> tuple[torch.Tensor, torch.Tensor]:
             return (experts.gate_up_proj.to_local(grad_placements=[Partial()]),

@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from blockir.lower.distributed.placing import place, source_of
 from blockir.lower.layers.dense import Conv1D
 
 
@@ -75,9 +76,8 @@ class Columns(ParallelStyle):
         dim, blocks = _out_dim(module), self.blocks
         sharded = blocks is not None
         placements: dict[str, list[Placement]] = {"weight": [stored(blocks, dim)], "bias": [stored(blocks, 0)]}
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placements[name]),
-                                                         requires_grad=p.requires_grad))
+        for name, _ in list(module.named_parameters(recurse=False)):
+            place(module, name, device_mesh, placements[name], source_of(self))
         index = None if sharded else torch.cat([torch.arange(a, b) for a, b in self.pieces])
 
         def forward(x: torch.Tensor) -> torch.Tensor:
@@ -106,9 +106,8 @@ class Rows(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _check(module)
         placements: dict[str, list[Placement]] = {"weight": [Shard(1 - _out_dim(module))], "bias": [Replicate()]}
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, placements[name]),
-                                                         requires_grad=p.requires_grad))
+        for name, _ in list(module.named_parameters(recurse=False)):
+            place(module, name, device_mesh, placements[name], source_of(self))
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             y = _apply(x, module, module.weight.to_local(), None)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
@@ -20,6 +20,7 @@ from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
 from blockir.lower.distributed.experts import ExpertColumns, ExpertRows
 from blockir.lower.distributed.context import ContextAttention, balance_rows
+from blockir.lower.distributed.placing import CHOOSES_SOURCE, Source, place, placed, source_of
 from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
 from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
@@ -75,8 +76,8 @@ class ReplicatedHeads(ParallelStyle):
         head = device_mesh.get_local_rank() * self.kv_heads // device_mesh.size()
         width = module.out_features // self.kv_heads
         rows = slice(head * width, (head + 1) * width)
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(distribute_tensor(p.data, device_mesh, [Replicate()])))
+        for name, _ in list(module.named_parameters(recurse=False)):
+            place(module, name, device_mesh, [Replicate()], source_of(self))
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
@@ -218,7 +219,7 @@ def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: Devi
     return out
 
 
-def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> None:
+def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, source: Source) -> None:
     """Per-head parameters of attention branches, in every layout: a per-head q/k norm's gain is replicated (each
     rank applies it to its own heads, so its gradient is a pending sum), as is a key norm's over replicated
     key/value heads (each rank applies its head's slice); a q/k norm's over the whole width, nGPT's s_qk and
@@ -229,33 +230,29 @@ def _head_params(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan) -> Non
     for path, placements in placed.items():
         for name, p in list(module.get_submodule(path).named_parameters(recurse=False)):
             if name in ("weight", "bias", "qk_scale", "head_scale") and not isinstance(p.data, DTensor):
-                module.get_submodule(path).register_parameter(
-                    name, nn.Parameter(distribute_tensor(p.data, mesh, placements), requires_grad=p.requires_grad))
+                place(module.get_submodule(path), name, mesh, placements, source)
     # Fixup's scalar biases inside a branch: replicated, each rank adding them to its own heads or units
     for key in plan.params:
         path, _, name = key.rpartition(".")
         if name in (ACT, OUT):
             owner = module.get_submodule(path)
-            p = owner.get_parameter(name)
-            if not isinstance(p.data, DTensor):
-                owner.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]),
-                                                            requires_grad=p.requires_grad))
+            if not isinstance(owner.get_parameter(name).data, DTensor):
+                place(owner, name, mesh, [Replicate()], source)
 
 
-def _replicate_rest(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, styled: set[str]) -> None:
+def _replicate_rest(module: nn.Module, mesh: DeviceMesh, styled: set[str], source: Source) -> None:
     """Parameters no style owns become replicated DTensors, so they meet DTensor activations; a parameter
     held under several names (a tied table) stays one parameter."""
-    placed: dict[int, nn.Parameter] = {}
+    replaced: dict[int, nn.Parameter] = {}
     for name, param in list(module.named_parameters(remove_duplicate=False)):
-        if isinstance(param.data, DTensor) and id(param) not in placed:
+        if isinstance(param.data, DTensor) and id(param) not in replaced:
             continue
         owner, _, leaf = name.rpartition(".")
         if any(owner == s or owner.startswith(s + ".") for s in styled):
             continue
-        if id(param) not in placed:
-            placed[id(param)] = nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
-                                             requires_grad=param.requires_grad)
-        (module.get_submodule(owner) if owner else module).register_parameter(leaf, placed[id(param)])
+        if id(param) not in replaced:
+            replaced[id(param)] = placed(param.data, mesh, [Replicate()], source, param.requires_grad)
+        (module.get_submodule(owner) if owner else module).register_parameter(leaf, replaced[id(param)])
 
 
 # the data-parallel axes a mesh may name before its tensor-parallel one: FSDP2, or HSDP (replicated groups of shards)
@@ -358,6 +355,16 @@ def _check_arguments(module: object, mesh: object, program: object, name: object
     return program
 
 
+def _check_source(source: object, mesh: DeviceMesh) -> None:
+    if source is not None and (not isinstance(source, int) or isinstance(source, bool)
+                               or not 0 <= source < mesh.size()):
+        raise _bad("src_data_rank", f"src_data_rank must be a rank of the {mesh.size()}-rank axis the plan runs "
+                   f"over, or None, got {source!r}", "0 (the default) sends rank 0's values; None keeps each rank's own")
+    if source != 0 and not CHOOSES_SOURCE:
+        raise _bad("src_data_rank", f"torch {torch.__version__} always sends rank 0's values (distribute_tensor takes "
+                   "no src_data_rank)", "leave src_data_rank out, or upgrade torch")
+
+
 def _balance(module: nn.Module, plan: ParallelPlan, program: Program, block: Block, axis: int, chunks: int) -> None:
     """The zig-zag order's reorderings at the places ``_styles`` and ``_boundary`` split full rows into the
     stream or gather them (``context.balance_rows``)."""
@@ -397,7 +404,7 @@ def parallel_axis(layout: str) -> str:
 @public("parallelize")
 def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Path, name: str, *,
                 layout: str = "sequence", dims: Mapping[str, int] | None = None, vocab: bool = False,
-                mp_policy: Any = None, load_balance: bool = False) -> nn.Module:
+                mp_policy: Any = None, load_balance: bool = False, src_data_rank: int | None = 0) -> nn.Module:
     """Parallelise ``module`` (``blockir.compile(program, name, ...)``) over ``mesh`` in place.
 
     A 1-D ``mesh`` is the tensor-parallel axis (the context-parallel one under ``layout="context"``). A 2-D
@@ -423,28 +430,38 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     the stream holds the rows in that order between the module's boundaries, and the masks, positions and
     dropout are the one-process ones.
 
+    ``src_data_rank`` is where the parameters' values come from, as in torch's ``distribute_tensor``: rank 0
+    of the plan's axis by default, whose values are sent to the others; ``None`` keeps each rank's own and
+    sends nothing, for ranks that already hold the same weights (each loaded the same checkpoint, or compiled
+    with the same ``seed``).
+
     ``vocab=True`` splits the token embedding and the head by vocabulary rows (a tied table once): the
     module then returns its logits as a ``Shard(-1)`` DTensor, never gathered, for a cross-entropy under
     ``loss_parallel`` (``blockir.lower.distributed.loss.cross_entropy``); ``.full_tensor()`` gathers them.
     """
     program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab, load_balance)
+    _check_source(src_data_rank, mesh[parallel_axis(layout)] if mesh.ndim > 1 else mesh)
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh[parallel_axis(layout)]) if mesh.ndim > 1 else (None, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab,
                        balanced=load_balance)
     stream = _stream(block, program, layout)
-    shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh)
-    styles = _styles(plan, stream, module, mesh, dp is not None)
-    if styles:
-        parallelize_module(module, mesh, styles)
+    shard_tables(module, [m.path for m in plan.modules if m.style in ("vocab_embedding", "vocab_head")], mesh,
+                 src_data_rank)
+    # a module's own style first, then its enclosing module's, which places only what is left (BERT's attention
+    # holds its Post-LN norm: the norm's style places the norm's gain, the attention's context style the rest)
+    styles = dict(sorted(_styles(plan, stream, module, mesh, dp is not None).items(), key=lambda s: -s[0].count(".")))
+    if styles:  # torch hands the source to every style (``ParallelStyle.src_data_rank``), blockir's own included
+        parallelize_module(module, mesh, styles, **({} if src_data_rank == 0 else {"src_data_rank": src_data_rank}))
     _head_spans(module, plan, mesh.get_local_rank(), mesh.size())
     _local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
     _head_shards(module, plan, mesh.get_local_rank(), mesh.size())
     if plan.layout != "context":  # under it every rank holds all heads, their parameters replicated
-        _head_params(module, mesh, plan)
+        _head_params(module, mesh, plan, src_data_rank)
     if not isinstance(stream, Replicate):
-        _replicate_rest(module, mesh, plan, {p for p, s in styles.items() if getattr(s, "owns_parameters", True)})
+        _replicate_rest(module, mesh, {p for p, s in styles.items() if getattr(s, "owns_parameters", True)},
+                        src_data_rank)
         _boundary(module, mesh, program, block, stream)
     if dp is not None:
         _fully_shard(module, dp, plan, mp_policy)

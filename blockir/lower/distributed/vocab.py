@@ -14,14 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement
 
+from blockir.lower.distributed.placing import Source, placed
 from blockir.lower.distributed.projections import branch_input
 
 
-def shard_tables(module: nn.Module, paths: list[str], mesh: DeviceMesh) -> None:
+def shard_tables(module: nn.Module, paths: list[str], mesh: DeviceMesh, source: Source = 0) -> None:
     """Split the weight (and bias) of every module at ``paths`` by rows, each tensor once under all the names
     that hold it: a head tied to the embedding reads the very parameter the embedding does."""
     owned = {id(getattr(module.get_submodule(p), leaf)) for p in paths for leaf in ("weight", "bias")
@@ -30,8 +31,7 @@ def shard_tables(module: nn.Module, paths: list[str], mesh: DeviceMesh) -> None:
     for name, param in list(module.named_parameters(remove_duplicate=False)):
         if id(param) in owned:
             if id(param) not in split:
-                split[id(param)] = nn.Parameter(distribute_tensor(param.data, mesh, [Shard(0)]),
-                                                requires_grad=param.requires_grad)
+                split[id(param)] = placed(param.data, mesh, [Shard(0)], source, param.requires_grad)
             owner, _, leaf = name.rpartition(".")
             (module.get_submodule(owner) if owner else module).register_parameter(leaf, split[id(param)])
 

@@ -20,7 +20,7 @@ from blockir.lower.layers.kv_cache import KVCache
 from blockir.lower.layers.masks import MaskBuilder
 from blockir.lower.layers.query_rows import WHOLE, QueryRows
 from blockir.lower.layers.norm_module import make_norm
-from blockir.lower.layers.rotary import apply_rope, rope_cos_sin
+from blockir.lower.layers.rotary import apply_rope, call_length, rope_cos_sin
 from blockir.norms import FAMILIES
 
 
@@ -271,10 +271,15 @@ class SelfAttention(_Projections):
             if position_embeddings is None:
                 table = torch.float32 if self.rope_f32 else x.dtype
                 freqs = x.dtype if self.rope_freqs == "input" else None
-                grown = self.dynamic.update(self.rotary_dim, self.rope_theta, x.device, position_ids, x.shape[1]) \
+                # the whole call's longest position, before the positions are cut to the rows held
+                length = call_length(position_ids, x.shape[1]) \
+                    if self.rope_scaling is not None and self.rope_scaling.by_length else None
+                position_ids = rows.positions(position_ids)
+                grown = self.dynamic.update(self.rotary_dim, self.rope_theta, x.device, length) \
                     if self.dynamic is not None else None
                 position_embeddings = rope_cos_sin(x.shape[1], self.rotary_dim, self.rope_theta, x.device, table,
-                                                   interleaved, freqs, self.rope_scaling, position_ids, grown)
+                                                   interleaved, freqs, self.rope_scaling, position_ids, grown,
+                                                   length)
             cos, sin = position_embeddings
             rotary = self.rotary_dim if self.rotary_dim != self.head_dim else None
             dtype = q.dtype

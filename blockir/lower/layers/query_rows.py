@@ -1,7 +1,8 @@
 """Which rows of the sequence an attention call holds, and where it finds the keys of the others.
 
-A self-attention asks its ``query_rows`` at five seams: its projections as tensors of its own rows
-(``local``), the keys and values of the whole sequence (``keys``), how many queries it holds and the
+A self-attention asks its ``query_rows`` at six seams: its projections as tensors of its own rows
+(``local``), the keys and values of the whole sequence (``keys``), the positions of its rows among the
+call's (``positions``), how many queries it holds and the
 position of the first (``span``, for the masks), where its queries lie among all (``queries``, for the
 dropout keyed by the global query) and its output in the stream's form (``stream``). On one
 process it holds every row and each seam is the identity (``WHOLE``); context parallelism
@@ -22,6 +23,11 @@ class QueryRows:
 
     def keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return k, v
+
+    def positions(self, ids: Tensor | None) -> Tensor | None:
+        """The positions ``[B or 1, held]`` of the rows held, from the call's ``position_ids`` (None: the
+        rows' own order)."""
+        return ids
 
     def span(self, seq: Any) -> tuple[Any, int | Tensor | None]:
         """(queries held, position of the first among the keys, or of each: a tensor); None: the queries are

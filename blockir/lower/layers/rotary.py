@@ -44,6 +44,11 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()  # longrope, one per frequency
     long_factor: tuple[float, ...] = ()  # longrope
 
+    @property
+    def by_length(self) -> bool:
+        """Its frequencies depend on the call's longest position (``call_length``)."""
+        return self.kind in ("dynamic", "longrope")
+
     def table_factor(self) -> float:
         """What the cos/sin tables are multiplied by (one for every scheme but YaRN and LongRoPE)."""
         if self.kind not in ("yarn", "longrope"):
@@ -102,10 +107,9 @@ class DynamicFrequencies:
     def __init__(self, scaling: RopeScaling) -> None:
         self.scaling, self.longest, self.grown = scaling, scaling.original_max, None  # type: ignore[assignment]
 
-    def update(self, dim: int, theta: float, device: torch.device, positions: Tensor | None,
-               seq: int) -> Tensor | None:
-        """The grown frequencies this call rotates by, or None for the original ones."""
-        seq_len = positions.max() + 1 if positions is not None else torch.tensor(seq)
+    def update(self, dim: int, theta: float, device: torch.device, seq_len: Tensor) -> Tensor | None:
+        """The grown frequencies a call of ``seq_len`` (``call_length``) rotates by, or None for the original
+        ones."""
         longest, original = self.longest, self.scaling.original_max
         if seq_len > longest:
             self.grown = inv_freq(dim, theta, device, self.scaling, seq_len)
@@ -113,6 +117,13 @@ class DynamicFrequencies:
         if seq_len < original and longest > original:
             self.grown, self.longest = None, original
         return self.grown
+
+
+def call_length(positions: Tensor | None, seq: int) -> Tensor:
+    """The longest position of a call plus one, which the dynamic and LongRoPE schemes scale by (HF's
+    ``max(position_ids) + 1``): of the positions given, else of ``0..seq-1``. A caller holding a slice of the
+    rows (context parallelism) passes the whole call's positions."""
+    return positions.max() + 1 if positions is not None else torch.tensor(seq)
 
 
 def _llama3(freqs: Tensor, s: RopeScaling) -> Tensor:
@@ -143,7 +154,7 @@ def _yarn(dim: int, theta: float, exponents: Tensor, s: RopeScaling) -> Tensor:
 def rope_cos_sin(
     seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
     interleaved: bool = False, freqs_dtype: torch.dtype | None = None, scaling: RopeScaling | None = None,
-    positions: Tensor | None = None, frequencies: Tensor | None = None,
+    positions: Tensor | None = None, frequencies: Tensor | None = None, length: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE tables for positions ``0..seq_len-1``, shaped ``[1, S, head_dim]`` like HF's.
 
@@ -155,12 +166,13 @@ def rope_cos_sin(
     ``scaling`` is a context-extension scheme (see above). ``positions`` (``[B or 1, S]``, HF's
     ``position_ids``) replaces ``0..seq_len-1``; the tables are then ``[B or 1, S, head_dim]``.
     ``frequencies`` are ones a dynamic scheme grew (:class:`DynamicFrequencies`): used as they are, in
-    f32, as HF registers them.
+    f32, as HF registers them. ``length`` is the call's ``call_length``, which picks LongRoPE's factors: unset,
+    that of ``positions``.
     """
     if frequencies is None:
         longest = None
         if scaling is not None and scaling.kind == "longrope":
-            longest = positions.max() + 1 if positions is not None else torch.tensor(seq_len)
+            longest = length if length is not None else call_length(positions, seq_len)
         frequencies = inv_freq(head_dim, theta, device, scaling, longest)
         if freqs_dtype is not None:
             frequencies = frequencies.to(freqs_dtype).float()
