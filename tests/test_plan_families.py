@@ -1,8 +1,8 @@
 """Every family the HF importer writes derives a tensor-parallel plan in every layout, or is refused for a reason
 stated here (no torch: the plan is derived from the written `.block` text).
 
-Each tiny config of ``hf_configs`` is written, parsed and planned over 2 and 4 ranks in the replicated, sequence and
-hidden layouts, with and without vocabulary parallelism. A plan that derives has placed every state_dict key
+Each tiny config of ``hf_configs`` is written, parsed and planned over 2 and 4 ranks in the replicated, sequence,
+hidden and context layouts, with and without vocabulary parallelism. A plan that derives has placed every state_dict key
 (``derive_plan`` checks that itself); one that does not must raise the ``BlockError`` this file's ``REFUSED`` lists for
 that family, and nothing else (a KeyError or StopIteration is a bug). ``docs/distributed.md`` mirrors the table.
 """
@@ -28,8 +28,8 @@ DIMS = {"B": 2, "S": 8}
 VARIANTS: dict[str, dict] = {"bloom": dict(n_head=4)}
 PADDED_VOCAB = 96
 FAMILIES = {**CONFIGS, **MORE_CONFIGS}
-# the tensor-parallel layouts; the context layout's refusals are tests/test_context_plan.py's
-LAYOUTS = ("replicated", "sequence", "hidden")
+# the tensor-parallel layouts and the context layout (its refusals of other blocks are tests/test_context_plan.py's)
+LAYOUTS = ("replicated", "sequence", "hidden", "context")
 
 # family → (degrees it is refused at, code, reason); every layout and both vocab settings alike: none is today
 REFUSED: dict[str, tuple[tuple[int, ...], str, str]] = {}

@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from blockir.diagnostics import BlockError, argument_error
 from blockir.lower.distributed.placing import place, source_of
 from blockir.lower.layers.dense import Conv1D
 
@@ -144,4 +145,36 @@ class BranchInput(ParallelStyle):
             return (x.redistribute(device_mesh, [Replicate()]), *args[1:])
 
         module.register_forward_pre_hook(prepare)
+        return module
+
+
+class ReplicatedHeads(ParallelStyle):
+    """A key/value projection over more ranks than it has heads: the weight is replicated and each rank
+    computes only the head its query heads read (rank r of P, head r·kv/P of kv).
+
+    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks; the input
+    gradient is summed over the ranks at once, as a column-parallel projection's is."""
+
+    def __init__(self, kv_heads: int) -> None:
+        super().__init__()
+        self.kv_heads = kv_heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.Linear:
+            raise BlockError([argument_error("parallelize", "program", "replicated key/value heads need an nn.Linear "
+                                             f"projection, not {type(module).__name__}")])
+        head = device_mesh.get_local_rank() * self.kv_heads // device_mesh.size()
+        width = module.out_features // self.kv_heads
+        rows = slice(head * width, (head + 1) * width)
+        for name, _ in list(module.named_parameters(recurse=False)):
+            place(module, name, device_mesh, [Replicate()], source_of(self))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
+            x = branch_input(x, device_mesh)
+            own = [p.to_local(grad_placements=[Partial()])[rows] if p is not None else None
+                   for p in (module.weight, module.bias)]
+            return F.linear(x, own[0], own[1])
+
+        module.forward = forward  # type: ignore[method-assign]
         return module

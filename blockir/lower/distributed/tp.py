@@ -5,26 +5,22 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
-                                               PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, PrepareModuleOutput, parallelize_module
 from torch.distributed.tensor.placement_types import Placement
 
 from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan, stream_ends, stream_type
 from blockir.analyses.sizes import Sizes
 from blockir.api import load
 from blockir.lower.distributed import fused_sharding  # noqa: F401  (the fused ops' DTensor rules)
-from blockir.lower.distributed.experts import ExpertColumns, ExpertRows
-from blockir.lower.distributed.context import ContextAttention, balance_rows
-from blockir.lower.distributed.placing import CHOOSES_SOURCE, Source, place, placed, source_of
-from blockir.lower.distributed.projections import BranchInput, Columns, Rows, branch_input
-from blockir.lower.distributed.vocab import VocabColumns, VocabRows, shard_tables
+from blockir.lower.distributed.context import balance_rows
+from blockir.lower.distributed.head_pieces import local_heads
+from blockir.lower.distributed.placing import CHOOSES_SOURCE, Source, place, placed
+from blockir.lower.distributed.styles import STYLES, Site
+from blockir.lower.distributed.vocab import shard_tables
 from blockir.lower.fx.module import CONTRACT_ATTR, BlockModule
-from blockir.lower.layers.dense import Conv1D
 from blockir.lower.layers.fixup_bias import ACT, OUT
 from blockir.lower.layers.numerics import batch_slice
 from blockir.diagnostics import BlockError, argument_error
@@ -59,75 +55,11 @@ def _boundary(module: nn.Module, mesh: DeviceMesh, program: Program, block: Bloc
             output_layouts=(stream,), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
-class ReplicatedHeads(ParallelStyle):
-    """A key/value projection over more ranks than it has heads: the weight is replicated and each rank
-    computes only the head its query heads read (rank r of P, head r·kv/P of kv).
-
-    Each rank's weight gradient covers its own head only, so it is a pending sum over the ranks; the input
-    gradient is summed over the ranks at once, as a column-parallel projection's is."""
-
-    def __init__(self, kv_heads: int) -> None:
-        super().__init__()
-        self.kv_heads = kv_heads
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if type(module) is not nn.Linear:
-            raise _bad("program", f"replicated key/value heads need an nn.Linear projection, not {type(module).__name__}")
-        head = device_mesh.get_local_rank() * self.kv_heads // device_mesh.size()
-        width = module.out_features // self.kv_heads
-        rows = slice(head * width, (head + 1) * width)
-        for name, _ in list(module.named_parameters(recurse=False)):
-            place(module, name, device_mesh, [Replicate()], source_of(self))
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            # identity forward; backward sums the input gradient over ranks, as a column-parallel input's is
-            x = branch_input(x, device_mesh)
-            own = [p.to_local(grad_placements=[Partial()])[rows] if p is not None else None
-                   for p in (module.weight, module.bias)]
-            return F.linear(x, own[0], own[1])
-
-        module.forward = forward  # type: ignore[method-assign]
-        return module
-
-
 def _share_kv(module: nn.Module, plan: ParallelPlan, world: int) -> None:
     """A branch whose key/value heads are replicated holds one per rank: its query groups shrink to match."""
     for m in plan.modules:
         if m.style == "kv_replicated":
             module.get_submodule(m.path.rpartition(".")[0]).kv_heads = world
-
-
-def _pieces(branch: nn.Module, proj: nn.Module, rank: int, world: int) -> list[tuple[int, int]]:
-    """The ranges of ``proj``'s stored output features rank ``rank`` of ``world`` computes: its heads' q, k
-    and v columns of a stacked matrix (one key/value head where they are replicated), its units' gate and up
-    columns of a stacked gate/up matrix, its heads' q, v and k columns of q/v/k row groups the degree does not
-    divide, else one contiguous block (per head q, k, v in turn is one too, and so are whole row groups)."""
-    size = proj.weight.shape[1 if isinstance(proj, Conv1D) else 0]
-    share = lambda n, unit=1: (rank * n // world * unit, (rank + 1) * n // world * unit)  # noqa: E731
-    fused = vars(branch).get("fused")
-    if fused == "qvk_groups" and branch.qkv_groups % world:
-        return _group_pieces(branch, *share(branch.heads))
-    if fused == "stacked":
-        hd, heads, kv = branch.head_dim, branch.heads, branch.kv_heads
-        k0, k1 = share(kv, hd) if kv % world == 0 else ((rank * kv // world) * hd, (rank * kv // world + 1) * hd)
-        q_out, kv_out = heads * hd, kv * hd
-        return [share(heads, hd), (q_out + k0, q_out + k1), (q_out + kv_out + k0, q_out + kv_out + k1)]
-    if fused is True:  # gate rows, then up rows
-        a, b = share(size // 2)
-        return [(a, b), (size // 2 + a, size // 2 + b)]
-    return [share(size)]
-
-
-def _group_pieces(branch: nn.Module, first: int, stop: int) -> list[tuple[int, int]]:
-    """The rows of heads ``first``…``stop`` of q/v/k row groups (CodeGen's) where a rank's heads are part of
-    one group or span several: all their q rows (one range per group they meet), then their v rows, then their
-    k rows, so that the rank's columns are one row group [q; v; k] of its own heads (``_local_heads`` sets one
-    group)."""
-    hd, per = branch.head_dim, branch.heads // branch.qkv_groups  # per: the heads of one group
-    runs = [(g, max(first, g * per) - g * per, min(stop, (g + 1) * per) - g * per)
-            for g in range(first // per, (stop - 1) // per + 1)]
-    return [((3 * g + part) * per * hd + a * hd, (3 * g + part) * per * hd + b * hd)
-            for part in range(3) for g, a, b in runs]
 
 
 def _head_spans(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -> None:
@@ -136,22 +68,6 @@ def _head_spans(module: nn.Module, plan: ParallelPlan, rank: int, world: int) ->
         if m.style == "branch" and m.kind.endswith("attention"):
             branch = module.get_submodule(m.path)
             vars(branch).update(head_span=(rank * branch.heads // world, branch.heads))
-
-
-def _local_heads(module: nn.Module, plan: ParallelPlan, world: int) -> None:
-    """A stacked q/k/v matrix, or q/v/k row groups, is split by the branch's own head (and group) counts: they
-    become this rank's. Whole row groups stay groups; a rank's part of one group, or its heads across several,
-    is one group of its own heads (``_group_pieces``)."""
-    for m in plan.modules:
-        branch = module.get_submodule(m.path.rpartition(".")[0])
-        fused = vars(branch).get("fused") if m.style == "columns" else None
-        if fused == "stacked":
-            kv = branch.kv_heads
-            vars(branch).update(heads=branch.heads // world, kv_heads=kv // world if kv % world == 0 else 1)
-        elif fused == "qvk_groups":
-            groups = branch.qkv_groups
-            vars(branch).update(heads=branch.heads // world, kv_heads=branch.kv_heads // world,
-                                qkv_groups=groups // world if groups % world == 0 else 1)
 
 
 def _head_shards(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -> None:
@@ -164,58 +80,13 @@ def _head_shards(module: nn.Module, plan: ParallelPlan, rank: int, world: int) -
 
 def _styles(plan: ParallelPlan, stream: Placement, module: nn.Module, mesh: DeviceMesh,
             data_parallel: bool) -> dict[str, ParallelStyle]:
-    sharded = not isinstance(stream, Replicate)
+    """The style of every submodule the plan places that needs one (``styles.STYLES``)."""
     out: dict[str, ParallelStyle] = {}
-    for m in plan.modules:
-        if m.style == "colwise":
-            out[m.path] = ColwiseParallel()
-        elif m.style == "columns":
-            branch, proj = module.get_submodule(m.path.rpartition(".")[0]), module.get_submodule(m.path)
-            out[m.path] = Columns(_pieces(branch, proj, mesh.get_local_rank(), mesh.size()), m.blocks,
-                                  within_blocks=not data_parallel)
-        elif m.style == "pair_columns":
-            # the first linear of a written-out MLP gathers the stream itself: no branch module does it for it;
-            # its hidden units stay a DTensor split by columns, so a dropout between the pair draws global units
-            out[m.path] = ColwiseParallel(input_layouts=stream, use_local_output=False)
-        elif m.style == "rowwise" and isinstance(module.get_submodule(m.path), Conv1D):
-            out[m.path] = Rows(stream, use_local_output=not sharded)
-        elif m.style in ("width_norm", "kv_width_norm"):
-            # a q/k norm over all heads, on this rank's heads: their features are a shard of the norm's width
-            # (of the key width with each replicated key/value head repeated once per rank computing it)
-            out[m.path] = PrepareModuleInputOutput(
-                input_layouts=(Shard(2),), desired_input_layouts=(Shard(2),), use_local_input=False,
-                output_layouts=(Shard(2),), desired_output_layouts=(Shard(2),), use_local_output=True)
-        elif m.style == "kv_replicated":
-            out[m.path] = ReplicatedHeads(module.get_submodule(m.path.rpartition(".")[0]).kv_heads)
-        elif m.style == "rowwise":
-            # a replicated stream stays a plain tensor; a sharded one stays a DTensor so adds see its placement
-            out[m.path] = RowwiseParallel(output_layouts=stream, use_local_output=not sharded)
-        elif m.style == "branch":
-            out[m.path] = BranchInput(stream)
-        elif m.style == "moe":
-            out[m.path] = ExpertColumns(stream, use_local_output=not sharded)
-        elif m.style == "context_moe":
-            out[m.path] = ExpertRows()
-        elif m.style == "context_attention":
-            out[m.path] = ContextAttention(plan.balanced)
-        elif m.style == "vocab_embedding":
-            out[m.path] = VocabRows(stream)
-        elif m.style == "vocab_head":
-            out[m.path] = VocabColumns()
-        elif m.style == "norm" and plan.layout in ("sequence", "context"):
-            out[m.path] = SequenceParallel(sequence_dim=stream.dim, use_local_output=False)  # type: ignore[attr-defined]
-        elif m.style == "embedding" and sharded:
-            # a lookup on every rank's full ids, its rows then sliced to the stream's layout (no collective)
-            out[m.path] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(stream,),
-                                              use_local_output=False)
-        elif m.style == "head" and sharded:
-            # full rows of the stream in, plain logits out: a tied table stays one plain tensor with the embedding's
-            out[m.path] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
-                                             use_local_output=True)
-        elif m.style == "extern" and sharded:
-            out[m.path] = PrepareModuleInputOutput(
-                input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_input=True,
-                output_layouts=(Replicate(),), desired_output_layouts=(stream,), use_local_output=False)
+    for entry in plan.modules:
+        make = STYLES.get(entry.style)
+        style = make(Site(entry, module, mesh, stream, plan, data_parallel)) if make is not None else None
+        if style is not None:
+            out[entry.path] = style
     return out
 
 
@@ -454,7 +325,7 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     if styles:  # torch hands the source to every style (``ParallelStyle.src_data_rank``), blockir's own included
         parallelize_module(module, mesh, styles, **({} if src_data_rank == 0 else {"src_data_rank": src_data_rank}))
     _head_spans(module, plan, mesh.get_local_rank(), mesh.size())
-    _local_heads(module, plan, mesh.size())
+    local_heads(module, plan, mesh.size())
     _share_kv(module, plan, mesh.size())
     _head_shards(module, plan, mesh.get_local_rank(), mesh.size())
     if plan.layout != "context":  # under it every rank holds all heads, their parameters replicated
