@@ -63,34 +63,34 @@ class Columns(ParallelStyle):
     """A column-parallel projection. ``pieces`` are the ``(start, stop)`` ranges of the stored output
     features this rank computes, in order. Where they are its 1/P of each of ``blocks`` equal blocks (the
     plan's ``ModuleStyle.blocks``) the weight is stored split (a plain shard for one block); with ``blocks``
-    None it stays replicated and each rank reads its rows. ``within_blocks=False`` keeps a matrix of several
-    blocks replicated too: FSDP2 then shards it over the data axes, since it composes its own shard with a
-    strided one as if that were a plain shard (torch 2.13), gathering a wrong tensor."""
+    None it stays replicated and each rank reads its rows. ``split_bias=False`` keeps the bias of several
+    blocks replicated, read by rows too: FSDP2 shards a 1-D tensor along its one dim, and composes that shard
+    with a strided one as if it were a plain shard (torch 2.13), gathering a wrong tensor (a weight is
+    sharded over the data axes along its other dim instead, ``tp.data_shard``)."""
 
-    def __init__(self, pieces: Sequence[tuple[int, int]], blocks: int | None, within_blocks: bool = True) -> None:
+    def __init__(self, pieces: Sequence[tuple[int, int]], blocks: int | None, split_bias: bool = True) -> None:
         super().__init__()
-        self.pieces = tuple(pieces)
-        self.blocks = blocks if blocks == 1 or within_blocks else None
+        self.pieces, self.blocks = tuple(pieces), blocks
+        self.bias_blocks = blocks if blocks == 1 or split_bias else None
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _check(module)
-        dim, blocks = _out_dim(module), self.blocks
-        sharded = blocks is not None
-        placements: dict[str, list[Placement]] = {"weight": [stored(blocks, dim)], "bias": [stored(blocks, 0)]}
+        dim = _out_dim(module)
+        stores = {"weight": (self.blocks, dim), "bias": (self.bias_blocks, 0)}
         for name, _ in list(module.named_parameters(recurse=False)):
-            place(module, name, device_mesh, placements[name], source_of(self))
-        index = None if sharded else torch.cat([torch.arange(a, b) for a, b in self.pieces])
+            place(module, name, device_mesh, [stored(*stores[name])], source_of(self))
+        index = torch.cat([torch.arange(a, b) for a, b in self.pieces])
+
+        def own(p: torch.Tensor, blocks: int | None, along: int) -> torch.Tensor:
+            if blocks is not None:
+                return p.to_local()
+            # each rank's rows of a replicated tensor: its gradient there is this rank's summand
+            return p.to_local(grad_placements=[Partial()]).index_select(along, index.to(p.device))
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             x = branch_input(x, device_mesh)
-            if index is None:
-                w = module.weight.to_local()
-                b = module.bias.to_local() if module.bias is not None else None
-            else:  # each rank's rows of a replicated matrix: its gradient there is this rank's summand
-                w = module.weight.to_local(grad_placements=[Partial()]).index_select(dim, index.to(x.device))
-                b = module.bias.to_local(grad_placements=[Partial()])[index.to(x.device)] \
-                    if module.bias is not None else None
-            return _apply(x, module, w, b)
+            b = own(module.bias, self.bias_blocks, 0) if module.bias is not None else None
+            return _apply(x, module, own(module.weight, self.blocks, dim), b)
 
         module.forward = forward  # type: ignore[method-assign]
         return module

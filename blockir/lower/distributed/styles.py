@@ -56,7 +56,7 @@ class Site:
 
 def _columns(site: Site) -> ParallelStyle:
     return Columns(pieces(site.owner, site.module, site.mesh.get_local_rank(), site.mesh.size()), site.entry.blocks,
-                   within_blocks=not site.data_parallel)
+                   split_bias=not site.data_parallel)
 
 
 def _pair_columns(site: Site) -> ParallelStyle:

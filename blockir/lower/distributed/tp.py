@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, PrepareModuleOutput, parallelize_module
-from torch.distributed.tensor.placement_types import Placement
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from blockir.analyses.parallel import COLUMN, LAYOUTS, ParallelPlan, derive_plan, stream_ends, stream_type
 from blockir.analyses.sizes import Sizes
@@ -134,10 +134,23 @@ def _fully_shard(module: nn.Module, mesh: DeviceMesh, plan: ParallelPlan, mp_pol
     """FSDP2 over the data-parallel mesh (2-D: HSDP, replicated over the first axis and sharded over the
     second): each stacked layer is one unit, the root holds the rest."""
     from torch.distributed.fsdp import fully_shard
-    options = {} if mp_policy is None else {"mp_policy": mp_policy}
+    options: dict[str, Any] = {"shard_placement_fn": data_shard}
+    if mp_policy is not None:
+        options["mp_policy"] = mp_policy
     for path in _units(module, plan):
         fully_shard(module.get_submodule(path), mesh=mesh, **options)
     fully_shard(module, mesh=mesh, **options)
+
+
+def data_shard(param: nn.Parameter) -> Shard | None:
+    """The dim FSDP2 shards ``param`` along over the data axes: the next one where its tensor-parallel placement
+    is a strided shard of dim 0 (a stacked gate/up matrix split within its blocks), since FSDP2 would compose
+    its own shard of that dim with the strided one as if that were a plain shard (torch 2.13) and gather a
+    wrong tensor; else FSDP2's default, dim 0."""
+    placements = param.placements if isinstance(param, DTensor) else ()
+    if param.dim() > 1 and any(isinstance(p, _StridedShard) and p.dim == 0 for p in placements):
+        return Shard(1)
+    return None
 
 
 def _units(module: nn.Module, plan: ParallelPlan) -> list[str]:
