@@ -29,7 +29,7 @@ declaration gets a style (Shoeybi et al., 2019; Korthikanti et al., 2022):
   rows, zero elsewhere, and the pending sum is reduced to the stream's layout
   (all-reduce, or reduce-scatter onto a shard); the head is column-parallel and
   its logits stay split by vocabulary for the cross-entropy; a tied table is
-  one parameter split once.
+  one parameter split once (``parallel_tables.py``).
 
 Every state_dict key of the block (``analyses/keys.py``) gets a placement; a
 key no style can place (nGPT's s_qk with key/value heads replicated over more
@@ -50,10 +50,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from blockir.analyses.collectives import GATHER, GATHER_BACKWARD, REDUCE, REDUCE_BACKWARD, Collective
 from blockir.analyses.keys import decl_keys, fixup_biases, key_table
 from blockir.analyses.parallel_linear import plan_linear
 from blockir.analyses.parallel_moe import plan_moe
 from blockir.analyses.parallel_placements import SUMMED, stacked
+from blockir.analyses.parallel_tables import by_vocab, plan_embedding, plan_head
 from blockir.analyses.linear_pairs import linear_pairs
 from blockir.norms import FAMILIES, NormFamily, family
 from blockir.analyses.sizes import Sizes
@@ -71,22 +73,12 @@ KV = ("k", "v")
 ROW = {"self_attention": "o", "cross_attention": "o", "mlp": "fc2", "gated_mlp": "down"}
 # kinds planned in a file of their own: kind → (planner, declaration, path, layer, sizes, block) → whether it placed
 # the declaration (a lone linear outside the hidden layout is left to the defaults below)
-KIND_PLANS = {"moe": plan_moe, "linear": plan_linear}
+KIND_PLANS = {"moe": plan_moe, "linear": plan_linear, "embedding": plan_embedding, "head": plan_head}
 # where the stream lives, as a placement of a [B, S, D] tensor
 STREAM = {"replicated": "replicate", "sequence": "shard(S)", "hidden": "shard(D)", "context": "shard(S)"}
-# collective that brings a row-parallel output (a pending sum) to the stream's layout, and the one that
-# brings the stream to a branch input (full rows on every rank)
-REDUCE = {"replicated": "all-reduce", "sequence": "reduce-scatter", "hidden": "reduce-scatter",
-          "context": "reduce-scatter"}
-GATHER = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
-# backward of a row-parallel output's reduction (the incoming gradient is whole: an all-reduce sends nothing
-# back, a reduce-scatter's gradient is gathered), and of a branch input's gather (the gradient of the
-# column-parallel projections is a pending sum, reduced once to the stream's layout)
-REDUCE_BACKWARD = {"replicated": None, "sequence": "all-gather", "hidden": "all-gather", "context": "all-gather"}
 # a parameter whose every rank applies it to its own rows: its gradient is a pending sum over the ranks
 # a key norm's gain over key/value heads replicated over more ranks: each rank applies its head's block
 SHARED_HEAD = "replicate (each rank applies its key/value head's slice; gradient summed over tp)"
-GATHER_BACKWARD = REDUCE
 
 
 @dataclass(frozen=True)
@@ -101,18 +93,6 @@ class ModuleStyle:
     # a "columns" projection: how many equal blocks of its output features each rank stores its 1/P slice of
     # (1: a plain shard), or None where its rank's columns are no such pattern and it is stored whole
     blocks: int | None = None
-
-
-@dataclass(frozen=True)
-class Collective:
-    site: str  # the module whose boundary performs it
-    op: str  # all-reduce | all-gather | reduce-scatter
-    elements: int  # logical elements of the full tensor it moves
-
-    def wire_bytes(self, world: int, itemsize: int) -> int:
-        """Bytes each rank sends in a ring implementation: (P-1)/P of the payload, twice for all-reduce."""
-        factor = 2 if self.op == "all-reduce" else 1
-        return factor * (world - 1) * self.elements * itemsize // world
 
 
 @dataclass
@@ -255,15 +235,6 @@ class _Planner:
         if back:
             self._backward(layer, Collective(path, back, elements))
 
-    def _table_elements(self, d: KindDecl, block: Block, sizes: Sizes) -> int:
-        """The size of the features a head reads or an embedding writes: the stream's rows times the width of
-        its input (a head) or result (an embedding), which a projection may make narrower than the stream."""
-        op = next((op for op in block.ops if op.applied == (d.name,)), None)
-        t = None if op is None else (block.type_of(op.operands[0]) if d.kind == "head" else op.type_of(op.result))
-        if t is None:
-            return self.elements
-        return self.elements // sizes.dim(self.stream_axis) * sizes.dim(t.names[-1])
-
     def _collective(self, layer: str, c: Collective) -> None:
         self.plan.collectives.setdefault(layer, []).append(c)
 
@@ -321,24 +292,11 @@ class _Planner:
         if d.kind in COLUMN:
             self.branch(d, path, layer, sizes)
             return
-        if self.plan.vocab and _by_vocab(d, block):
-            self.vocab_rows(d, path, layer, sizes, self._table_elements(d, block, sizes))
-            return
-        # an embedding starts the stream and a head ends it: both compute on full tensors
-        style = d.kind if d.kind in ("embedding", "head") else "replicate"
-        self.plan.modules.append(ModuleStyle(path, style, d.kind))
-        if d.kind == "head":
-            self._gathered(layer, path, elements=self._table_elements(d, block, sizes))
-        if d.kind == "embedding" and GATHER[self.layout]:
-            # its full rows sliced to the stream's layout after the lookup: their gradient is gathered back,
-            # outside the embedding's own backward (the model's boundary)
-            self._backward(layer, Collective("", "all-gather", self._table_elements(d, block, sizes)))
-        if d.kind in ("linear", "head"):
+        self.plan.modules.append(ModuleStyle(path, "replicate", d.kind))
+        if d.kind == "linear":
             self._param(f"{path}.weight", "replicate")
             if d.arg("bias"):
                 self._param(f"{path}.bias", "replicate")
-        elif d.kind == "embedding":
-            self._param(f"{path}.weight", "replicate")
         elif d.category in ("scale", "shift"):
             self._param(path, SUMMED if self.layout == "context" else "replicate")
         if d.kind == "linear" and self.layout == "context":  # applied to each rank's rows of the stream
@@ -371,29 +329,6 @@ class _Planner:
         for _ in ("k", "v"):
             self._collective(layer, Collective(path, "all-gather", keys))
             self._backward(layer, Collective(path, "reduce-scatter", keys))
-
-    def vocab_rows(self, d: KindDecl, path: str, layer: str, sizes: Sizes, elements: int) -> None:
-        """A token embedding or a head split by vocabulary rows. The embedding's output is a pending sum (a rank
-        contributes the rows of the ids it holds), reduced to the stream's layout; the head reads full rows
-        and leaves its logits split by vocabulary, so none is sent after it."""
-        rows = sizes.dim(d.arg("vocab"))
-        if rows % self.world:
-            raise BlockError([error(
-                "E0608", f"{d.kind} '{d.name}' has a vocabulary of {rows} rows, which {self.world} ranks cannot "
-                f"split evenly", d.span,
-                hint=f"pad the vocabulary to a multiple of {self.world} (Megatron-LM pads to a multiple of 128 times "
-                     "the degree), or keep the embedding and head replicated (no vocab-parallelism)")])
-        head = d.kind == "head"
-        self.plan.modules.append(ModuleStyle(path, "vocab_head" if head else "vocab_embedding", d.kind))
-        self._param(f"{path}.weight", "shard(0)")
-        if head and d.arg("bias"):
-            self._param(f"{path}.bias", "shard(0)")
-        if head:  # column-parallel by vocabulary: its input gradient is a pending sum
-            self._gathered(layer, path, partial=True, elements=elements)
-            rows = self.elements // sizes.dim(self.stream_axis)
-            self.plan.loss = [Collective("loss", "all-reduce", rows) for _ in range(3)]
-        else:
-            self._reduced(layer, path, elements)
 
     def branch(self, d: KindDecl, path: str, layer: str, sizes: Sizes) -> None:
         """A built-in branch: its inner projections split by output columns, its outer one by input rows.
@@ -506,25 +441,13 @@ def _check_placed(program: Program, block: Block, sizes: Sizes, plan: ParallelPl
                  "parallelism")])
 
 
-def _by_vocab(d: KindDecl, block: Block) -> bool:
-    """Whether ``d`` has one row per vocabulary entry: a head, or an embedding of the token ids (the block's
-    first input) — not of positions, nor of another id input (BERT's token types, a table of a few rows that
-    Megatron-LM keeps replicated)."""
-    if d.kind == "head":
-        return True
-    if d.kind != "embedding" or d.arg("positions") or not block.params:
-        return False
-    ids = block.params[0].name
-    return any(op.applied == (d.name,) and op.operands[:1] == (ids,) for op in block.ops)
-
-
 def _vocab_decls(program: Program, block: Block) -> list[KindDecl]:
     """The token embeddings and heads ``block`` holds, its callees' included."""
     found = []
     for d in block.decls:
         if isinstance(d, InstanceDecl):
             found += _vocab_decls(program, program.block(d.block))
-        elif isinstance(d, KindDecl) and _by_vocab(d, block):
+        elif isinstance(d, KindDecl) and by_vocab(d, block):
             found.append(d)
     return found
 
