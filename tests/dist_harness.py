@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -38,23 +39,31 @@ def data_ranks(dp: int | tuple[int, ...]) -> int:
     return math.prod(dp) if isinstance(dp, tuple) else dp
 
 
-def _mesh(dp: int | tuple[int, ...], layout: str) -> tuple[Any, Any, dict[str, Any]]:
-    """The case's mesh, the process group of this rank's data-parallel peers, and parallelize's mesh keywords.
-    The axis the plan runs over is named as the layout wants it: ``cp`` for the context layout, else ``tp``."""
+def _mesh(dp: int | tuple[int, ...], layout: str) -> tuple[Any, Any]:
+    """The case's mesh and the process group of this rank's data-parallel peers. The axis the plan runs over is
+    named as the layout wants it: ``cp`` for the context layout, else ``tp``."""
+    from blockir.lower.distributed.tp import parallel_axis
+    return _named_mesh(dp, parallel_axis(layout))
+
+
+@functools.cache
+def _named_mesh(dp: int | tuple[int, ...], axis: str) -> tuple[Any, Any]:
+    """Made once per world, data-parallel shape and axis name: every mesh is process groups of its own, each
+    with its threads and sockets, which would pile up over the hundreds of cases a world runs."""
     from torch.distributed.device_mesh import init_device_mesh
-    from blockir.lower.distributed.tp import DATA_AXES, parallel_axis
-    world, axis = dist.get_world_size(), parallel_axis(layout)
+    from blockir.lower.distributed.tp import DATA_AXES
+    world = dist.get_world_size()
     if dp == 1:
-        return init_device_mesh("cpu", (world,), mesh_dim_names=(axis,)), None, {}
+        return init_device_mesh("cpu", (world,), mesh_dim_names=(axis,)), None
     sizes = dp if isinstance(dp, tuple) else (dp,)
     axes = DATA_AXES[len(sizes) + 1]
     mesh = init_device_mesh("cpu", (*sizes, world // data_ranks(dp)), mesh_dim_names=(*axes, axis))
     if len(axes) == 1:
-        return mesh, mesh["dp"].get_group(), {}
+        return mesh, mesh["dp"].get_group()
     # the data-parallel peers of each tensor- or context-parallel rank, numbered replica group first (as
     # parallelize does)
     groups = [dist.new_group(mesh.mesh[..., t].flatten().tolist()) for t in range(mesh.size(len(axes)))]
-    return mesh, groups[mesh[axis].get_local_rank()], {}
+    return mesh, groups[mesh[axis].get_local_rank()]
 
 
 def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shape: tuple[int, ...],
@@ -78,7 +87,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     if layout is not None:
         from blockir.lower.distributed import parallelize
         from blockir.lower.distributed.tp import DATA_AXES, data_rank
-        mesh, group, options = _mesh(dp, layout)
+        (mesh, group), options = _mesh(dp, layout), {}
         if group is not None:
             # each data-parallel rank takes its slice of the batch; FSDP averages gradients over dp, so the
             # slice's output gradient is scaled by dp to sum them as the full-batch run does
