@@ -92,8 +92,8 @@ class ContextRows(QueryRows):
 class ContextAttention(ParallelStyle):
     """A self-attention run on the rank's rows: its weights replicated, its caller's rotary tables and 4-D
     masks cut to those rows, the call's position ids (created when none are given) passed whole, so that a
-    scaling read from the longest position (dynamic, LongRoPE) sees the whole call's, a KV cache refused. ``balanced``: the rows
-    are the rank's two zig-zag chunks."""
+    scaling read from the longest position (dynamic, LongRoPE) sees the whole call's, a KV cache refused.
+    ``balanced``: the rows are the rank's two zig-zag chunks."""
 
     def __init__(self, balanced: bool = False) -> None:
         super().__init__()

@@ -324,9 +324,9 @@ def parallelize(module: nn.Module, mesh: DeviceMesh, program: Program | str | Pa
     ``loss_parallel`` (``blockir.lower.distributed.loss.cross_entropy``); ``.full_tensor()`` gathers them.
     """
     program = _check_arguments(module, mesh, program, name, layout, mp_policy, vocab, load_balance)
-    _check_source(src_data_rank, mesh[parallel_axis(layout)] if mesh.ndim > 1 else mesh)
     block = program.block(name)
     dp, mesh = (mesh[DATA_AXES[mesh.ndim]], mesh[parallel_axis(layout)]) if mesh.ndim > 1 else (None, mesh)
+    _check_source(src_data_rank, mesh)
     plan = derive_plan(program, block, Sizes.of(program, dims), layout, mesh.size(), vocab=vocab,
                        balanced=load_balance)
     stream = _stream(block, program, layout)
