@@ -1,10 +1,12 @@
 """The public entry points: parse, load, verify."""
 from __future__ import annotations
 
+from functools import lru_cache
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from blockir.analyses.cache import per_object
 from blockir.collector import gc_paused
 from blockir.diagnostics import BlockError, Diagnostic, Note, Span, argument_error, error, json_span, render
 from blockir.frontend.builder import build
@@ -27,10 +29,17 @@ def parse(text: str, filename: str = "<string>") -> Program:
     if not isinstance(filename, str):
         raise BlockError([argument_error("parse", "filename", f"filename must be a str, got {type(filename).__name__}")])
     try:
-        with gc_paused():
-            return build(parse_ast(text, filename))
+        return _built(text, filename)
     except BlockError as exc:
         raise BlockError(exc.diagnostics, {filename: text}) from None
+
+
+# A program is immutable, so the same text under the same name is one program: ``compile(path)`` followed by
+# ``parallelize(m, mesh, path)`` (or a run's repeated loads) parse and verify a file once.
+@lru_cache(maxsize=32)
+def _built(text: str, filename: str) -> Program:
+    with gc_paused():
+        return build(parse_ast(text, filename))
 
 
 def read_source(path: str | Path) -> str:
@@ -53,8 +62,13 @@ def verify(program: Program) -> list[Diagnostic]:
         raise BlockError([argument_error("verify", "program", f"verify expects a Program, got {type(program).__name__}",
                                          "parse text with blockir.parse(text), or read and verify a file with "
                                          "blockir.load(path)")])
+    return list(_verified(program))
+
+
+@per_object
+def _verified(program: Program) -> tuple[Diagnostic, ...]:
     with gc_paused():
-        return run_verifiers(program)
+        return tuple(run_verifiers(program))
 
 
 @public("load")
