@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import math
 import os
@@ -19,7 +20,45 @@ import torch.multiprocessing as mp
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    # a replicated tensor is whole on every rank already (its gather would still dispatch, for nothing)
+    return t.to_local() if all(p.is_replicate() for p in t.placements) else t.full_tensor()
+
+
+def _whole(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor whole, as ``full_tensor`` makes it. The shards and pending sums of tensors over a 1-D mesh
+    travel in one gather of them all, as a gather or reduction per tensor (a round of messages between the ranks
+    each) took a fifth of a case's time; every other DTensor (a larger mesh's) gathers itself."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Partial, Shard, _StridedShard
+    out, split = {}, {}
+    for key, t in tensors.items():
+        if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and \
+                isinstance(t.placements[0], (Shard, _StridedShard, Partial)):
+            split.setdefault(t.device_mesh.get_group(), []).append(key)
+        else:
+            out[key] = _full(t).detach().clone()
+    for group, keys in split.items():
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, [tensors[key].to_local().detach() for key in keys], group=group)
+        for i, key in enumerate(keys):
+            out[key] = _assembled([part[i] for part in parts], tensors[key].placements[0])
+    return {key: out[key] for key in tensors}
+
+
+def _assembled(shards: list[torch.Tensor], placement: Any) -> torch.Tensor:
+    """The whole tensor from every rank's shard, in rank order: ``Shard(d)`` chunks laid end to end along d;
+    ``_StridedShard(d, n)`` holds the rank's chunk of each of n equal blocks along d, so block by block; a pending
+    sum (``Partial``) adds the ranks' terms."""
+    from torch.distributed.tensor.placement_types import Partial, _StridedShard
+    if isinstance(placement, Partial):
+        assert placement.reduce_op == "sum", placement
+        return torch.stack(shards).sum(0)
+    if not isinstance(placement, _StridedShard):
+        return torch.cat(shards, placement.dim)
+    pieces = [shard.tensor_split(placement.split_factor, placement.dim) for shard in shards]
+    return torch.cat([piece[b] for b in range(placement.split_factor) for piece in pieces], placement.dim)
 
 
 def _placements(t: Any) -> str:
@@ -75,7 +114,8 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
     m = blockir.compile(program, name, dims=dims, seed=0, backend=backend)
     # the one-process module's weights as compiled, for a comparison with the model they were imported from
     state = {k: v.detach().clone() for k, v in m.state_dict().items()} if layout is None else None
-    m.train(mode == "train")
+    steps = mode == "steps"
+    m.train(mode == "train" or steps)
     tokens = len(shape) == 2  # [B, S] token ids of a language model, else a [B, S, D] stream
     x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(1)) if tokens else \
         torch.randn(*shape, generator=torch.Generator().manual_seed(1))
@@ -101,7 +141,7 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
                     src_data_rank=source, **options)
     x = x.clone().requires_grad_(not tokens)
     # an encoder's further token inputs (BERT's token_type_ids), all type 0
-    further = blockir.parse(Path(program).read_text(), program).block(name).params[1:] if tokens else ()
+    further = blockir.load(program).block(name).params[1:] if tokens else ()
     extra = tuple(torch.zeros_like(x) for _ in further)
     seen: dict[str, str] = {}
 
@@ -124,8 +164,12 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         hook.remove()
         return caught[0], loss
 
+    # the one-process module of a training case is also run in evaluation, for the comparison with the model it
+    # was imported from (whose dropout draws other masks)
+    evaluation = _evaluate(m, (x, *extra)) if m.training and layout is None else None
     # the forward draws its one dropout seed from torch's generator: every rank and the reference draw the same
-    torch.manual_seed(3)
+    # (a training case's first step is the counted pass, seeded as ``_train`` seeds the others)
+    _seed(10 if steps else 3)
     comms, planned, comms_backward, planned_backward, totals = {}, {}, {}, {}, [Counter(), Counter()]
     counted = layout is not None and dp == 1
     counter: Any = contextlib.nullcontext()
@@ -170,12 +214,29 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         # each dp rank's loss is the mean over its slice; FSDP averages their gradients, as the whole batch's mean
         loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
     out = dict(y=y, dx=dx, loss=loss, state=state,
-                grads={k: _full(p.grad).detach().clone() for k, p in m.named_parameters()},
+                grads=_whole({k: p.grad for k, p in m.named_parameters()}),
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
-                comms_backward=comms_backward, planned_backward=planned_backward, totals=totals)
-    if mode == "steps":  # with the evaluation's loss, which the first training step's differs from where it drops
-        out |= dict(_train(m, (x, *extra), grad_out[index * rows:(index + 1) * rows] * n, group),
-                    eval_loss=(y * grad_out).sum())
+                comms_backward=comms_backward, planned_backward=planned_backward, totals=totals, evaluation=evaluation)
+    if steps:  # the counted pass was the first step
+        # y is the whole batch's by now: each data-parallel rank adds its 1/dp share of the loss in ``_train``
+        first = (y * grad_out).sum() / (1 if group is None else dist.get_world_size(group))
+        out |= _train(m, (x, *extra), grad_out[index * rows:(index + 1) * rows] * n, group, first)
+    return out
+
+
+def _evaluate(m: Any, x: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """Output, every parameter gradient and the loss ``Σ y · grad_out`` of one evaluation pass, the module's
+    gradients then cleared again."""
+    m.eval()
+    y = m(*x)
+    grad_out = output_gradient(tuple(y.shape))
+    y.backward(grad_out)
+    out = dict(y=y.detach().float(), loss=(y.detach().float() * grad_out).sum(),
+               grads={k: p.grad.detach().clone() for k, p in m.named_parameters()})
+    m.zero_grad(set_to_none=True)
+    for t in x:
+        t.grad = None
+    m.train(True)
     return out
 
 
@@ -203,7 +264,8 @@ def trains_as_one_process(ref: dict[str, Any], par: dict[str, Any], dropped: boo
         assert close(par["trained"][key], p), key
     # the steps really dropped (the first one's loss is not the evaluation's, by far more than fp32's rounding:
     # Nemotron's attention dropout moves it by 0.4%) and really moved the weights
-    assert (abs(ref["losses"][0] - ref["eval_loss"]) > 1e-3 * abs(ref["eval_loss"])) == dropped
+    evaluated = ref["evaluation"]["loss"]
+    assert (abs(ref["losses"][0] - evaluated) > 1e-3 * abs(evaluated)) == dropped
     assert abs(ref["losses"][2] - ref["losses"][0]) > 1e-1 * abs(ref["losses"][0])
 
 
@@ -215,26 +277,48 @@ def output_gradient(shape: tuple[int, ...]) -> torch.Tensor:
 STEPS, LR = 3, 1e-3  # the steps mode: optimizer steps of plain SGD, whose update is linear in the gradient
 
 
-def _train(m: Any, x: tuple[torch.Tensor, ...], grad_out: torch.Tensor, group: Any) -> dict[str, Any]:
-    """``STEPS`` steps of SGD in training mode (dropout on) on the loss ``Σ y · grad_out``: each step's loss
-    (summed over the data-parallel ranks, as the whole batch's) and the parameters after the last step.
+def _train(m: Any, x: tuple[torch.Tensor, ...], grad_out: torch.Tensor, group: Any, first: torch.Tensor
+           ) -> dict[str, Any]:
+    """``STEPS`` steps of SGD in training mode (dropout on) on the loss ``Σ y · grad_out``, the first of which has
+    run its forward and backward (loss ``first``): each step's loss (summed over the data-parallel ranks, as the
+    whole batch's) and the parameters after the last step.
 
     Each forward seeds torch's generator alike on every rank, so the masks are those of one process; a data-parallel
     rank's ``grad_out`` is scaled by dp, FSDP's average of the gradients then being the whole batch's."""
-    m.train(True)
-    optimizer = torch.optim.SGD(m.parameters(), lr=LR)
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        torch.manual_seed(10 + step)
+    _sgd(m)
+    losses = [first.detach()]
+    for step in range(1, STEPS):
+        m.zero_grad(set_to_none=True)
+        _seed(10 + step)
         loss = (m(*x).float() * grad_out).sum()
         loss.backward()
-        optimizer.step()
+        _sgd(m)
         losses.append(loss.detach() / (1 if group is None else dist.get_world_size(group)))
     total = torch.stack(losses)
     if group is not None:
         dist.all_reduce(total, group=group)
-    return dict(losses=total, trained={k: _full(p).detach().clone() for k, p in m.named_parameters()})
+    return dict(losses=total, trained=_whole(dict(m.named_parameters())))
+
+
+def _seed(seed: int) -> None:
+    """Seed torch's CPU generator, which every op of these CPU tests draws from (``torch.manual_seed`` would also
+    queue a seeding of CUDA, with a traceback of the call: a twentieth of a case's time)."""
+    torch.default_generator.manual_seed(seed)
+
+
+@torch.no_grad()
+def _sgd(m: Any) -> None:
+    """One step of plain SGD, ``p -= LR * p.grad``, as ``torch.optim.SGD`` takes it. A DTensor parameter whose
+    gradient is placed as it is updates its local shard alone: the same numbers, without a dispatch of DTensor's
+    per parameter; any other (a pending sum, say) goes through DTensor, which reduces it first."""
+    from torch.distributed.tensor import DTensor
+    for p in m.parameters():
+        if p.grad is None:
+            continue
+        if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements == p.placements:
+            p.to_local().add_(p.grad.to_local(), alpha=-LR)
+        else:
+            p.add_(p.grad, alpha=-LR)
 
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
@@ -247,6 +331,7 @@ Case = tuple[Any, ...]
 
 
 def _entry(rank: int, world: int, store: str, out: str, body: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    faulthandler.enable()  # a rank that dies of a signal leaves its Python stack in the test's output
     torch.set_num_threads(1)
     # a file rendezvous: no port to race for when several test runs share the machine
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -263,19 +348,42 @@ def _entry(rank: int, world: int, store: str, out: str, body: Callable[..., Any]
     os._exit(0)
 
 
-def run_world(body: Callable[..., Any], world: int, *args: Any) -> Any:
-    """``body(*args)`` on every rank of a fresh gloo process group of ``world`` ranks; rank 0's result. A world
-    that has not finished within ``TIMEOUT`` is killed and raises, so a hung rendezvous fails its tests."""
+# What every rank imports: the fork server imports it once, and forks each rank from itself with it in memory. A
+# spawned rank would import torch afresh (seconds per world on two cores); a fork of the test process itself would
+# inherit its threads and whatever state the tests before left behind.
+PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
+           "torch.distributed.tensor.experimental", "blockir", "blockir.lower.distributed", "blockir.lifecycle.token_lm",
+           __name__]
+
+
+@functools.cache
+def _preload() -> None:
+    mp.set_forkserver_preload(PRELOAD)
+
+
+def run_world(body: Callable[..., Any], world: int, *args: Any, meanwhile: Callable[[], Any] | None = None) -> Any:
+    """``body(*args)`` on every rank of a fresh gloo process group of ``world`` ranks; rank 0's result (with
+    ``meanwhile()``'s, run here while the ranks start and work, when given). A world that has not finished within
+    ``TIMEOUT`` is killed and raises, so a hung rendezvous fails its tests."""
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "result.pt")
-        ranks = mp.spawn(_entry, args=(world, str(Path(d) / "store"), out, body, args), nprocs=world, join=False)
+        _preload()
+        ranks = mp.start_processes(_entry, args=(world, str(Path(d) / "store"), out, body, args), nprocs=world,
+                                   join=False, start_method="forkserver")
         deadline = time.monotonic() + TIMEOUT
+        try:
+            here = None if meanwhile is None else meanwhile()
+        except BaseException:
+            for p in ranks.processes:
+                p.kill()
+            raise
         while not ranks.join(timeout=1.0):
             if time.monotonic() > deadline:
                 for p in ranks.processes:
                     p.kill()
                 raise TimeoutError(f"the {world}-rank world did not finish within {TIMEOUT} s")
-        return torch.load(out)
+        result = torch.load(out)
+        return result if meanwhile is None else (result, here)
 
 
 def _run_cases(cases: list[Case]) -> list[dict[str, Any]]:
@@ -301,13 +409,22 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their
     own. One spawn for many cases: starting ranks costs more than running them.
     """
-    # one reference per distinct module and input: cases that differ only in layout or mesh share it
-    refs: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for program, name, dims, _, shape, mode, _, *extra in cases:
-        key = (program, name, tuple(sorted(dims.items())), shape, mode, *extra)
-        if key not in refs:
-            refs[key] = _run(program, name, dims, None, shape, mode, 1, *extra)
-    order = [refs[(program, name, tuple(sorted(dims.items())), shape, mode, *extra)]
-             for program, name, dims, _, shape, mode, _, *extra in cases]
-    pars = run_world(_run_cases, world, cases)
-    return list(zip(order, pars))
+    # one reference per distinct module and input: cases that differ only in layout or mesh share it. They are
+    # computed while the ranks run, in the time the ranks spend waiting on each other's collectives
+    def key(case: Case) -> tuple[Any, ...]:
+        program, name, dims, _, shape, mode, _, *extra = case
+        return (program, name, tuple(sorted(dims.items())), shape, mode, *extra)
+
+    def references() -> dict[tuple[Any, ...], dict[str, Any]]:
+        refs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as each rank runs: the cores are theirs
+        for case in cases:
+            program, name, dims, _, shape, mode, _, *extra = case
+            if key(case) not in refs:
+                refs[key(case)] = _run(program, name, dims, None, shape, mode, 1, *extra)
+        torch.set_num_threads(threads)
+        return refs
+
+    pars, refs = run_world(_run_cases, world, cases, meanwhile=references)
+    return [(refs[key(case)], par) for case, par in zip(cases, pars)]
