@@ -251,8 +251,9 @@ def _enclosing(path: str, sites: set[str]) -> str:
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal within 1e-5 relative in fp32; the floor is for gradients that are zero in exact arithmetic (a key
-    bias: softmax ignores a shift shared by all keys)."""
-    return (a - b).norm().item() <= 1e-5 * b.norm().item() + 1e-6
+    bias: softmax ignores a shift shared by all keys), whose rounding noise over a batch of 4 reaches 1e-6
+    (RoBERTa's, 32 entries near 1e-7 each, split in two by data-parallel ranks)."""
+    return (a - b).norm().item() <= 1e-5 * b.norm().item() + 4e-6
 
 
 def trains_as_one_process(ref: dict[str, Any], par: dict[str, Any], dropped: bool = True) -> None:

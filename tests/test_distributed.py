@@ -48,6 +48,9 @@ HSDP = [("llama", "sequence", "eval", (2, 2)), ("gpt2", "sequence", "train", (2,
 MIXED = [("llama", "sequence", "eval-bf16", 2)]
 # CodeGen-style q/v/k in 2 row groups over tp=4, training with dropout: each rank's head is half a group
 GROUPS = [("qvk", "hidden", "train", 1)]
+# the fused backend over four ranks: LLaMA at tp=4 (its key/value heads replicated), GPT-2 training under HSDP
+FUSED4 = [("llama", layout, "eval", 1, "fused") for layout in ("sequence", "hidden")] + \
+    [("gpt2", "sequence", "train", (2, 1), "fused")]
 # and an imported LLaMA causal LM with its embedding and head split by vocabulary, trained on the 2×2 mesh
 VOCAB_DP = ("llama-lm", "sequence", "vocab", 2)
 
@@ -80,7 +83,7 @@ def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
     lm = tmp_path_factory.mktemp("vocab") / "llama.block"
     lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
     vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
-    cases = WORLD4 + HSDP + MIXED + FUSED_DP + GROUPS
+    cases = WORLD4 + HSDP + MIXED + FUSED_DP + GROUPS + FUSED4
     return dict(zip(cases + [VOCAB_DP], compare([_case(*c) for c in cases] + [vocab], world=4)))
 
 
@@ -252,6 +255,23 @@ def test_fsdp_shards_a_fused_module_whose_layers_were_inlined(world4: dict, case
     assert all(p.startswith(("S(0)", "_S(0,")) for p in params.values()), params
     assert params["layers.1.self_attn.q_proj.weight"].endswith(",S(0)")
     assert params["layers.0.post_attention_layernorm.weight"] == "S(0),R"
+
+
+@pytest.mark.parametrize("case", FUSED4, ids=lambda c: "-".join(map(str, c[:4])))
+def test_the_fused_backend_over_four_ranks_matches_one_fused_process_and_fx(world4: dict, case: tuple[Any, ...]
+                                                                           ) -> None:
+    """At tp=4 and under HSDP the fused ops compose as over two ranks: output, input and parameter gradients
+    match the fused module on one process, which matches the fx module; at tp=4 the step sends exactly what the fx
+    step sends, and under HSDP every parameter is replicated over dp_replicate and sharded over dp_shard."""
+    ref, par = world4[case]
+    _matches(ref, par)
+    fx, fx_par = world4[case[:4]]
+    _matches(fx, ref)
+    if case[3] == 1:
+        assert par["totals"] == fx_par["totals"] and par["totals"][1]
+        assert par["params"]["layers.0.self_attn.k_proj.weight"] == "R"
+    else:
+        assert all(p.startswith(("R,S(0),", "R,_S(0,")) for p in par["params"].values()), par["params"]
 
 
 @pytest.mark.parametrize("case", HSDP, ids=lambda c: "-".join(map(str, c[:3])))

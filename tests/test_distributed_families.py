@@ -78,6 +78,8 @@ WORLD4 += [("mixtral", "sequence", 2), ("qwen2_moe", "hidden", 2), ("mixtral", "
 WORLD4 += [("mixtral", "context", 1), ("qwen2_moe", "context", 1), ("qwen2_moe", "context", 2)]
 # HSDP over a context-parallel axis: two replicas of two ranks' slices of the sequence, dense and MoE
 WORLD4 += [("gpt2", "context", (2, 1)), ("mixtral", "context", (2, 1))]
+# and the mixtures of experts under each tensor-parallel layout at tp=4
+WORLD4 += [(model, layout, 1) for model in MOE_MODELS for layout in LAYOUTS]
 ARCHITECTURES = MODELS | MOE_MODELS
 # every other config the importer is tested with, one layer deep, under every layout over two ranks and over four, in
 # training with dropout on (whichever of these keys the family reads, on attention probabilities and branch updates):
@@ -92,8 +94,9 @@ UNDROPPED = {"ernie4_5"}  # its HF layer has no dropout to ask for: training equ
 BREADTH_CASES = [(model, layout, 2) for model in BREADTH for layout in (*LAYOUTS, "context")]
 BREADTH4 = [(model, layout, 4) for model in BREADTH for layout in (*LAYOUTS, "context")]
 # and in the same four-rank world each on a data-parallel mesh, in turn FSDP2 on 2×2 and HSDP on (2, 2, 1) or
-# (2, 1, 2), under a layout taken in turn
-BREADTH_DP = [(model, LAYOUTS[(i + 1) % 3], "dp", HSDP[i // 2 % 2] if i % 2 else 2) for i, model in enumerate(BREADTH)]
+# (2, 1, 2), under a layout taken in turn (each four consecutive configs take all four, the meshes shifting)
+BREADTH_DP = [(model, (*LAYOUTS, "context")[(i + i // 4) % 4], "dp", HSDP[i // 2 % 2] if i % 2 else 2)
+              for i, model in enumerate(BREADTH)]
 # a layer's heads split over four ranks: BLOOM's six would not (refused with E0730); GPT-Neo's
 # one layer is the local (windowed) attention of its global/local pair
 SPLITTABLE = {"bloom": dict(n_head=4), "gpt_neo": dict(attention_types=[[["local"], 1]])}
