@@ -116,7 +116,9 @@ def _gather() -> PrepareModuleInput:
 
 
 def _llama(sp: bool) -> dict[str, ParallelStyle]:
-    """LLaMA and Qwen2: torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence split)."""
+    """LLaMA and the families that keep its layer's names (Qwen2, Mistral, Qwen3 with its per-head q/k norms, Granite
+    with its multipliers, Gemma): torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence
+    split)."""
     out = Shard(1) if sp else Replicate()
     plan: dict[str, ParallelStyle] = {
         "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
@@ -218,8 +220,14 @@ class Family:
                         **rotary)
         common = dict(model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                       num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=seq)
+        head = hidden // heads  # Qwen3's and Gemma's configs default to heads wider than that
         extra = {"llama": dict(num_key_value_heads=kv_heads, rms_norm_eps=1e-6),
                  "qwen2": dict(num_key_value_heads=kv_heads, tie_word_embeddings=True),
+                 "mistral": dict(num_key_value_heads=kv_heads, sliding_window=None),
+                 "qwen3": dict(num_key_value_heads=kv_heads, head_dim=head),
+                 "granite": dict(num_key_value_heads=kv_heads, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                 attention_multiplier=1 / head, logits_scaling=8.0),
+                 "gemma": dict(num_key_value_heads=kv_heads, head_dim=head),
                  "gpt_neox": dict(rotary_pct=0.25, use_parallel_residual=True),
                  "phi3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "olmo2": dict(num_key_value_heads=kv_heads)}[model_type]
@@ -229,6 +237,10 @@ class Family:
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
     "qwen2": Family("Qwen2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "mistral": Family("MistralForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "qwen3": Family("Qwen3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "granite": Family("GraniteForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
+    "gemma": Family("GemmaForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama),
     "gpt2": Family("GPT2LMHeadModel", "transformer.h", "transformer.wte", "transformer.ln_f", _gpt2,
                    positions="transformer.wpe", packed_attention="attn"),
     "gpt_neox": Family("GPTNeoXForCausalLM", "gpt_neox.layers", "gpt_neox.embed_in", "gpt_neox.final_layer_norm",
@@ -247,6 +259,9 @@ def _as_torch_tables(model: nn.Module, embedding: str) -> bool:
     table, head = model.get_submodule(embedding), model.get_submodule("lm_head")
     tied = head.weight is table.weight
     lookup = nn.Embedding(*table.weight.shape, _weight=table.weight.data)
+    if table.scale is not None:  # Gemma's normaliser, applied to the looked-up rows as HF's scaled embedding does
+        scale = table.scale
+        lookup.register_forward_hook(lambda _module, _inputs, rows: rows * scale)
     linear = nn.Linear(head.weight.shape[1], head.weight.shape[0], bias=head.bias is not None)
     linear.weight = lookup.weight if tied else nn.Parameter(head.weight.data)
     if head.bias is not None:  # GPT-J's and CodeGen's head
