@@ -362,29 +362,41 @@ def _preload() -> None:
     mp.set_forkserver_preload(PRELOAD)
 
 
-def run_world(body: Callable[..., Any], world: int, *args: Any, meanwhile: Callable[[], Any] | None = None) -> Any:
-    """``body(*args)`` on every rank of a fresh gloo process group of ``world`` ranks; rank 0's result (with
-    ``meanwhile()``'s, run here while the ranks start and work, when given). A world that has not finished within
-    ``TIMEOUT`` is killed and raises, so a hung rendezvous fails its tests."""
-    with tempfile.TemporaryDirectory() as d:
-        out = str(Path(d) / "result.pt")
+class World:
+    """``body(*args)`` started on every rank of a fresh gloo process group of ``world`` ranks; ``result()`` waits
+    for rank 0's result. A world that has not finished within ``TIMEOUT`` of its start is killed and raises, so a
+    hung rendezvous fails its tests; so is one whose result is never asked for, when it is collected."""
+
+    def __init__(self, body: Callable[..., Any], world: int, *args: Any, timeout: float = TIMEOUT) -> None:
+        self.folder, self.timeout = tempfile.TemporaryDirectory(), timeout
+        self.out, self.world = str(Path(self.folder.name) / "result.pt"), world
         _preload()
-        ranks = mp.start_processes(_entry, args=(world, str(Path(d) / "store"), out, body, args), nprocs=world,
-                                   join=False, start_method="forkserver")
-        deadline = time.monotonic() + TIMEOUT
-        try:
-            here = None if meanwhile is None else meanwhile()
-        except BaseException:
-            for p in ranks.processes:
+        self.ranks = mp.start_processes(_entry, args=(world, str(Path(self.folder.name) / "store"), self.out, body,
+                                                      args), nprocs=world, join=False, start_method="forkserver")
+        self.deadline = time.monotonic() + timeout
+
+    def kill(self) -> None:
+        for p in self.ranks.processes:
+            if p.is_alive():
                 p.kill()
-            raise
-        while not ranks.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in ranks.processes:
-                    p.kill()
-                raise TimeoutError(f"the {world}-rank world did not finish within {TIMEOUT} s")
-        result = torch.load(out)
-        return result if meanwhile is None else (result, here)
+                p.join(5)
+
+    def result(self) -> Any:
+        try:
+            while not self.ranks.join(timeout=1.0):
+                if time.monotonic() > self.deadline:
+                    raise TimeoutError(f"the {self.world}-rank world did not finish within {self.timeout:g} s")
+            return torch.load(self.out)
+        finally:
+            self.kill()
+            self.folder.cleanup()
+
+    __del__ = kill
+
+
+def run_world(body: Callable[..., Any], world: int, *args: Any) -> Any:
+    """``body(*args)`` on every rank of a fresh gloo process group of ``world`` ranks: rank 0's result."""
+    return World(body, world, *args).result()
 
 
 def _run_cases(cases: list[Case]) -> list[dict[str, Any]]:
@@ -392,7 +404,8 @@ def _run_cases(cases: list[Case]) -> list[dict[str, Any]]:
 
 
 def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
-    """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks.
+    """(reference, parallel) for each case, all parallel runs in one process group of ``world`` ranks (a
+    ``Comparison`` and its result, which lets another world run meanwhile).
 
     A case runs on a ``(dp, world // dp)`` mesh when ``dp`` > 1, on a ``(replicate, shard, tp)`` one when ``dp``
     is a pair, else on one ``tp`` axis of all ranks (``cp`` for the context layout); a
@@ -410,22 +423,34 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     that loss as ``loss`` and the logits gathered, and counts the embedding and the head as sites of their
     own. One spawn for many cases: starting ranks costs more than running them.
     """
-    # one reference per distinct module and input: cases that differ only in layout or mesh share it. They are
-    # computed while the ranks run, in the time the ranks spend waiting on each other's collectives
+    return Comparison(cases, world).result()
+
+
+class Comparison:
+    """The parallel runs of ``cases``, started on ``world`` ranks; ``result()`` computes one reference per distinct
+    module and input (cases that differ only in layout or mesh share it) while the ranks work, then pairs them.
+    Two worlds started one after the other run together, in the time each spends waiting on its collectives."""
+
+    def __init__(self, cases: list[Case], world: int) -> None:
+        self.cases, self.world = cases, World(_run_cases, world, cases)
+
+    @staticmethod
     def key(case: Case) -> tuple[Any, ...]:
         program, name, dims, _, shape, mode, _, *extra = case
         return (program, name, tuple(sorted(dims.items())), shape, mode, *extra)
 
-    def references() -> dict[tuple[Any, ...], dict[str, Any]]:
+    def result(self) -> list[tuple[Any, Any]]:
         refs: dict[tuple[Any, ...], dict[str, Any]] = {}
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as each rank runs: the cores are theirs
-        for case in cases:
-            program, name, dims, _, shape, mode, _, *extra = case
-            if key(case) not in refs:
-                refs[key(case)] = _run(program, name, dims, None, shape, mode, 1, *extra)
-        torch.set_num_threads(threads)
-        return refs
-
-    pars, refs = run_world(_run_cases, world, cases, meanwhile=references)
-    return [(refs[key(case)], par) for case, par in zip(cases, pars)]
+        try:
+            for case in self.cases:
+                program, name, dims, _, shape, mode, _, *extra = case
+                if self.key(case) not in refs:
+                    refs[self.key(case)] = _run(program, name, dims, None, shape, mode, 1, *extra)
+        except BaseException:
+            self.world.kill()
+            raise
+        finally:
+            torch.set_num_threads(threads)
+        return [(refs[self.key(case)], par) for case, par in zip(self.cases, self.world.result())]

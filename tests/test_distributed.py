@@ -9,12 +9,13 @@ All cases of one world size share one spawned process group.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import torch
 from conftest import ROOT
-from dist_harness import compare, data_ranks
+from dist_harness import Comparison, World, compare, data_ranks
 
 LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
@@ -67,7 +68,10 @@ def _imported(path: str, layout: str, mode: str, dp: int, backend: str) -> tuple
 
 
 @pytest.fixture(scope="module")
-def world2(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+def world2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+    if any("world4" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("started4")  # the four-rank world runs alongside this one
     from blockir.api import hf_block_text
     from hf_configs import CONFIGS
     lm = tmp_path_factory.mktemp("fused") / "gpt2.block"
@@ -77,14 +81,20 @@ def world2(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tu
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+def world4(started4: tuple[list[Any], Comparison]) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+    keys, comparison = started4
+    return dict(zip(keys, comparison.result()))
+
+
+@pytest.fixture(scope="module")
+def started4(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Comparison]:
     from blockir.api import hf_block_text
     from hf_configs import CONFIGS
     lm = tmp_path_factory.mktemp("vocab") / "llama.block"
     lm.write_text(hf_block_text(dict(CONFIGS["llama"], vocab_size=64, num_hidden_layers=1)))
     vocab = (str(lm), "LlamaForCausalLM", {"B": 4, "S": 8}, "sequence", (4, 8), "eval", 2, True)
     cases = WORLD4 + HSDP + MIXED + FUSED_DP + GROUPS + FUSED4
-    return dict(zip(cases + [VOCAB_DP], compare([_case(*c) for c in cases] + [vocab], world=4)))
+    return cases + [VOCAB_DP], Comparison([_case(*c) for c in cases] + [vocab], world=4)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -297,3 +307,11 @@ def test_fsdp_mixed_precision_composes_with_the_plan(world4: dict) -> None:
     for key, g in ref["grads"].items():
         assert par["grads"][key].dtype == torch.float32
         assert _rel(par["grads"][key], g) < 5e-2, key
+
+
+def test_a_world_that_does_not_finish_in_time_is_killed() -> None:
+    """A hung world fails its tests instead of hanging the suite: past its deadline it raises, its ranks killed."""
+    world = World(time.sleep, 2, 600, timeout=2)
+    with pytest.raises(TimeoutError, match="the 2-rank world did not finish within 2 s"):
+        world.result()
+    assert not any(p.is_alive() for p in world.ranks.processes)

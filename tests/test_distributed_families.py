@@ -16,13 +16,14 @@ HSDP, and whole under the context layout (over four ranks, Qwen2-MoE under FSDP2
 with one process and HF alike. The context layout runs over four ranks (LLaMA, GPT-2), under FSDP2 on a 2×2 mesh
 (GPT-2) and under HSDP on (2, 1, 2) (GPT-2), trained with dropout as the others, and load-balanced (LLaMA over four ranks, GPT-2 under
 FSDP2). Every other config the importer is tested with (the encoders among them, fed all-zero token types) runs one
-layer deep under every layout, the context one included, over two ranks (three steps) and over four (one training
-pass), each layer's collectives counted against the plan, and three steps on a data-parallel mesh of four ranks
-(FSDP2 or HSDP in turn). The cases of each world size share one world, its ranks forked from a server that has
+layer deep under every layout, the context one included, over two ranks (three steps under two of them, in turn,
+one training pass under the others) and over four (one pass), each layer's collectives counted against the plan,
+and three steps on a data-parallel mesh of four ranks (FSDP2 or HSDP in turn). The cases of each world size share one world, its ranks forked from a server that has
 imported torch and blockir once.
 """
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch
 import blockir
 from blockir.api import hf_block_text as block_text
 from blockir.analyses.summaries import called_blocks
-from dist_harness import close, compare, data_ranks, output_gradient, trains_as_one_process
+from dist_harness import Comparison, close, compare, data_ranks, output_gradient, trains_as_one_process
 from hf_configs import CONFIGS, MORE_CONFIGS
 
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
@@ -84,14 +85,17 @@ ARCHITECTURES = MODELS | MOE_MODELS
 # every other config the importer is tested with, one layer deep, under every layout over two ranks and over four, in
 # training with dropout on (whichever of these keys the family reads, on attention probabilities and branch updates):
 # logits and every gradient equal one process, whose module equals HF's in evaluation, and each layer sends exactly
-# the plan's collectives, forward and backward; over two ranks also three SGD steps equal one process's. Over four
-# one pass: the four-rank steps of each are its data-parallel case below, as two more steps of every layout there
-# would double the world's time on two cores
+# the plan's collectives, forward and backward. Over two ranks two of a config's four layouts, taken in turn, go on
+# for three SGD steps equal to one process's; the others, and every case over four ranks, run that one pass, each
+# config's four-rank steps being its data-parallel case below: steps of every case would not fit the distributed
+# tests' three minutes on two cores
 BREADTH = sorted(set(CONFIGS | MORE_CONFIGS) - set(ARCHITECTURES) - set(PROJECTED))
 BREADTH_DROPOUT = dict(attention_dropout=0.1, attn_pdrop=0.1, resid_pdrop=0.1, resid_dropout=0.1, hidden_dropout=0.1,
                        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, dropout=0.1)
 UNDROPPED = {"ernie4_5"}  # its HF layer has no dropout to ask for: training equals evaluation
 BREADTH_CASES = [(model, layout, 2) for model in BREADTH for layout in (*LAYOUTS, "context")]
+STEPPED = {(model, layout) for i, model in enumerate(BREADTH) for j, layout in enumerate((*LAYOUTS, "context"))
+           if (i + j) % 2 == 0}
 BREADTH4 = [(model, layout, 4) for model in BREADTH for layout in (*LAYOUTS, "context")]
 # and in the same four-rank world each on a data-parallel mesh, in turn FSDP2 on 2×2 and HSDP on (2, 2, 1) or
 # (2, 1, 2), under a layout taken in turn (each four consecutive configs take all four, the meshes shifting)
@@ -118,7 +122,10 @@ def config(model: str, world: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Any, Any]]:
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> dict[tuple[str, str], tuple[Any, Any]]:
+    if any("world4" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("started4")  # the four-rank world runs alongside this one
     folder = tmp_path_factory.mktemp("families")
     files = {}
     for model in MODELS:
@@ -139,8 +146,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
 
 
 def _breadth(folder: Any, cases: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The harness's cases of the breadth set: each config's one-layer import under its layout, trained, on a
-    data-parallel mesh where the case names one (its last entry after "dp")."""
+    """The harness's cases of the breadth set: each config's one-layer import under its layout, trained (three
+    steps or one pass), on a data-parallel mesh where the case names one (its last entry after "dp")."""
     out = []
     for model, layout, *tag in cases:
         dp = tag[-1] if tag[0] == "dp" else 1
@@ -149,7 +156,8 @@ def _breadth(folder: Any, cases: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]
         path.write_text(text)
         batch = 2 * data_ranks(dp)
         # every rank compiles the same weights (seed 0): each keeps its own, with no broadcast
-        out.append((str(path), _top(text), {"B": batch, "S": 8}, layout, (batch, 8), "train" if tag == [4] else "steps",
+        out.append((str(path), _top(text), {"B": batch, "S": 8}, layout, (batch, 8),
+                    "steps" if tag[0] == "dp" or tag == [2] and (model, layout) in STEPPED else "train",
                     dp, False, "fx", False,
                     None))
     return out
@@ -162,14 +170,43 @@ def _top(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+def world4(started4: tuple[list[Any], Comparison]) -> dict[tuple[Any, ...], tuple[Any, Any]]:
+    keys, comparison = started4
+    return dict(zip(keys, comparison.result()))
+
+
+@pytest.fixture(scope="module")
+def started4(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Comparison]:
     folder = tmp_path_factory.mktemp("families4")
     for model in ARCHITECTURES:
         (folder / f"{model}.block").write_text(block_text(config(model, 4)))
     cases = [(str(folder / f"{model}.block"), ARCHITECTURES[model], {"B": 2 * data_ranks(dp), "S": 8}, layout,
               (2 * data_ranks(dp), 8), "steps", dp, False, "fx", bool(balanced)) for model, layout, dp, *balanced in WORLD4]
     cases += _breadth(folder, BREADTH4 + BREADTH_DP)
-    return dict(zip(WORLD4 + BREADTH4 + BREADTH_DP, compare(cases, world=4)))
+    return WORLD4 + BREADTH4 + BREADTH_DP, Comparison(cases, world=4)
+
+
+def _digest(state: dict[str, torch.Tensor]) -> str:
+    return hashlib.sha1(b"".join(k.encode() + v.numpy().tobytes() for k, v in state.items())).hexdigest()
+
+
+_PASSES: dict[tuple[Any, ...], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+
+
+def _hf_pass(model: str, world: int, shape: tuple[int, ...], digest: str, state: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """HF's logits and parameter gradients with ``state`` loaded, on the tests' token ids: once per config and
+    weights (``digest``), as every layout and world of a breadth config compares the same one-process module."""
+    key = (model, world, shape, digest)
+    if key not in _PASSES:
+        real = _hf(model, world)
+        real.zero_grad(set_to_none=True)
+        real.load_state_dict(state, strict=True)
+        tokens = torch.randint(0, 50, shape, generator=torch.Generator().manual_seed(1))
+        logits = real(tokens)[0]  # a causal LM's logits, an encoder's last hidden state (its token types all 0)
+        logits.backward(output_gradient(tuple(logits.shape)))
+        _PASSES[key] = logits.detach(), {k: p.grad.clone() for k, p in real.named_parameters()}
+    return _PASSES[key]
 
 
 @cache
@@ -186,14 +223,8 @@ def _hf(model: str, world: int) -> torch.nn.Module:
 def _matches_hf(ref: dict[str, Any], model: str, world: int) -> None:
     """The one-process module equals HF's model with its weights: logits and every gradient, in evaluation."""
     ref = dict(ref, **(ref["evaluation"] or {}))  # a training case's evaluation pass; an evaluation case is one
-    real = _hf(model, world)
-    real.zero_grad(set_to_none=True)
-    real.load_state_dict(ref["state"], strict=True)
-    tokens = torch.randint(0, 50, ref["y"].shape[:2], generator=torch.Generator().manual_seed(1))
-    logits = real(tokens)[0]  # a causal LM's logits, an encoder's last hidden state (its token types all 0)
-    logits.backward(output_gradient(tuple(logits.shape)))
-    assert close(logits.detach(), ref["y"])
-    grads = {k: p.grad for k, p in real.named_parameters()}
+    logits, grads = _hf_pass(model, world, tuple(ref["y"].shape[:2]), _digest(ref["state"]), ref["state"])
+    assert close(logits, ref["y"])
     assert set(grads) == set(ref["grads"])
     for key, g in grads.items():
         assert close(ref["grads"][key], g), key
@@ -287,8 +318,9 @@ def _sharded_over_data(params: dict[str, str], dp: Any) -> None:
 def test_every_imported_config_matches_one_process_and_hf(request: pytest.FixtureRequest,
                                                           case: tuple[str, str, int]) -> None:
     ref, par = request.getfixturevalue("world" if case[2] == 2 else "world4")[case]
-    _matches(ref, par, dropped=case[0] not in UNDROPPED, trained=case[2] == 2)
-    if case[2] == 4:  # the one pass dropped, as the steps do: its masks are real ones
+    stepped = case[2] == 2 and case[:2] in STEPPED
+    _matches(ref, par, dropped=case[0] not in UNDROPPED, trained=stepped)
+    if not stepped:  # the one pass dropped, as the steps do: its masks are real ones
         assert close(ref["y"], ref["evaluation"]["y"]) == (case[0] in UNDROPPED)
     _matches_hf(ref, case[0], 4)
     assert par["planned"] and par["comms"] == par["planned"]
