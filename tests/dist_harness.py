@@ -29,7 +29,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _whole(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each tensor whole, as ``full_tensor`` makes it. The shards and pending sums of tensors over a 1-D mesh
     travel in one gather of them all, as a gather or reduction per tensor (a round of messages between the ranks
-    each) took a fifth of a case's time; every other DTensor (a larger mesh's) gathers itself."""
+    each) made most of a case's gathering time; every other DTensor (a larger mesh's) gathers itself."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Partial, Shard, _StridedShard
     out, split = {}, {}
@@ -368,7 +368,7 @@ class World:
     hung rendezvous fails its tests; so is one whose result is never asked for, when it is collected."""
 
     def __init__(self, body: Callable[..., Any], world: int, *args: Any, timeout: float = TIMEOUT) -> None:
-        self.folder, self.timeout = tempfile.TemporaryDirectory(), timeout
+        self.folder, self.timeout, self.ranks = tempfile.TemporaryDirectory(), timeout, None
         self.out, self.world = str(Path(self.folder.name) / "result.pt"), world
         _preload()
         self.ranks = mp.start_processes(_entry, args=(world, str(Path(self.folder.name) / "store"), self.out, body,
@@ -376,7 +376,7 @@ class World:
         self.deadline = time.monotonic() + timeout
 
     def kill(self) -> None:
-        for p in self.ranks.processes:
+        for p in self.ranks.processes if self.ranks is not None else ():
             if p.is_alive():
                 p.kill()
                 p.join(5)
@@ -454,3 +454,10 @@ class Comparison:
         finally:
             torch.set_num_threads(threads)
         return [(refs[self.key(case)], par) for case, par in zip(self.cases, self.world.result())]
+
+
+def start_alongside(request: Any, started: str, needed: str) -> None:
+    """Set up the fixture ``started`` (a started ``Comparison``) now, when a test of the session uses the fixture
+    ``needed`` that waits for it: its world then runs alongside the one the calling fixture is about to run."""
+    if any(needed in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue(started)

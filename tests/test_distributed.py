@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import ROOT
-from dist_harness import Comparison, World, compare, data_ranks
+from dist_harness import Comparison, World, compare, data_ranks, start_alongside
 
 LLAMA = str(ROOT / "examples" / "llama.block")
 FAMILIES = str(ROOT / "tests" / "distributed" / "families.block")
@@ -70,8 +70,7 @@ def _imported(path: str, layout: str, mode: str, dp: int, backend: str) -> tuple
 @pytest.fixture(scope="module")
 def world2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> dict[tuple[Any, ...], tuple[Any, Any]]:
-    if any("world4" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        request.getfixturevalue("started4")  # the four-rank world runs alongside this one
+    start_alongside(request, "started4", "world4")  # the four-rank world runs alongside this one
     from blockir.api import hf_block_text
     from hf_configs import CONFIGS
     lm = tmp_path_factory.mktemp("fused") / "gpt2.block"

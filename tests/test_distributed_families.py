@@ -33,7 +33,8 @@ import torch
 import blockir
 from blockir.api import hf_block_text as block_text
 from blockir.analyses.summaries import called_blocks
-from dist_harness import Comparison, close, compare, data_ranks, output_gradient, trains_as_one_process
+from dist_harness import (Comparison, close, compare, data_ranks, output_gradient, start_alongside,
+                          trains_as_one_process)
 from hf_configs import CONFIGS, MORE_CONFIGS
 
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel",
@@ -124,8 +125,7 @@ def config(model: str, world: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
           ) -> dict[tuple[str, str], tuple[Any, Any]]:
-    if any("world4" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        request.getfixturevalue("started4")  # the four-rank world runs alongside this one
+    start_alongside(request, "started4", "world4")  # the four-rank world runs alongside this one
     folder = tmp_path_factory.mktemp("families")
     files = {}
     for model in MODELS:
