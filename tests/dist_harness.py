@@ -214,13 +214,16 @@ def _run(program: str, name: str, dims: dict[str, int], layout: str | None, shap
         # each dp rank's loss is the mean over its slice; FSDP averages their gradients, as the whole batch's mean
         loss = None if loss is None else _gather_batch(loss.reshape(1), group).mean()
     out = dict(y=y, dx=dx, loss=loss, state=state,
-                grads=_whole({k: p.grad for k, p in m.named_parameters()}),
                 params={k: _placements(p) for k, p in m.named_parameters()}, inputs=seen, comms=comms, planned=planned,
                 comms_backward=comms_backward, planned_backward=planned_backward, totals=totals, evaluation=evaluation)
-    if steps:  # the counted pass was the first step
+    grads = {("grads", k): p.grad for k, p in m.named_parameters()}
+    if steps:  # the counted pass was the first step, whose gradients are gathered with the trained parameters
         # y is the whole batch's by now: each data-parallel rank adds its 1/dp share of the loss in ``_train``
         first = (y * grad_out).sum() / (1 if group is None else dist.get_world_size(group))
-        out |= _train(m, (x, *extra), grad_out[index * rows:(index + 1) * rows] * n, group, first)
+        out["losses"] = _train(m, (x, *extra), grad_out[index * rows:(index + 1) * rows] * n, group, first)
+    whole = _whole(grads | ({("trained", k): p for k, p in m.named_parameters()} if steps else {}))
+    for (part, key), t in whole.items():
+        out.setdefault(part, {})[key] = t
     return out
 
 
@@ -279,10 +282,10 @@ STEPS, LR = 3, 1e-3  # the steps mode: optimizer steps of plain SGD, whose updat
 
 
 def _train(m: Any, x: tuple[torch.Tensor, ...], grad_out: torch.Tensor, group: Any, first: torch.Tensor
-           ) -> dict[str, Any]:
+           ) -> torch.Tensor:
     """``STEPS`` steps of SGD in training mode (dropout on) on the loss ``Σ y · grad_out``, the first of which has
-    run its forward and backward (loss ``first``): each step's loss (summed over the data-parallel ranks, as the
-    whole batch's) and the parameters after the last step.
+    run its forward and backward (loss ``first``): each step's loss, summed over the data-parallel ranks, as the
+    whole batch's.
 
     Each forward seeds torch's generator alike on every rank, so the masks are those of one process; a data-parallel
     rank's ``grad_out`` is scaled by dp, FSDP's average of the gradients then being the whole batch's."""
@@ -298,7 +301,7 @@ def _train(m: Any, x: tuple[torch.Tensor, ...], grad_out: torch.Tensor, group: A
     total = torch.stack(losses)
     if group is not None:
         dist.all_reduce(total, group=group)
-    return dict(losses=total, trained=_whole(dict(m.named_parameters())))
+    return total
 
 
 def _seed(seed: int) -> None:
@@ -311,15 +314,26 @@ def _seed(seed: int) -> None:
 def _sgd(m: Any) -> None:
     """One step of plain SGD, ``p -= LR * p.grad``, as ``torch.optim.SGD`` takes it. A DTensor parameter whose
     gradient is placed as it is updates its local shard alone: the same numbers, without a dispatch of DTensor's
-    per parameter; any other (a pending sum, say) goes through DTensor, which reduces it first."""
+    per parameter. The pending sums of replicated parameters over a 1-D mesh (a norm's gain under the sequence
+    layout) are reduced in one all-reduce of them all, as DTensor would reduce each alone (a round of messages
+    each, a fifth of a training case's time). Any other goes through DTensor."""
     from torch.distributed.tensor import DTensor
+    pending: dict[Any, list[Any]] = {}
     for p in m.parameters():
         if p.grad is None:
             continue
         if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements == p.placements:
             p.to_local().add_(p.grad.to_local(), alpha=-LR)
+        elif isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.device_mesh.ndim == 1 and \
+                p.placements[0].is_replicate() and p.grad.placements[0].is_partial("sum"):
+            pending.setdefault(p.device_mesh.get_group(), []).append(p)
         else:
             p.add_(p.grad, alpha=-LR)
+    for group, params in pending.items():
+        total = torch.cat([p.grad.to_local().reshape(-1) for p in params])
+        dist.all_reduce(total, group=group)
+        for p, g in zip(params, total.split([p.numel() for p in params])):
+            p.to_local().add_(g.view_as(p.to_local()), alpha=-LR)
 
 
 TIMEOUT = 300  # seconds for one spawned world: a hung rendezvous fails its tests instead of hanging the suite
@@ -351,10 +365,11 @@ def _entry(rank: int, world: int, store: str, out: str, body: Callable[..., Any]
 
 # What every rank imports: the fork server imports it once, and forks each rank from itself with it in memory. A
 # spawned rank would import torch afresh (seconds per world on two cores); a fork of the test process itself would
-# inherit its threads and whatever state the tests before left behind.
+# inherit its threads and whatever state the tests before left behind. torch._dynamo is imported by the first
+# distribute_tensor (0.6 s of every rank otherwise).
 PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
-           "torch.distributed.tensor.experimental", "blockir", "blockir.lower.distributed", "blockir.lifecycle.token_lm",
-           __name__]
+           "torch.distributed.tensor.experimental", "torch._dynamo", "blockir", "blockir.lower.compile",
+           "blockir.lower.distributed", "blockir.lower.distributed.comms", "blockir.lifecycle.token_lm", __name__]
 
 
 @functools.cache
@@ -386,7 +401,9 @@ class World:
             while not self.ranks.join(timeout=1.0):
                 if time.monotonic() > self.deadline:
                     raise TimeoutError(f"the {self.world}-rank world did not finish within {self.timeout:g} s")
-            return torch.load(self.out)
+            # rank 0's own file, read whole: the weights-only unpickler would check every object of it, seconds
+            # for a world's hundreds of cases
+            return torch.load(self.out, weights_only=False)
         finally:
             self.kill()
             self.folder.cleanup()
@@ -426,6 +443,10 @@ def compare(cases: list[Case], world: int) -> list[tuple[Any, Any]]:
     return Comparison(cases, world).result()
 
 
+# the one-process results of the session, by ``Comparison.key``: a config two worlds run is computed once
+_REFERENCES: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
 class Comparison:
     """The parallel runs of ``cases``, started on ``world`` ranks; ``result()`` computes one reference per distinct
     module and input (cases that differ only in layout or mesh share it) while the ranks work, then pairs them.
@@ -436,11 +457,14 @@ class Comparison:
 
     @staticmethod
     def key(case: Case) -> tuple[Any, ...]:
+        """What a case's reference depends on: its program's text (the same file written for two worlds shares one
+        reference), block, sizes, input shape, mode and the further entries."""
         program, name, dims, _, shape, mode, _, *extra = case
-        return (program, name, tuple(sorted(dims.items())), shape, mode, *extra)
+        text = Path(program).read_text() if isinstance(program, str) and Path(program).is_file() else program
+        return (text, name, tuple(sorted(dims.items())), shape, mode, *extra)
 
     def result(self) -> list[tuple[Any, Any]]:
-        refs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        refs = _REFERENCES
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as each rank runs: the cores are theirs
         try:
