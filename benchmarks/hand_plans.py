@@ -27,6 +27,10 @@ vocab-parallel embedding and cross-entropy); a tied head is tied again after the
   (``colwise_gather_output``) and splits ``o_proj``'s input, so each norm sees whole rows;
 * GPT-NeoX's ``query_key_value`` holds q, k, v per head in turn: HF's plan splits it ``colwise``, which cuts
   it into whole heads;
+* a mixture of experts (Mixtral, Qwen2-MoE) is split by hidden units inside every expert, as torchtitan's MoE
+  tensor parallelism and HF's ``local_packed_rowwise`` / ``local_rowwise`` experts store it, between torchtitan's
+  ``PrepareModuleInputOutput`` (the stream gathered in, the pending sum reduced out); the experts run on local
+  tensors, which no PyTorch style provides (``LocalExperts``);
 * CodeGen's ``qkv_proj`` holds 4 row groups, each q, v, k of a quarter of the heads (HF's fixed ``mp_num``): a
   degree that divides 4 cuts it ``colwise`` into whole groups, and the author sets the rank's heads and groups
   on the branch (``CodeGenConfig`` has no ``base_model_tp_plan``).
@@ -199,6 +203,58 @@ def _codegen(sp: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
+class LocalExperts(ParallelStyle):
+    """A mixture of experts split by hidden units inside every expert, as torchtitan's MoE tensor parallelism and HF's
+    ``local_packed_rowwise`` / ``local_rowwise`` experts store it: each expert's gate rows and up rows (its slice of
+    each block of ``gate_up_proj``) and its down columns, a shared expert split as a gated MLP, the router and the
+    shared expert's gate replicated. The branch runs on local tensors; its input arrives a replicated DTensor and
+    its output leaves a pending sum (``PrepareModuleInputOutput`` around it gathers and reduces them once). A
+    replicated weight, and the input, are read with pending-sum gradients: each rank's is its summand, the routing
+    weights multiplying this rank's partial outputs."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        mesh = device_mesh
+
+        def place(owner: nn.Module, name: str, placement: Any) -> None:
+            owner.register_parameter(name, nn.Parameter(distribute_tensor(getattr(owner, name).data, mesh,
+                                                                          [placement], src_data_rank=None)))
+
+        def local(linear: nn.Module, placement: Any) -> None:
+            assert linear.bias is None, "the MoE linears of these families have no bias"
+            place(linear, "weight", placement)
+            grad = [Partial()] if placement == Replicate() else None
+            linear.forward = lambda x: F.linear(x, linear.weight.to_local(grad_placements=grad))
+
+        local(module.get_submodule(module.names["router"]), Replicate())
+        if module.has_shared:
+            shared = module.get_submodule(module.names["shared"])
+            for role, placement in (("gate", Shard(0)), ("up", Shard(0)), ("down", Shard(1))):
+                local(shared.get_submodule(shared.names[role]), placement)
+            if module.has_gate:
+                local(module.get_submodule(module.names["shared_gate"]), Replicate())
+        experts = module.get_submodule(module.names["experts"])
+        place(experts, "gate_up_proj", _StridedShard(1, split_factor=2))
+        place(experts, "down_proj", Shard(2))
+        experts.matrices = lambda: (experts.gate_up_proj.to_local(), experts.down_proj.to_local())
+        forward = module.forward
+        module.forward = lambda x, **ctx: forward(x.to_local(grad_placements=[Partial()]), **ctx)
+        return PrepareModuleInputOutput(input_layouts=(self.stream,), desired_input_layouts=(Replicate(),),
+                                        output_layouts=(Partial(),), desired_output_layouts=(self.stream,),
+                                        use_local_output=True)._apply(module, mesh)
+
+
+def _moe(sp: bool) -> dict[str, ParallelStyle]:
+    """Mixtral and Qwen2-MoE (its gated shared expert): LLaMA's attention, and the mixture of experts split inside
+    every expert (``LocalExperts``), the stream gathered into it and its pending sum reduced onto the stream."""
+    plan = {k: v for k, v in _llama(sp).items() if not k.startswith("mlp")}
+    plan["mlp"] = LocalExperts(Shard(1) if sp else Replicate())
+    return plan
+
+
 @dataclass(frozen=True)
 class Family:
     block: str  # the causal LM's block in the importer's text
@@ -230,7 +286,13 @@ class Family:
                  "gemma": dict(num_key_value_heads=kv_heads, head_dim=head),
                  "gpt_neox": dict(rotary_pct=0.25, use_parallel_residual=True),
                  "phi3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
-                 "olmo2": dict(num_key_value_heads=kv_heads)}[model_type]
+                 "olmo2": dict(num_key_value_heads=kv_heads),
+                 # 4 experts, each token routed to 2; Qwen2-MoE's shared expert as wide as one of them
+                 "mixtral": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2,
+                                 sliding_window=None),
+                 "qwen2_moe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=intermediate, shared_expert_intermediate_size=intermediate)
+                 }[model_type]
         return dict(common, **extra)
 
 
@@ -249,6 +311,8 @@ FAMILIES = {
     "olmo2": Family("Olmo2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
     "codegen": Family("CodeGenForCausalLM", "transformer.h", "transformer.wte", "transformer.ln_f", _codegen,
                       packed_attention="attn"),
+    "mixtral": Family("MixtralForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
+    "qwen2_moe": Family("Qwen2MoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
 }
 
 

@@ -35,8 +35,9 @@ def _benchmark() -> Any:
 
 # a family for each hand-written layer plan (benchmarks/hand_plans.py; the benchmark runs the others on LLaMA's):
 # LLaMA's layer, GPT-2's Conv1D and packed c_attn, GPT-NeoX's per-head q/k/v, Phi-3's stacked q/k/v (gathered, as
-# HF's tp_plan does) and packed gate/up, OLMo-2's gathered q/k/v, CodeGen's row groups; and Gemma's scaled table
-FAMILIES = ("llama", "gpt2", "gpt_neox", "phi3", "olmo2", "codegen", "gemma")
+# HF's tp_plan does) and packed gate/up, OLMo-2's gathered q/k/v, CodeGen's row groups; Gemma's scaled table; and
+# the mixtures of experts split inside every expert, Qwen2-MoE's with its gated shared expert
+FAMILIES = ("llama", "gpt2", "gpt_neox", "phi3", "olmo2", "codegen", "gemma", "mixtral", "qwen2_moe")
 
 
 def _body() -> dict[str, Any]:
