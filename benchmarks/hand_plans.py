@@ -16,7 +16,7 @@ vocab-parallel embedding and cross-entropy); a tied head is tied again after the
 
 * GPT-2's ``Conv1D`` stores ``[in, out]``, which ``ColwiseParallel`` / ``RowwiseParallel`` refuse (they take an
   ``nn.Linear``): ``PackedColumns`` and ``ConvRows`` split it along its other axis;
-* equal blocks packed along the output features (Phi-3's ``gate_up_proj``, GPT-2's ``c_attn`` with as many
+* equal blocks packed along the output features (Phi-3's and GLM's ``gate_up_proj``, GPT-2's ``c_attn`` with as many
   key/value heads as query heads): HF's ``PackedColwiseParallel`` (``packed_colwise``), each block split over
   the ranks by ``_StridedShard(split_factor=blocks)``; the branch then holds its rank's heads, which the author
   sets on it (as HF's ``get_kv_heads_per_rank`` does);
@@ -38,6 +38,7 @@ vocab-parallel embedding and cross-entropy); a tied head is tied again after the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -119,20 +120,27 @@ def _gather() -> PrepareModuleInput:
     return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
 
 
+def _decoder(sp: bool, *, out: str = "o_proj", up: tuple[str, ...] = ("gate_proj", "up_proj"), down: str = "down_proj",
+             packed: bool = False, parallel: bool = False) -> dict[str, ParallelStyle]:
+    """torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence split) under the names a family
+    keeps: q, k, v and ``up`` column-parallel (``packed``: one matrix of the gate and up blocks, HF's
+    ``packed_colwise``), ``out`` and ``down`` row-parallel; each norm ``SequenceParallel`` and each branch's input
+    gathered (``parallel``: one norm feeding both branches)."""
+    stream = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")}
+    plan[f"self_attn.{out}"] = RowwiseParallel(output_layouts=stream)
+    plan |= {f"mlp.{name}": PackedColumns(blocks=2) if packed else ColwiseParallel() for name in up}
+    plan[f"mlp.{down}"] = RowwiseParallel(output_layouts=stream)
+    if sp:
+        norms = ("input_layernorm",) if parallel else ("input_layernorm", "post_attention_layernorm")
+        plan |= {norm: SequenceParallel() for norm in norms} | {"self_attn": _gather(), "mlp": _gather()}
+    return plan
+
+
 def _llama(sp: bool) -> dict[str, ParallelStyle]:
     """LLaMA and the families that keep its layer's names (Qwen2, Mistral, Qwen3 with its per-head q/k norms, Granite
-    with its multipliers, Gemma): torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence
-    split)."""
-    out = Shard(1) if sp else Replicate()
-    plan: dict[str, ParallelStyle] = {
-        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=out),
-        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=out)}
-    if sp:
-        plan |= {"input_layernorm": SequenceParallel(), "self_attn": _gather(),
-                 "post_attention_layernorm": SequenceParallel(), "mlp": _gather()}
-    return plan
+    with its multipliers, Gemma, Helium, Seed-OSS, SmolLM3, OLMo, Ministral, StableLM): torchtitan's decoder layer."""
+    return _decoder(sp)
 
 
 def _phi3(sp: bool) -> dict[str, ParallelStyle]:
@@ -287,7 +295,20 @@ class Family:
                  "gpt_neox": dict(rotary_pct=0.25, use_parallel_residual=True),
                  "phi3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "olmo2": dict(num_key_value_heads=kv_heads),
+                 # the further families that keep LLaMA's layer and its names
+                 **{name: dict(num_key_value_heads=kv_heads, head_dim=head) for name in ("helium", "olmo")},
+                 "ministral": dict(num_key_value_heads=kv_heads, head_dim=head, sliding_window=None),
+                 "smollm3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 "seed_oss": dict(num_key_value_heads=kv_heads, head_dim=head, attention_dropout=0.0,
+                                  residual_dropout=0.0),
                  # 4 experts, each token routed to 2; Qwen2-MoE's shared expert as wide as one of them
+                 "stablelm": dict(num_key_value_heads=kv_heads),
+                 "arcee": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 "nemotron": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 "starcoder2": dict(num_key_value_heads=kv_heads, sliding_window=None),
+                 "glm": dict(num_key_value_heads=kv_heads, head_dim=head, pad_token_id=0),
+                 "cohere": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 "phi": dict(pad_token_id=0),
                  "mixtral": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2,
                                  sliding_window=None),
                  "qwen2_moe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2,
@@ -311,6 +332,21 @@ FAMILIES = {
     "olmo2": Family("Olmo2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
     "codegen": Family("CodeGenForCausalLM", "transformer.h", "transformer.wte", "transformer.ln_f", _codegen,
                       packed_attention="attn"),
+    **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama)
+       for name, cls in (("helium", "Helium"), ("seed_oss", "SeedOss"), ("smollm3", "SmolLM3"), ("olmo", "Olmo"),
+                         ("ministral", "Ministral"), ("stablelm", "StableLm"))},
+    # a ReLU² MLP of up and down alone
+    **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                    partial(_decoder, up=("up_proj",))) for name, cls in (("arcee", "Arcee"), ("nemotron", "Nemotron"))},
+    "starcoder2": Family("Starcoder2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                         partial(_decoder, up=("c_fc",), down="c_proj")),
+    "glm": Family("GlmForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                  partial(_decoder, up=("gate_up_proj",), packed=True)),
+    # one norm feeding both branches (a parallel residual)
+    "cohere": Family("CohereForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                     partial(_decoder, parallel=True)),
+    "phi": Family("PhiForCausalLM", "model.layers", "model.embed_tokens", "model.final_layernorm",
+                  partial(_decoder, out="dense", up=("fc1",), down="fc2", parallel=True)),
     "mixtral": Family("MixtralForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
     "qwen2_moe": Family("Qwen2MoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
 }
