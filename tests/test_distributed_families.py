@@ -461,3 +461,24 @@ def test_a_mixture_of_experts_under_the_context_layout_routes_each_ranks_rows_th
         mlp = {k: v for k, v in par["params"].items() if ".mlp." in k}
         assert mlp and set(mlp.values()) == {"R"}, mlp
         assert par["planned"]["model.layers.0"] == {("all-gather", 2 * 8 * 2 * 8): 2}
+
+
+def test_the_tokens_reach_several_experts_and_every_moe_weight_learns(world: dict) -> None:
+    """The mixtures of experts' comparisons are not vacuous: each layer routes rows to more than one expert, and
+    the router's, the experts' and the shared expert's gradients are nonzero."""
+    ref, _ = world["qwen2_moe", "sequence"]
+    for i in range(2):
+        mlp = f"model.layers.{i}.mlp."
+        down = ref["grads"][mlp + "experts.down_proj"]
+        assert (down.flatten(1).norm(dim=1) > 0).sum() >= 2
+        for key in ("gate.weight", "experts.gate_up_proj", "shared_expert.up_proj.weight", "shared_expert_gate.weight"):
+            assert ref["grads"][mlp + key].norm() > 0, key
+
+
+def test_experts_are_split_by_hidden_units_and_the_router_replicated(world: dict) -> None:
+    params = world["qwen2_moe", "hidden"][1]["params"]
+    mlp = "model.layers.0.mlp."
+    assert {k[len(mlp):]: v for k, v in params.items() if k.startswith(mlp)} == {
+        "gate.weight": "R", "experts.gate_up_proj": "_S(1, 2)", "experts.down_proj": "S(2)",
+        "shared_expert.gate_proj.weight": "S(0)", "shared_expert.up_proj.weight": "S(0)",
+        "shared_expert.down_proj.weight": "S(1)", "shared_expert_gate.weight": "R"}
