@@ -121,25 +121,29 @@ def _gather() -> PrepareModuleInput:
 
 
 def _decoder(sp: bool, *, out: str = "o_proj", up: tuple[str, ...] = ("gate_proj", "up_proj"), down: str = "down_proj",
-             packed: bool = False, parallel: bool = False) -> dict[str, ParallelStyle]:
+             packed: bool = False, pre: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),
+             post: tuple[str, ...] = ()) -> dict[str, ParallelStyle]:
     """torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence split) under the names a family
     keeps: q, k, v and ``up`` column-parallel (``packed``: one matrix of the gate and up blocks, HF's
-    ``packed_colwise``), ``out`` and ``down`` row-parallel; each norm ``SequenceParallel`` and each branch's input
-    gathered (``parallel``: one norm feeding both branches)."""
+    ``packed_colwise``), ``out`` and ``down`` row-parallel. Under the sequence split each branch's input is
+    gathered, the norms ``pre`` that feed the branches (one for a parallel residual, none where the branches read
+    the stream) are ``SequenceParallel``, and those ``post`` on a branch's output hand back local tensors, as the
+    residual add's other operand is (OLMo-2's sandwich)."""
     stream = Shard(1) if sp else Replicate()
     plan: dict[str, ParallelStyle] = {f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")}
     plan[f"self_attn.{out}"] = RowwiseParallel(output_layouts=stream)
     plan |= {f"mlp.{name}": PackedColumns(blocks=2) if packed else ColwiseParallel() for name in up}
     plan[f"mlp.{down}"] = RowwiseParallel(output_layouts=stream)
     if sp:
-        norms = ("input_layernorm",) if parallel else ("input_layernorm", "post_attention_layernorm")
-        plan |= {norm: SequenceParallel() for norm in norms} | {"self_attn": _gather(), "mlp": _gather()}
+        plan |= {norm: SequenceParallel() for norm in pre} | {"self_attn": _gather(), "mlp": _gather()}
+        plan |= {norm: SequenceParallel(use_local_output=True) for norm in post}
     return plan
 
 
 def _llama(sp: bool) -> dict[str, ParallelStyle]:
     """LLaMA and the families that keep its layer's names (Qwen2, Mistral, Qwen3 with its per-head q/k norms, Granite
-    with its multipliers, Gemma, Helium, Seed-OSS, SmolLM3, OLMo, Ministral, StableLM): torchtitan's decoder layer."""
+    with its multipliers, Gemma, Helium, Seed-OSS, SmolLM3, OLMo, Ministral, StableLM, CWM, ERNIE 4.5): torchtitan's
+    decoder layer."""
     return _decoder(sp)
 
 
@@ -255,11 +259,16 @@ class LocalExperts(ParallelStyle):
                                         use_local_output=True)._apply(module, mesh)
 
 
-def _moe(sp: bool) -> dict[str, ParallelStyle]:
-    """Mixtral and Qwen2-MoE (its gated shared expert): LLaMA's attention, and the mixture of experts split inside
-    every expert (``LocalExperts``), the stream gathered into it and its pending sum reduced onto the stream."""
+def _moe(sp: bool, key: str = "mlp", attention: Callable[[bool], dict[str, ParallelStyle]] | None = None
+         ) -> dict[str, ParallelStyle]:
+    """A mixture of experts at ``key`` split inside every expert (``LocalExperts``), the stream gathered into it and
+    its pending sum reduced onto the stream; LLaMA's attention and norms (``attention``: the attention of that
+    plan instead, OLMoE's q, k, v gathered for its norms over the whole width as OLMo-2's plan does)."""
     plan = {k: v for k, v in _llama(sp).items() if not k.startswith("mlp")}
-    plan["mlp"] = LocalExperts(Shard(1) if sp else Replicate())
+    if attention is not None:
+        plan = {k: v for k, v in plan.items() if not k.startswith("self_attn.")}
+        plan |= {k: v for k, v in attention(sp).items() if k.startswith("self_attn.")}
+    plan[key] = LocalExperts(Shard(1) if sp else Replicate())
     return plan
 
 
@@ -307,8 +316,17 @@ class Family:
                  "nemotron": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "starcoder2": dict(num_key_value_heads=kv_heads, sliding_window=None),
                  "glm": dict(num_key_value_heads=kv_heads, head_dim=head, pad_token_id=0),
-                 "cohere": dict(num_key_value_heads=kv_heads, pad_token_id=0),
+                 **{name: dict(num_key_value_heads=kv_heads, pad_token_id=0) for name in ("cohere", "cohere2", "jais2")},
+                 **{name: dict(num_key_value_heads=kv_heads, head_dim=head, pad_token_id=0)
+                    for name in ("gemma2", "gemma3_text", "vaultgemma", "glm4")},
+                 **{name: dict(num_key_value_heads=kv_heads) for name in ("cwm", "hyperclovax", "exaone4")},
+                 "olmo3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "phi": dict(pad_token_id=0),
+                 "ernie4_5": dict(num_key_value_heads=kv_heads, head_dim=head, pad_token_id=0),
+                 "qwen3_moe": dict(num_key_value_heads=kv_heads, head_dim=head, num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=intermediate, norm_topk_prob=True),
+                 "olmoe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2, pad_token_id=0),
+                 "granitemoe": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2),
                  "mixtral": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2,
                                  sliding_window=None),
                  "qwen2_moe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2,
@@ -334,7 +352,8 @@ FAMILIES = {
                       packed_attention="attn"),
     **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _llama)
        for name, cls in (("helium", "Helium"), ("seed_oss", "SeedOss"), ("smollm3", "SmolLM3"), ("olmo", "Olmo"),
-                         ("ministral", "Ministral"), ("stablelm", "StableLm"))},
+                         ("ministral", "Ministral"), ("stablelm", "StableLm"), ("cwm", "Cwm"),
+                         ("ernie4_5", "Ernie4_5"))},
     # a ReLU² MLP of up and down alone
     **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
                     partial(_decoder, up=("up_proj",))) for name, cls in (("arcee", "Arcee"), ("nemotron", "Nemotron"))},
@@ -343,12 +362,34 @@ FAMILIES = {
     "glm": Family("GlmForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
                   partial(_decoder, up=("gate_up_proj",), packed=True)),
     # one norm feeding both branches (a parallel residual)
-    "cohere": Family("CohereForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
-                     partial(_decoder, parallel=True)),
+    **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                    partial(_decoder, pre=("input_layernorm",))) for name, cls in (("cohere", "Cohere"),
+                                                                                   ("cohere2", "Cohere2"))},
     "phi": Family("PhiForCausalLM", "model.layers", "model.embed_tokens", "model.final_layernorm",
-                  partial(_decoder, out="dense", up=("fc1",), down="fc2", parallel=True)),
-    "mixtral": Family("MixtralForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
-    "qwen2_moe": Family("Qwen2MoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe),
+                  partial(_decoder, out="dense", up=("fc1",), down="fc2", pre=("input_layernorm",))),
+    "jais2": Family("Jais2ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                    partial(_decoder, up=("up_proj",))),
+    # norms on the branches' outputs too (sandwich), or on them alone
+    **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                    partial(_decoder, pre=("input_layernorm", "pre_feedforward_layernorm"),
+                            post=("post_attention_layernorm", "post_feedforward_layernorm")))
+       for name, cls in (("gemma2", "Gemma2"), ("gemma3_text", "Gemma3"))},
+    "vaultgemma": Family("VaultGemmaForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                         partial(_decoder, pre=("input_layernorm", "pre_feedforward_layernorm"))),
+    "glm4": Family("Glm4ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                   partial(_decoder, up=("gate_up_proj",), packed=True,
+                           post=("post_self_attn_layernorm", "post_mlp_layernorm"))),
+    "hyperclovax": Family("HyperCLOVAXForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                          partial(_decoder, post=("post_norm1", "post_norm2"))),
+    "exaone4": Family("Exaone4ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                      partial(_decoder, pre=(), post=("post_attention_layernorm", "post_feedforward_layernorm"))),
+    "olmo3": Family("Olmo3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
+    **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe)
+       for name, cls in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2Moe"), ("qwen3_moe", "Qwen3Moe"))},
+    "olmoe": Family("OlmoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                    partial(_moe, attention=_olmo2)),
+    "granitemoe": Family("GraniteMoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
+                         partial(_moe, key="block_sparse_moe")),
 }
 
 

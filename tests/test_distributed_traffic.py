@@ -37,9 +37,10 @@ def _benchmark() -> Any:
 # LLaMA's layer, GPT-2's Conv1D and packed c_attn, GPT-NeoX's per-head q/k/v, Phi-3's stacked q/k/v (gathered, as
 # HF's tp_plan does) and packed gate/up, OLMo-2's gathered q/k/v, CodeGen's row groups; Gemma's scaled table; the
 # mixtures of experts split inside every expert, Qwen2-MoE's with its gated shared expert; and the decoder layer's
-# variants: GLM's packed gate/up, Arcee's MLP of up and down alone, Cohere's one norm feeding both branches
+# variants: GLM's packed gate/up, Arcee's MLP of up and down alone, Cohere's one norm feeding both branches,
+# Gemma-2's norms on the branches' outputs too
 FAMILIES = ("llama", "gpt2", "gpt_neox", "phi3", "olmo2", "codegen", "gemma", "mixtral", "qwen2_moe", "glm", "arcee",
-            "cohere")
+            "cohere", "gemma2")
 
 
 def _body() -> dict[str, Any]:
