@@ -122,20 +122,20 @@ def _gather() -> PrepareModuleInput:
 
 def _decoder(sp: bool, *, out: str = "o_proj", up: tuple[str, ...] = ("gate_proj", "up_proj"), down: str = "down_proj",
              packed: bool = False, pre: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),
-             post: tuple[str, ...] = ()) -> dict[str, ParallelStyle]:
+             post: tuple[str, ...] = (), attn: str = "self_attn") -> dict[str, ParallelStyle]:
     """torchtitan's decoder layer (HF's ``colwise`` / ``rowwise`` without the sequence split) under the names a family
     keeps: q, k, v and ``up`` column-parallel (``packed``: one matrix of the gate and up blocks, HF's
     ``packed_colwise``), ``out`` and ``down`` row-parallel. Under the sequence split each branch's input is
     gathered, the norms ``pre`` that feed the branches (one for a parallel residual, none where the branches read
     the stream) are ``SequenceParallel``, and those ``post`` on a branch's output hand back local tensors, as the
-    residual add's other operand is (OLMo-2's sandwich)."""
+    residual add's other operand is (OLMo-2's sandwich); ``attn`` is the attention branch."""
     stream = Shard(1) if sp else Replicate()
-    plan: dict[str, ParallelStyle] = {f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")}
-    plan[f"self_attn.{out}"] = RowwiseParallel(output_layouts=stream)
+    plan: dict[str, ParallelStyle] = {f"{attn}.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")}
+    plan[f"{attn}.{out}"] = RowwiseParallel(output_layouts=stream)
     plan |= {f"mlp.{name}": PackedColumns(blocks=2) if packed else ColwiseParallel() for name in up}
     plan[f"mlp.{down}"] = RowwiseParallel(output_layouts=stream)
     if sp:
-        plan |= {norm: SequenceParallel() for norm in pre} | {"self_attn": _gather(), "mlp": _gather()}
+        plan |= {norm: SequenceParallel() for norm in pre} | {attn: _gather(), "mlp": _gather()}
         plan |= {norm: SequenceParallel(use_local_output=True) for norm in post}
     return plan
 
@@ -285,9 +285,10 @@ class Family:
     def config(self, model_type: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                vocab: int, seq: int) -> dict[str, Any]:
         """An HF config dict of ``model_type`` at these sizes (no weights read)."""
-        if model_type in ("gpt2", "codegen"):
+        if model_type in ("gpt2", "codegen", "gptj"):
             # CodeGen rotates half of each head's features, as its released models do
-            rotary = dict(rotary_dim=hidden // heads // 2, n_ctx=seq) if model_type == "codegen" else {}
+            rotary = dict(rotary_dim=hidden // heads // 2, n_ctx=seq) if model_type == "codegen" else \
+                dict(rotary_dim=hidden // heads // 2) if model_type == "gptj" else {}
             return dict(model_type=model_type, vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
                         n_positions=seq, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         **rotary)
@@ -384,6 +385,8 @@ FAMILIES = {
     "exaone4": Family("Exaone4ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
                       partial(_decoder, pre=(), post=("post_attention_layernorm", "post_feedforward_layernorm"))),
     "olmo3": Family("Olmo3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
+    "gptj": Family("GPTJForCausalLM", "transformer.h", "transformer.wte", "transformer.ln_f",
+                   partial(_decoder, attn="attn", out="out_proj", up=("fc_in",), down="fc_out", pre=("ln_1",))),
     **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe)
        for name, cls in (("mixtral", "Mixtral"), ("qwen2_moe", "Qwen2Moe"), ("qwen3_moe", "Qwen3Moe"))},
     "olmoe": Family("OlmoeForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
