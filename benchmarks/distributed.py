@@ -18,7 +18,7 @@ through ``blockir.lower.distributed.loss.cross_entropy``) against torchtitan's h
 backward under ``loss_parallel()``), over a whole forward and backward.
 
 With ``--family NAME`` (or ``all``) it instead builds each imported HF causal LM that has a hand-written plan in
-``hand_plans.py`` (40 families, five mixtures of experts among them) from a config at those
+``hand_plans.py`` (41 families, five mixtures of experts among them) from a config at those
 sizes and compares, under the sequence and replicated layouts, the derived
 plan (``vocab=True``) with that family's hand-written plan (``hand_plans.py``): collectives and operand bytes of
 one next-token loss and its backward, the losses against one process's, and the median step of each.

@@ -147,6 +147,18 @@ def _llama(sp: bool) -> dict[str, ParallelStyle]:
     return _decoder(sp)
 
 
+def _opt(sp: bool) -> dict[str, ParallelStyle]:
+    """OPT: the MLP's linears sit on the layer itself, so ``fc1`` gathers its own input (``ColwiseParallel`` from
+    the stream's layout) and ``fc2`` reduces onto the stream; the attention as torchtitan's."""
+    stream = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")}
+    plan |= {"self_attn.out_proj": RowwiseParallel(output_layouts=stream), "fc1": ColwiseParallel(input_layouts=stream),
+             "fc2": RowwiseParallel(output_layouts=stream)}
+    if sp:
+        plan |= {"self_attn_layer_norm": SequenceParallel(), "self_attn": _gather(), "final_layer_norm": SequenceParallel()}
+    return plan
+
+
 def _phi3(sp: bool) -> dict[str, ParallelStyle]:
     """Phi-3: the stacked q/k/v gathered (HF's ``colwise_gather_output``, ``rowwise_split_input``), the stacked
     gate/up split as two packed blocks (HF's ``packed_colwise``)."""
@@ -285,6 +297,11 @@ class Family:
     def config(self, model_type: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                vocab: int, seq: int) -> dict[str, Any]:
         """An HF config dict of ``model_type`` at these sizes (no weights read)."""
+        if model_type == "opt":  # Pre-LN, no projection of the embedding
+            return dict(model_type=model_type, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                        ffn_dim=intermediate, num_attention_heads=heads, max_position_embeddings=seq,
+                        word_embed_proj_dim=hidden, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                        pad_token_id=1)
         if model_type in ("gpt2", "codegen", "gptj"):
             # CodeGen rotates half of each head's features, as its released models do
             rotary = dict(rotary_dim=hidden // heads // 2, n_ctx=seq) if model_type == "codegen" else \
@@ -385,6 +402,8 @@ FAMILIES = {
     "exaone4": Family("Exaone4ForCausalLM", "model.layers", "model.embed_tokens", "model.norm",
                       partial(_decoder, pre=(), post=("post_attention_layernorm", "post_feedforward_layernorm"))),
     "olmo3": Family("Olmo3ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _olmo2),
+    "opt": Family("OPTForCausalLM", "model.decoder.layers", "model.decoder.embed_tokens", "model.decoder.final_layer_norm",
+                  _opt, positions="model.decoder.embed_positions"),
     "gptj": Family("GPTJForCausalLM", "transformer.h", "transformer.wte", "transformer.ln_f",
                    partial(_decoder, attn="attn", out="out_proj", up=("fc_in",), down="fc_out", pre=("ln_1",))),
     **{name: Family(f"{cls}ForCausalLM", "model.layers", "model.embed_tokens", "model.norm", _moe)
