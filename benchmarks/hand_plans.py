@@ -276,10 +276,8 @@ def _moe(sp: bool, key: str = "mlp", attention: Callable[[bool], dict[str, Paral
     """A mixture of experts at ``key`` split inside every expert (``LocalExperts``), the stream gathered into it and
     its pending sum reduced onto the stream; LLaMA's attention and norms (``attention``: the attention of that
     plan instead, OLMoE's q, k, v gathered for its norms over the whole width as OLMo-2's plan does)."""
-    plan = {k: v for k, v in _llama(sp).items() if not k.startswith("mlp")}
-    if attention is not None:
-        plan = {k: v for k, v in plan.items() if not k.startswith("self_attn.")}
-        plan |= {k: v for k, v in attention(sp).items() if k.startswith("self_attn.")}
+    plan = {k: v for k, v in _llama(sp).items() if not k.startswith(("mlp", "self_attn."))}
+    plan |= {k: v for k, v in (attention or _llama)(sp).items() if k.startswith("self_attn.")}
     plan[key] = LocalExperts(Shard(1) if sp else Replicate())
     return plan
 
@@ -303,9 +301,9 @@ class Family:
                         word_embed_proj_dim=hidden, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                         pad_token_id=1)
         if model_type in ("gpt2", "codegen", "gptj"):
-            # CodeGen rotates half of each head's features, as its released models do
-            rotary = dict(rotary_dim=hidden // heads // 2, n_ctx=seq) if model_type == "codegen" else \
-                dict(rotary_dim=hidden // heads // 2) if model_type == "gptj" else {}
+            # CodeGen and GPT-J rotate part of each head's features (CodeGen half, as its released models do)
+            rotary = {"codegen": dict(rotary_dim=hidden // heads // 2, n_ctx=seq),
+                      "gptj": dict(rotary_dim=hidden // heads // 2)}.get(model_type, {})
             return dict(model_type=model_type, vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
                         n_positions=seq, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         **rotary)
@@ -328,7 +326,6 @@ class Family:
                  "smollm3": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "seed_oss": dict(num_key_value_heads=kv_heads, head_dim=head, attention_dropout=0.0,
                                   residual_dropout=0.0),
-                 # 4 experts, each token routed to 2; Qwen2-MoE's shared expert as wide as one of them
                  "stablelm": dict(num_key_value_heads=kv_heads),
                  "arcee": dict(num_key_value_heads=kv_heads, pad_token_id=0),
                  "nemotron": dict(num_key_value_heads=kv_heads, pad_token_id=0),
@@ -345,6 +342,7 @@ class Family:
                                    moe_intermediate_size=intermediate, norm_topk_prob=True),
                  "olmoe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2, pad_token_id=0),
                  "granitemoe": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2),
+                 # 4 experts, each token routed to 2; Qwen2-MoE's shared expert as wide as one of them
                  "mixtral": dict(num_key_value_heads=kv_heads, num_local_experts=4, num_experts_per_tok=2,
                                  sliding_window=None),
                  "qwen2_moe": dict(num_key_value_heads=kv_heads, num_experts=4, num_experts_per_tok=2,

@@ -464,20 +464,19 @@ class Comparison:
         return (text, name, tuple(sorted(dims.items())), shape, mode, *extra)
 
     def result(self) -> list[tuple[Any, Any]]:
-        refs = _REFERENCES
+        keys = [self.key(case) for case in self.cases]
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as each rank runs: the cores are theirs
         try:
-            for case in self.cases:
-                program, name, dims, _, shape, mode, _, *extra = case
-                if self.key(case) not in refs:
-                    refs[self.key(case)] = _run(program, name, dims, None, shape, mode, 1, *extra)
+            for key, (program, name, dims, _, shape, mode, _, *extra) in zip(keys, self.cases):
+                if key not in _REFERENCES:
+                    _REFERENCES[key] = _run(program, name, dims, None, shape, mode, 1, *extra)
         except BaseException:
             self.world.kill()
             raise
         finally:
             torch.set_num_threads(threads)
-        return [(refs[self.key(case)], par) for case, par in zip(self.cases, self.world.result())]
+        return [(_REFERENCES[key], par) for key, par in zip(keys, self.world.result())]
 
 
 def start_alongside(request: Any, started: str, needed: str) -> None:
